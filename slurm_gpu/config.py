@@ -1,0 +1,308 @@
+"""Configuration: one TOML file, every key declared here with type, default, range and doc.
+
+Lookup order: explicit path (``--config``), ``$SLURM_GPU_CONFIG``, ``slurm-gpu.toml`` beside
+``$SLURM_CONF`` (slurmd passes SLURM_CONF to prolog/epilog), ``/etc/slurm-gpu/config.toml``.
+A missing default file means "all defaults"; a missing *explicit* file is an error.
+
+``%n`` in path values is replaced by the Slurm node name (SLURMD_NODENAME, else the short
+host name), so a site can keep per-node databases on shared storage.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+from .errors import ConfigError
+
+DEFAULT_PATH = "/etc/slurm-gpu/config.toml"
+SEVERITIES = ("fail", "warn", "off")
+CHECK_NAMES = (
+    "gpu_count", "responsive", "ecc_uncorrectable", "row_remap_failure", "pending_reset",
+    "retired_pages", "temperature", "clock_events", "pcie_link", "nvlink", "persistence_mode",
+    "leftover_processes", "memory_in_use", "driver_version", "xid",
+)
+
+
+@dataclass(frozen=True)
+class Key:
+    type: Any  # python type or tuple of types
+    default: Any
+    doc: str
+    check: Optional[Callable[[Any], Optional[str]]] = None  # returns an error text or None
+
+
+def _rng(lo=None, hi=None):
+    def check(v):
+        if lo is not None and v < lo:
+            return f"must be >= {lo}"
+        if hi is not None and v > hi:
+            return f"must be <= {hi}"
+        return None
+    return check
+
+
+def _choice(*allowed):
+    def check(v):
+        return None if v in allowed else "must be one of " + ", ".join(repr(a) for a in allowed)
+    return check
+
+
+def _int_list(v):
+    if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1000 for x in v):
+        return "must be a list of XID numbers (integers 0..999)"
+    return None
+
+
+def _severity_table(v):
+    for k, s in v.items():
+        if k not in CHECK_NAMES:
+            return f"unknown check {k!r} (known: {', '.join(CHECK_NAMES)})"
+        if s not in SEVERITIES:
+            return f"check {k!r}: severity must be one of fail, warn, off"
+    return None
+
+
+def _xid_source(v):
+    if v in ("kmsg", "journal", "none") or (v.startswith("file:") and len(v) > 5):
+        return None
+    return "must be 'kmsg', 'journal', 'none' or 'file:/path/to/log'"
+
+
+def _str_map(v):
+    if not all(isinstance(k, str) and isinstance(x, str) and x for k, x in v.items()):
+        return "must map GPU names to non-empty Slurm type strings"
+    return None
+
+
+# section -> key -> Key ; section "" is the top level.
+SCHEMA: Dict[str, Dict[str, Key]] = {
+    "": {
+        "cluster_name": Key(str, "", "Cluster name recorded with every job; default: SLURM_CLUSTER_NAME, else ClusterName from slurm.conf."),
+        "nvml_library": Key(str, "", "Absolute path of libnvidia-ml.so.1 for non-standard driver installs; empty: the system loader finds it."),
+        "nvml_timeout_s": Key(float, 5.0, "Deadline for each NVML call made for a check; a call that takes longer makes that GPU FAIL.", _rng(0.1, 300)),
+        "slurm_backend": Key(str, "auto", "How to talk to Slurm: 'cli' (scontrol/sinfo/sacct), 'pyslurm', or 'auto' (pyslurm when importable and matching, else cli).", _choice("auto", "cli", "pyslurm")),
+        "slurm_bin_dir": Key(str, "", "Directory holding scontrol/sinfo/sacct; empty: search PATH, /usr/bin, /usr/local/bin, /opt/slurm/bin (hooks run without PATH)."),
+        "slurm_timeout_s": Key(float, 10.0, "Timeout for every Slurm command or RPC.", _rng(1, 600)),
+    },
+    "health": {
+        "expected_gpu_count": Key(int, 0, "Number of GPUs this node must show; 0: take it from the GPUs Slurm configured (gres), else do not check.", _rng(0, 64)),
+        "required_driver_version": Key(str, "", "Driver version every node must run (e.g. '550.54.15'); a prefix such as '550.' matches a branch; empty: not checked."),
+        "max_temperature_c": Key(int, 87, "GPU temperature at or above which the GPU FAILs (H100/H200 slow down near 87-90 C).", _rng(30, 120)),
+        "max_retired_pages": Key(int, 60, "Retired pages (SBE + DBE) above which a GPU FAILs (pre-Ampere page retirement; NVIDIA's RMA guidance is 60).", _rng(0, 10000)),
+        "idle_memory_used_mib": Key(int, 1024, "Memory used on a GPU that should be idle, above which it is reported as leaked GPU memory.", _rng(0, 1 << 20)),
+        "clock_event_mask": Key(int, 0x8 | 0x40 | 0x80, "Clock event reason bits that count as a hardware fault (default HwSlowdown|HwThermalSlowdown|HwPowerBrakeSlowdown = 0xC8).", _rng(0, 0xFFFFFFFFFFFFFFFF)),
+        "severity": Key(dict, {}, "Per-check severity override: {check = 'fail'|'warn'|'off'}; checks: " + ", ".join(CHECK_NAMES) + ".", _severity_table),
+    },
+    "xid": {
+        "source": Key(str, "kmsg", "Where to read NVIDIA XID events: 'kmsg' (/dev/kmsg), 'journal' (journalctl -k), 'file:/path' or 'none'.", _xid_source),
+        "window_s": Key(int, 3600, "Only XIDs newer than this many seconds count (an old XID must not drain a node forever).", _rng(1, 30 * 86400)),
+        "ignore": Key(list, [13, 31, 43, 45], "Application-caused XIDs that are never a node fault.", _int_list),
+        "critical": Key(list, [48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140], "XIDs that make a GPU FAIL; any other XID not ignored is a WARN.", _int_list),
+    },
+    "hooks": {
+        "prolog_deadline_s": Key(float, 30.0, "Wall-clock budget of the prolog; keep below Slurm's PrologEpilogTimeout.", _rng(1, 3600)),
+        "epilog_deadline_s": Key(float, 60.0, "Wall-clock budget of the epilog; keep below Slurm's PrologEpilogTimeout.", _rng(1, 3600)),
+        "fail_open": Key(bool, True, "On an internal error (a bug, not a GPU fault) log it and let the job run (true) or fail the hook (false)."),
+        "drain_on_fault": Key(bool, True, "Drain the node through Slurm when a job's GPU FAILs (else only exit non-zero)."),
+        "reset_clocks": Key(bool, True, "Reset application and locked clocks in prolog and epilog."),
+        "persistence_mode": Key(bool, True, "Turn persistence mode on in the prolog."),
+        "accounting_mode": Key(bool, True, "Turn per-process accounting on and clear old PIDs in the prolog."),
+        "kill_leftovers": Key(bool, True, "Epilog terminates processes still running on the job's GPUs (TERM, grace, KILL)."),
+        "kill_grace_s": Key(float, 5.0, "Seconds between TERM and KILL for leftover processes.", _rng(0, 300)),
+    },
+    "store": {
+        "database": Key(str, "/var/lib/slurm-gpu/usage.db", "SQLite database of this node (%n: node name)."),
+        "spool_dir": Key(str, "/var/lib/slurm-gpu/spool", "Records that could not be written wait here as JSON until the next successful write (%n: node name)."),
+        "busy_timeout_s": Key(float, 10.0, "How long a writer waits for a locked database before spooling.", _rng(0, 600)),
+    },
+    "log": {
+        "syslog": Key(bool, True, "Send hook decisions to syslog (facility daemon, ident slurm-gpu)."),
+        "file": Key(str, "", "Also append hook decisions to this file (%n: node name); empty: no file."),
+        "level": Key(str, "info", "Minimum level: debug, info, warning, error.", _choice("debug", "info", "warning", "error")),
+    },
+    "gres": {
+        "type_naming": Key(str, "autodetect", "Slurm GPU Type= naming: 'autodetect' (as AutoDetect=nvml: lowercased name, spaces to '_') or 'short' (h100, a100, ...).", _choice("autodetect", "short")),
+        "type_map": Key(dict, {}, "Explicit map from NVML device name to Slurm type, applied before type_naming.", _str_map),
+        "template_dir": Key(str, "", "Site directory whose templates override the shipped ones; empty: shipped templates only."),
+    },
+    "report": {
+        "idle_threshold_pct": Key(float, 5.0, "A job's GPU whose mean utilisation stays below this is counted idle.", _rng(0, 100)),
+    },
+}
+
+
+def node_name() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+class Config:
+    """Validated configuration: ``cfg.get("health", "max_temperature_c")`` or ``cfg.health.max_temperature_c``."""
+
+    def __init__(self, values: Mapping[str, Mapping[str, Any]], path: Optional[str] = None):
+        self._values = {s: dict(v) for s, v in values.items()}
+        self.path = path
+
+    def get(self, section: str, key: str) -> Any:
+        return self._values[section][key]
+
+    def path_value(self, section: str, key: str) -> str:
+        """A path value with %n expanded to the node name."""
+        return str(self.get(section, key)).replace("%n", node_name())
+
+    def __getattr__(self, name: str) -> Any:
+        values = self.__dict__.get("_values", {})
+        if name in values:
+            return _Section(values[name])
+        if name in values.get("", {}):
+            return values[""][name]
+        raise AttributeError(name)
+
+    def replace(self, section: str, **kw: Any) -> "Config":
+        vals = {s: dict(v) for s, v in self._values.items()}
+        vals[section].update(kw)
+        return Config(vals, self.path)
+
+    def as_dict(self) -> Dict[str, Dict[str, Any]]:
+        return {s: dict(v) for s, v in self._values.items()}
+
+
+class _Section:
+    def __init__(self, d: Dict[str, Any]):
+        self._d = d
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._d[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def defaults() -> Config:
+    return Config({s: {k: _copy(key.default) for k, key in keys.items()} for s, keys in SCHEMA.items()})
+
+
+def _copy(v: Any) -> Any:
+    return list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v
+
+
+def _type_ok(v: Any, t: Any) -> bool:
+    if t is float:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if t is int:
+        return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, t)
+
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "a list", dict: "a table"}
+
+
+def validate(data: Mapping[str, Any], path: str) -> Config:
+    cfg = defaults().as_dict()
+    for name, v in data.items():
+        if name in SCHEMA and name != "" and isinstance(v, dict):
+            section, items = name, v
+        elif name in SCHEMA[""]:
+            section, items = "", {name: v}
+        else:
+            raise ConfigError(f"{path}: unknown key '{name}'", "see docs/config.md for the keys this version knows")
+        for key, val in items.items():
+            dotted = f"{section}.{key}" if section else key
+            spec = SCHEMA[section].get(key)
+            if spec is None:
+                raise ConfigError(f"{path}: unknown key '{dotted}'", "see docs/config.md for the keys this version knows")
+            if not _type_ok(val, spec.type):
+                raise ConfigError(f"{path}: key '{dotted}' must be {_TYPE_NAMES.get(spec.type, spec.type)}, got {val!r}",
+                                  f"default is {spec.default!r}")
+            if spec.type is float:
+                val = float(val)
+            problem = spec.check(val) if spec.check else None
+            if problem:
+                raise ConfigError(f"{path}: key '{dotted}' {problem} (got {val!r})", f"default is {spec.default!r}")
+            cfg[section][key] = val
+    return Config(cfg, path)
+
+
+def _check_ownership(path: str, st: os.stat_result) -> None:
+    """Hooks run as root: a config file others can write would let them steer root's actions."""
+    if os.geteuid() != 0:
+        return
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or st.st_uid != 0:
+        raise ConfigError(
+            f"{path}: refusing a config file writable by non-root users (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})",
+            f"chown root:root {path} && chmod 644 {path}",
+        )
+
+
+def resolve_path(explicit: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> Tuple[Optional[str], bool]:
+    """Return (path, must_exist)."""
+    env = os.environ if env is None else env
+    if explicit:
+        return explicit, True
+    if env.get("SLURM_GPU_CONFIG"):
+        return env["SLURM_GPU_CONFIG"], True
+    if env.get("SLURM_CONF"):
+        beside = os.path.join(os.path.dirname(env["SLURM_CONF"]), "slurm-gpu.toml")
+        if os.path.exists(beside):
+            return beside, True
+    return DEFAULT_PATH, False
+
+
+def _toml_loads(text: str) -> Dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.9/3.10 only
+        import tomli as tomllib
+    return tomllib.loads(text)
+
+
+def load(explicit: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> Config:
+    path, must_exist = resolve_path(explicit, env)
+    assert path is not None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        if must_exist:
+            raise ConfigError(f"config file {path} does not exist", "create it or drop --config / SLURM_GPU_CONFIG") from None
+        return defaults()
+    except OSError as e:
+        raise ConfigError(f"config file {path} cannot be read: {e.strerror}", "check its permissions") from None
+    try:
+        st = os.fstat(fd)
+        _check_ownership(path, st)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            raw = f.read()
+    finally:
+        os.close(fd)
+    try:
+        data = _toml_loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text", "save the file as UTF-8") from None
+    except Exception as e:  # tomllib.TOMLDecodeError, tomli's equivalent
+        raise ConfigError(f"{path}: invalid TOML: {e}", "check the syntax at the line named") from None
+    return validate(data, path)
+
+
+def reference_markdown() -> str:
+    """The config reference, generated from SCHEMA (docs/config.md embeds it; a test keeps them equal)."""
+    lines: List[str] = []
+    for section, keys in SCHEMA.items():
+        lines.append(f"### `[{section}]`" if section else "### Top level")
+        lines.append("")
+        lines.append("| key | type | default | meaning |")
+        lines.append("| --- | --- | --- | --- |")
+        for k, spec in keys.items():
+            tname = getattr(spec.type, "__name__", str(spec.type))
+            default = spec.default
+            if isinstance(default, str):
+                default = f'"{default}"'
+            elif isinstance(default, bool):
+                default = str(default).lower()
+            elif k == "clock_event_mask":
+                default = hex(default)
+            lines.append(f"| `{k}` | {tname} | `{default}` | {spec.doc} |")
+        lines.append("")
+    return "\n".join(lines)

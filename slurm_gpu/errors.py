@@ -1,0 +1,64 @@
+"""Domain errors and the exit-code contract (docs/exit-codes.md)."""
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """Documented exit codes of `slurm-gpu` commands."""
+
+    OK = 0  # healthy / done
+    UNHEALTHY = 1  # at least one FAIL (check), or a difference found (gres-conf --check)
+    USAGE = 2  # bad command line, bad config, bad input file
+    NVML_UNAVAILABLE = 3  # no NVIDIA driver / libnvidia-ml.so.1 could not be loaded or initialised
+    SLURM_ERROR = 4  # slurmctld unreachable, unknown node, scontrol failed
+    STORE_ERROR = 5  # database unusable and nothing could be spooled
+    REFUSED = 6  # a safety refusal: resume of a node not drained by slurm-gpu without --force
+
+
+class SlurmGpuError(Exception):
+    """Base of all domain errors.  `hint` is the what-to-do-next line shown to the admin."""
+
+    exit_code = ExitCode.USAGE
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConfigError(SlurmGpuError):
+    exit_code = ExitCode.USAGE
+
+
+class NvmlUnavailable(SlurmGpuError):
+    """The NVML library cannot be loaded or initialised: no driver, wrong path, driver not loaded."""
+
+    exit_code = ExitCode.NVML_UNAVAILABLE
+
+
+class NvmlWriteError(SlurmGpuError):
+    """A write (clock reset, persistence, accounting) failed on a GPU."""
+
+    exit_code = ExitCode.UNHEALTHY
+
+
+class SlurmError(SlurmGpuError):
+    exit_code = ExitCode.SLURM_ERROR
+
+
+class StoreError(SlurmGpuError):
+    exit_code = ExitCode.STORE_ERROR
+
+
+class RefusedError(SlurmGpuError):
+    exit_code = ExitCode.REFUSED
+
+
+class InputError(SlurmGpuError):
+    """Malformed user or Slurm input (env var, snapshot file, inventory, time spec)."""
+
+    exit_code = ExitCode.USAGE

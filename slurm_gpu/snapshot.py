@@ -1,0 +1,262 @@
+"""The typed GPU/node model every layer shares.
+
+nvml.py produces it, health.py judges it, store.py records it, gres.py renders it and
+`slurm-gpu snapshot` serialises it.  Every hardware reading keeps one of three distinct
+outcomes (DESIGN.md §2.2): a value, *unsupported on this GPU*, or *failed* with an NVML
+error.  There is no magic "N/A" number anywhere.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, Generic, Optional, Tuple, TypeVar
+
+T = TypeVar("T")
+
+OK = "ok"
+UNSUPPORTED = "unsupported"
+FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Reading(Generic[T]):
+    """One hardware reading: status is OK (value set), UNSUPPORTED or FAILED (error set)."""
+
+    status: str
+    value: Optional[T] = None
+    error: str = ""  # NVML error text, e.g. "GPU is lost"
+    function: str = ""  # the NVML function that produced the error
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    @property
+    def unsupported(self) -> bool:
+        return self.status == UNSUPPORTED
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAILED
+
+    def get(self, default: Any = None) -> Any:
+        return self.value if self.status == OK else default
+
+    def describe(self) -> str:
+        if self.status == OK:
+            return str(self.value)
+        if self.status == UNSUPPORTED:
+            return "n/a"
+        return f"error: {self.function} {self.error}".replace("  ", " ").strip()
+
+    def to_json(self) -> Dict[str, Any]:
+        if self.status == OK:
+            v = self.value
+            if isinstance(v, tuple):
+                v = [x.to_json() if hasattr(x, "to_json") else x for x in v]
+            return {"status": OK, "value": v}
+        return {"status": self.status, "error": self.error, "function": self.function}
+
+
+def value(v: T) -> Reading[T]:
+    return Reading(OK, v)
+
+
+def unsupported(function: str = "", error: str = "Not Supported") -> Reading:
+    return Reading(UNSUPPORTED, None, error, function)
+
+
+def failed(function: str, error: str) -> Reading:
+    return Reading(FAILED, None, error, function)
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    used_memory_bytes: Optional[int]  # None: the driver does not expose it (MIG, no permission)
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"pid": self.pid, "used_memory_bytes": self.used_memory_bytes}
+
+
+@dataclass(frozen=True)
+class NvLink:
+    link: int
+    active: Reading  # Reading[bool]
+    remote_bus_id: Reading  # Reading[str], PCI bus id of the peer
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"link": self.link, "active": self.active.to_json(), "remote_bus_id": self.remote_bus_id.to_json()}
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    index: int
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    memory_total_bytes: Optional[int]
+    name: str = ""
+
+    def to_json(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    """Everything we read about one GPU at one moment."""
+
+    index: int  # NVML index == node-wide ordinal used by SLURM_JOB_GPUS
+    minor_number: Reading = field(default_factory=lambda: unsupported())  # int, /dev/nvidia<minor>
+    uuid: Reading = field(default_factory=lambda: unsupported())  # str "GPU-..."
+    name: Reading = field(default_factory=lambda: unsupported())  # str
+    serial: Reading = field(default_factory=lambda: unsupported())  # str
+    pci_bus_id: Reading = field(default_factory=lambda: unsupported())  # str "00000000:18:00.0"
+    memory_total_bytes: Reading = field(default_factory=lambda: unsupported())
+    memory_used_bytes: Reading = field(default_factory=lambda: unsupported())
+    temperature_c: Reading = field(default_factory=lambda: unsupported())
+    power_draw_mw: Reading = field(default_factory=lambda: unsupported())
+    energy_mj: Reading = field(default_factory=lambda: unsupported())  # since driver load
+    gpu_utilization_pct: Reading = field(default_factory=lambda: unsupported())
+    memory_utilization_pct: Reading = field(default_factory=lambda: unsupported())
+    ecc_volatile_corrected: Reading = field(default_factory=lambda: unsupported())
+    ecc_volatile_uncorrected: Reading = field(default_factory=lambda: unsupported())
+    ecc_aggregate_corrected: Reading = field(default_factory=lambda: unsupported())
+    ecc_aggregate_uncorrected: Reading = field(default_factory=lambda: unsupported())
+    retired_pages_sbe: Reading = field(default_factory=lambda: unsupported())  # count
+    retired_pages_dbe: Reading = field(default_factory=lambda: unsupported())  # count
+    retired_pages_pending: Reading = field(default_factory=lambda: unsupported())  # bool
+    remapped_rows_corrected: Reading = field(default_factory=lambda: unsupported())
+    remapped_rows_uncorrected: Reading = field(default_factory=lambda: unsupported())
+    remapped_rows_pending: Reading = field(default_factory=lambda: unsupported())  # bool
+    remapped_rows_failure: Reading = field(default_factory=lambda: unsupported())  # bool
+    clock_event_reasons: Reading = field(default_factory=lambda: unsupported())  # bitmask int
+    persistence_mode: Reading = field(default_factory=lambda: unsupported())  # bool
+    performance_state: Reading = field(default_factory=lambda: unsupported())  # int, P0 = 0
+    pcie_gen_current: Reading = field(default_factory=lambda: unsupported())
+    pcie_gen_max: Reading = field(default_factory=lambda: unsupported())
+    pcie_width_current: Reading = field(default_factory=lambda: unsupported())
+    pcie_width_max: Reading = field(default_factory=lambda: unsupported())
+    nvlinks: Reading = field(default_factory=lambda: unsupported())  # tuple[NvLink]
+    processes: Reading = field(default_factory=lambda: unsupported())  # tuple[Process]
+    mig_mode_current: Reading = field(default_factory=lambda: unsupported())  # bool
+    mig_mode_pending: Reading = field(default_factory=lambda: unsupported())  # bool
+    mig_devices: Reading = field(default_factory=lambda: unsupported())  # tuple[MigDevice]
+    accounting_mode: Reading = field(default_factory=lambda: unsupported())  # bool
+    cpu_affinity: Reading = field(default_factory=lambda: unsupported())  # tuple[int] CPU ids
+    # Set when the GPU could not be reached at all (no handle, lost, hung):
+    unreachable: str = ""
+
+    @property
+    def label(self) -> str:
+        """Human label for messages and drain reasons: 'GPU 3 (GPU-8f2c1a2b…)'."""
+        u = self.uuid.get()
+        if u:
+            return f"GPU {self.index} ({u[:12]}…)" if len(u) > 12 else f"GPU {self.index} ({u})"
+        return f"GPU {self.index}"
+
+    @property
+    def uuid_or_index(self) -> str:
+        return self.uuid.get() or f"index-{self.index}"
+
+    def readings(self) -> Dict[str, Reading]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), Reading)}
+
+    def to_json(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"index": self.index}
+        for name, r in self.readings().items():
+            out[name] = r.to_json()
+        out["unreachable"] = self.unreachable
+        return out
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    hostname: str
+    taken_at: float  # unix time
+    driver_version: Reading = field(default_factory=lambda: unsupported())
+    cuda_driver_version: Reading = field(default_factory=lambda: unsupported())  # int, e.g. 12040
+    gpu_count: Reading = field(default_factory=lambda: unsupported())
+    gpus: Tuple[GpuSnapshot, ...] = ()
+
+    def gpu(self, index: int) -> Optional[GpuSnapshot]:
+        for g in self.gpus:
+            if g.index == index:
+                return g
+        return None
+
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "format": "slurm-gpu-snapshot/1",
+            "hostname": self.hostname,
+            "taken_at": self.taken_at,
+            "driver_version": self.driver_version.to_json(),
+            "cuda_driver_version": self.cuda_driver_version.to_json(),
+            "gpu_count": self.gpu_count.to_json(),
+            "gpus": [g.to_json() for g in self.gpus],
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2, sort_keys=False)
+
+
+# --- deserialisation (for `check --snapshot FILE` and inventories) ---------------------
+
+class SnapshotFormatError(ValueError):
+    pass
+
+
+def _reading_from(obj: Any, name: str, kind: Optional[type] = None) -> Reading:
+    if not isinstance(obj, dict) or "status" not in obj:
+        raise SnapshotFormatError(f"field {name!r}: expected an object with 'status'")
+    st = obj["status"]
+    if st == OK:
+        v = obj.get("value")
+        if kind is not None and v is not None:
+            v = kind(v)
+        return Reading(OK, v)
+    if st in (UNSUPPORTED, FAILED):
+        return Reading(st, None, str(obj.get("error", "")), str(obj.get("function", "")))
+    raise SnapshotFormatError(f"field {name!r}: unknown status {st!r}")
+
+
+_TUPLE_FIELDS = {
+    "nvlinks": lambda items: tuple(
+        NvLink(int(i["link"]), _reading_from(i["active"], "nvlinks.active"), _reading_from(i["remote_bus_id"], "nvlinks.remote_bus_id"))
+        for i in items
+    ),
+    "processes": lambda items: tuple(Process(int(i["pid"]), i.get("used_memory_bytes")) for i in items),
+    "mig_devices": lambda items: tuple(MigDevice(**i) for i in items),
+    "cpu_affinity": lambda items: tuple(int(i) for i in items),
+}
+
+
+def gpu_from_json(d: Dict[str, Any]) -> GpuSnapshot:
+    if not isinstance(d, dict) or "index" not in d:
+        raise SnapshotFormatError("gpu entry without 'index'")
+    kwargs: Dict[str, Any] = {"index": int(d["index"]), "unreachable": str(d.get("unreachable", ""))}
+    for f in dataclasses.fields(GpuSnapshot):
+        if f.name in ("index", "unreachable") or f.name not in d:
+            continue
+        r = _reading_from(d[f.name], f.name)
+        if r.ok and f.name in _TUPLE_FIELDS:
+            try:
+                r = Reading(OK, _TUPLE_FIELDS[f.name](r.value or []))
+            except (KeyError, TypeError, ValueError) as e:
+                raise SnapshotFormatError(f"field {f.name!r}: {e}") from None
+        kwargs[f.name] = r
+    return GpuSnapshot(**kwargs)
+
+
+def node_from_json(d: Dict[str, Any]) -> NodeSnapshot:
+    if not isinstance(d, dict) or not str(d.get("format", "")).startswith("slurm-gpu-snapshot/"):
+        raise SnapshotFormatError("not a slurm-gpu snapshot (missing 'format': 'slurm-gpu-snapshot/1')")
+    return NodeSnapshot(
+        hostname=str(d.get("hostname", "")),
+        taken_at=float(d.get("taken_at", 0.0)),
+        driver_version=_reading_from(d.get("driver_version", {"status": UNSUPPORTED}), "driver_version"),
+        cuda_driver_version=_reading_from(d.get("cuda_driver_version", {"status": UNSUPPORTED}), "cuda_driver_version"),
+        gpu_count=_reading_from(d.get("gpu_count", {"status": UNSUPPORTED}), "gpu_count"),
+        gpus=tuple(gpu_from_json(g) for g in d.get("gpus", [])),
+    )
