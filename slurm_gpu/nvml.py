@@ -1,0 +1,490 @@
+"""The driver gateway: the only module that imports pynvml.
+
+Reads every GPU into a frozen `GpuSnapshot` (three outcomes per field), performs the few
+writes the hooks need, and puts every call under a deadline: a GPU that fell off the bus
+can make NVML block, and a hook must never hang a node.
+
+Deadline model: each GPU is read by its own daemon thread that records which NVML call it
+is in and since when.  The caller waits; a GPU whose current call exceeds `timeout_s` is
+abandoned and reported with ``unreachable = "NVML call X timed out after Ns"`` while the
+other GPUs are reported normally.  An abandoned thread stays blocked in C; the process
+exits regardless (daemon thread), and that GPU is never touched again by this reader.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import pynvml
+
+from . import snapshot as S
+from .errors import NvmlUnavailable, NvmlWriteError
+from .snapshot import GpuSnapshot, MigDevice, NodeSnapshot, NvLink, Process, Reading
+
+# Errors that mean "this GPU does not offer that reading" rather than "something is wrong".
+_UNSUPPORTED_CODES = {
+    pynvml.NVML_ERROR_NOT_SUPPORTED,
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,  # older driver without the function
+    pynvml.NVML_ERROR_NO_PERMISSION,  # not root, or a restricted container: not a GPU fault
+}
+# Errors after which nothing more can be read from the GPU.
+_FATAL_CODES = {pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_RESET_REQUIRED, pynvml.NVML_ERROR_UNKNOWN,
+                pynvml.NVML_ERROR_TIMEOUT}
+_NO_LINK_CODES = {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT, pynvml.NVML_ERROR_NOT_FOUND,
+                  pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}
+_MAX_NVLINKS = 18  # NVLink 4 (H100/H200); newer parts expose more, probed until the first missing link
+_CPUSET_WORDS = 16  # 1024 CPUs
+
+
+def _text(v: Any) -> str:
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+
+def _cpus_from_mask(words: Sequence[int]) -> Tuple[int, ...]:
+    bits = ctypes.sizeof(ctypes.c_ulong) * 8
+    return tuple(w_i * bits + b for w_i, w in enumerate(words) for b in range(bits) if (int(w) >> b) & 1)
+
+
+class _GpuLost(Exception):
+    """Internal: stop reading a GPU after a fatal error."""
+
+
+class _GpuReader:
+    """Reads one GPU, recording each call so the caller can enforce the deadline."""
+
+    def __init__(self, index: int, ident_only: bool = False):
+        self.index = index
+        self.ident_only = ident_only
+        self.fields: Dict[str, Any] = {}
+        self.current: Optional[str] = None
+        self.started = 0.0
+        self.done = threading.Event()
+        self.unreachable = ""
+        self.lock = threading.Lock()
+
+    def call(self, name: str, fn: Callable, *args: Any) -> Any:
+        with self.lock:
+            self.current, self.started = name, time.monotonic()
+        try:
+            return fn(*args)
+        finally:
+            with self.lock:
+                self.current = None
+
+    def reading(self, field: str, name: str, fn: Callable, *args: Any, convert: Callable = lambda v: v) -> Reading:
+        try:
+            r = S.value(convert(self.call(name, fn, *args)))
+        except pynvml.NVMLError as e:
+            r = self._error(name, e)
+        self.fields[field] = r
+        return r
+
+    def _error(self, name: str, e: "pynvml.NVMLError") -> Reading:
+        code = getattr(e, "value", None)
+        if code in _UNSUPPORTED_CODES:
+            return S.unsupported(name, str(e))
+        if code in _FATAL_CODES:
+            self.unreachable = f"{e} ({name})"
+            raise _GpuLost()
+        return S.failed(name, str(e))
+
+    def run(self) -> None:
+        try:
+            self._read_all()
+        except _GpuLost:
+            pass
+        except Exception as e:  # a bug or an unexpected binding error must not lose the other GPUs
+            self.unreachable = f"unexpected error reading GPU: {type(e).__name__}: {e}"
+        finally:
+            self.done.set()
+
+    def _read_all(self) -> None:
+        p = pynvml
+        try:
+            h = self.call("nvmlDeviceGetHandleByIndex", p.nvmlDeviceGetHandleByIndex, self.index)
+        except p.NVMLError as e:
+            self.unreachable = f"{e} (nvmlDeviceGetHandleByIndex)"
+            return
+        self.handle = h
+        self.reading("uuid", "nvmlDeviceGetUUID", p.nvmlDeviceGetUUID, h, convert=_text)
+        self.reading("minor_number", "nvmlDeviceGetMinorNumber", p.nvmlDeviceGetMinorNumber, h)
+        if self.ident_only:
+            self.reading("pci_bus_id", "nvmlDeviceGetPciInfo", p.nvmlDeviceGetPciInfo, h, convert=lambda i: _text(i.busId))
+            return
+        self.reading("name", "nvmlDeviceGetName", p.nvmlDeviceGetName, h, convert=_text)
+        self.reading("serial", "nvmlDeviceGetSerial", p.nvmlDeviceGetSerial, h, convert=_text)
+        self.reading("pci_bus_id", "nvmlDeviceGetPciInfo", p.nvmlDeviceGetPciInfo, h, convert=lambda i: _text(i.busId))
+        mem = self.reading("_mem", "nvmlDeviceGetMemoryInfo", p.nvmlDeviceGetMemoryInfo, h,
+                           convert=lambda m: (int(m.total), int(m.used)))
+        self.fields.pop("_mem")
+        self.fields["memory_total_bytes"] = S.value(mem.value[0]) if mem.ok else mem
+        self.fields["memory_used_bytes"] = S.value(mem.value[1]) if mem.ok else mem
+        self.reading("temperature_c", "nvmlDeviceGetTemperature", p.nvmlDeviceGetTemperature, h, p.NVML_TEMPERATURE_GPU)
+        self.reading("power_draw_mw", "nvmlDeviceGetPowerUsage", p.nvmlDeviceGetPowerUsage, h)
+        self.reading("energy_mj", "nvmlDeviceGetTotalEnergyConsumption", p.nvmlDeviceGetTotalEnergyConsumption, h)
+        util = self.reading("_util", "nvmlDeviceGetUtilizationRates", p.nvmlDeviceGetUtilizationRates, h,
+                            convert=lambda u: (int(u.gpu), int(u.memory)))
+        self.fields.pop("_util")
+        self.fields["gpu_utilization_pct"] = S.value(util.value[0]) if util.ok else util
+        self.fields["memory_utilization_pct"] = S.value(util.value[1]) if util.ok else util
+        for field, etype, ctype in (
+            ("ecc_volatile_corrected", p.NVML_MEMORY_ERROR_TYPE_CORRECTED, p.NVML_VOLATILE_ECC),
+            ("ecc_volatile_uncorrected", p.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, p.NVML_VOLATILE_ECC),
+            ("ecc_aggregate_corrected", p.NVML_MEMORY_ERROR_TYPE_CORRECTED, p.NVML_AGGREGATE_ECC),
+            ("ecc_aggregate_uncorrected", p.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, p.NVML_AGGREGATE_ECC),
+        ):
+            self.reading(field, "nvmlDeviceGetTotalEccErrors", p.nvmlDeviceGetTotalEccErrors, h, etype, ctype)
+        self.reading("retired_pages_sbe", "nvmlDeviceGetRetiredPages", p.nvmlDeviceGetRetiredPages, h,
+                     p.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS, convert=len)
+        self.reading("retired_pages_dbe", "nvmlDeviceGetRetiredPages", p.nvmlDeviceGetRetiredPages, h,
+                     p.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR, convert=len)
+        self.reading("retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus",
+                     p.nvmlDeviceGetRetiredPagesPendingStatus, h, convert=bool)
+        rr = self.reading("_rr", "nvmlDeviceGetRemappedRows", p.nvmlDeviceGetRemappedRows, h,
+                          convert=lambda t: tuple(int(x) for x in t))
+        self.fields.pop("_rr")
+        for i, field in enumerate(("remapped_rows_corrected", "remapped_rows_uncorrected", "remapped_rows_pending",
+                                   "remapped_rows_failure")):
+            v = rr.value[i] if rr.ok else None
+            self.fields[field] = (S.value(bool(v) if i >= 2 else v)) if rr.ok else rr
+        fn = getattr(p, "nvmlDeviceGetCurrentClocksEventReasons", None) or p.nvmlDeviceGetCurrentClocksThrottleReasons
+        self.reading("clock_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons", fn, h, convert=int)
+        self.reading("persistence_mode", "nvmlDeviceGetPersistenceMode", p.nvmlDeviceGetPersistenceMode, h,
+                     convert=lambda v: v == p.NVML_FEATURE_ENABLED)
+        self.reading("performance_state", "nvmlDeviceGetPerformanceState", p.nvmlDeviceGetPerformanceState, h, convert=int)
+        self.reading("pcie_gen_current", "nvmlDeviceGetCurrPcieLinkGeneration", p.nvmlDeviceGetCurrPcieLinkGeneration, h)
+        self.reading("pcie_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration", p.nvmlDeviceGetMaxPcieLinkGeneration, h)
+        self.reading("pcie_width_current", "nvmlDeviceGetCurrPcieLinkWidth", p.nvmlDeviceGetCurrPcieLinkWidth, h)
+        self.reading("pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth", p.nvmlDeviceGetMaxPcieLinkWidth, h)
+        self.fields["nvlinks"] = self._nvlinks(h)
+        self.reading("processes", "nvmlDeviceGetComputeRunningProcesses", p.nvmlDeviceGetComputeRunningProcesses, h,
+                     convert=lambda ps: tuple(Process(int(x.pid), None if x.usedGpuMemory is None else int(x.usedGpuMemory))
+                                              for x in ps))
+        mig = self.reading("_mig", "nvmlDeviceGetMigMode", p.nvmlDeviceGetMigMode, h, convert=lambda t: (bool(t[0]), bool(t[1])))
+        self.fields.pop("_mig")
+        self.fields["mig_mode_current"] = S.value(mig.value[0]) if mig.ok else mig
+        self.fields["mig_mode_pending"] = S.value(mig.value[1]) if mig.ok else mig
+        self.fields["mig_devices"] = self._mig_devices(h) if mig.ok and mig.value[0] else (S.value(()) if mig.ok else mig)
+        self.reading("accounting_mode", "nvmlDeviceGetAccountingMode", p.nvmlDeviceGetAccountingMode, h,
+                     convert=lambda v: v == p.NVML_FEATURE_ENABLED)
+        self.reading("cpu_affinity", "nvmlDeviceGetCpuAffinity", p.nvmlDeviceGetCpuAffinity, h, _CPUSET_WORDS,
+                     convert=_cpus_from_mask)
+
+    def _nvlinks(self, h: Any) -> Reading:
+        p = pynvml
+        links: List[NvLink] = []
+        for link in range(_MAX_NVLINKS):
+            try:
+                state = self.call("nvmlDeviceGetNvLinkState", p.nvmlDeviceGetNvLinkState, h, link)
+            except p.NVMLError as e:
+                if getattr(e, "value", None) in _NO_LINK_CODES:
+                    if link == 0:
+                        return S.unsupported("nvmlDeviceGetNvLinkState", str(e))
+                    break
+                links.append(NvLink(link, self._error("nvmlDeviceGetNvLinkState", e), S.unsupported()))
+                continue
+            try:
+                remote = S.value(_text(self.call("nvmlDeviceGetNvLinkRemotePciInfo", p.nvmlDeviceGetNvLinkRemotePciInfo,
+                                                 h, link).busId))
+            except p.NVMLError as e:
+                remote = self._error("nvmlDeviceGetNvLinkRemotePciInfo", e)
+            links.append(NvLink(link, S.value(state == p.NVML_FEATURE_ENABLED), remote))
+        return S.value(tuple(links))
+
+    def _mig_devices(self, h: Any) -> Reading:
+        p = pynvml
+        try:
+            count = self.call("nvmlDeviceGetMaxMigDeviceCount", p.nvmlDeviceGetMaxMigDeviceCount, h)
+        except p.NVMLError as e:
+            return self._error("nvmlDeviceGetMaxMigDeviceCount", e)
+        devs: List[MigDevice] = []
+        for k in range(count):
+            try:
+                mh = self.call("nvmlDeviceGetMigDeviceHandleByIndex", p.nvmlDeviceGetMigDeviceHandleByIndex, h, k)
+            except p.NVMLError as e:
+                if getattr(e, "value", None) in (p.NVML_ERROR_NOT_FOUND, p.NVML_ERROR_INVALID_ARGUMENT):
+                    continue
+                return self._error("nvmlDeviceGetMigDeviceHandleByIndex", e)
+            try:
+                mem: Optional[int] = int(self.call("nvmlDeviceGetMemoryInfo", p.nvmlDeviceGetMemoryInfo, mh).total)
+            except p.NVMLError:
+                mem = None
+            try:
+                name = _text(self.call("nvmlDeviceGetName", p.nvmlDeviceGetName, mh))
+            except p.NVMLError:
+                name = ""
+            try:
+                devs.append(MigDevice(
+                    index=k,
+                    uuid=_text(self.call("nvmlDeviceGetUUID", p.nvmlDeviceGetUUID, mh)),
+                    gpu_instance_id=int(self.call("nvmlDeviceGetGpuInstanceId", p.nvmlDeviceGetGpuInstanceId, mh)),
+                    compute_instance_id=int(self.call("nvmlDeviceGetComputeInstanceId", p.nvmlDeviceGetComputeInstanceId, mh)),
+                    memory_total_bytes=mem, name=name))
+            except p.NVMLError as e:
+                return self._error("nvmlDeviceGetMigDeviceHandleByIndex", e)
+        return S.value(tuple(devs))
+
+    def snapshot(self) -> GpuSnapshot:
+        fields = dict(self.fields)  # the thread may still be writing if abandoned
+        return GpuSnapshot(index=self.index, unreachable=self.unreachable, **fields)
+
+
+def _run_with_deadline(fn: Callable[[], Any], timeout_s: float, name: str) -> Any:
+    """Run fn in a daemon thread; raise TimeoutError naming the call if it does not return in time."""
+    box: Dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["v"] = fn()
+        except BaseException as e:  # re-raised in the caller
+            box["e"] = e
+
+    t = threading.Thread(target=target, name=f"nvml-{name}", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise TimeoutError(f"NVML call {name} timed out after {timeout_s:g}s")
+    if "e" in box:
+        raise box["e"]
+    return box.get("v")
+
+
+_LOADED: Dict[str, Any] = {}
+
+
+def _load_library(path: str) -> None:
+    """Load a specific libnvidia-ml.so.1 so that pynvml's CDLL('libnvidia-ml.so.1') reuses it (same SONAME)."""
+    if not path or path in _LOADED:
+        return
+    if not os.path.exists(path):
+        raise NvmlUnavailable(f"NVML library {path} does not exist",
+                              "fix nvml_library in the config (or --nvml-lib), or leave it empty to use the system driver")
+    try:
+        _LOADED[path] = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:
+        raise NvmlUnavailable(f"cannot load NVML library {path}: {e}",
+                              "point nvml_library at the driver's libnvidia-ml.so.1") from None
+    # pynvml loads by SONAME; if it already holds another library, point it at ours.
+    if getattr(pynvml, "nvmlLib", None) is not None and pynvml.nvmlLib._name != path:
+        pynvml.nvmlLib = _LOADED[path]
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+
+
+_NO_DRIVER_HINT = ("is the NVIDIA driver installed and loaded (nvidia-smi)? For a non-standard install set "
+                   "nvml_library in /etc/slurm-gpu/config.toml or pass --nvml-lib PATH")
+
+
+class NvmlReader:
+    """A session with the driver: `snapshot()` for checks, the write methods for hooks."""
+
+    def __init__(self, library: str = "", timeout_s: float = 5.0):
+        self.library = library
+        self.timeout_s = timeout_s
+        self._initialised = False
+        self._stuck: Dict[int, str] = {}  # GPUs abandoned because a call hung: never touch them again
+        self._handles: Dict[int, Any] = {}
+
+    # -- session ---------------------------------------------------------------------------
+    def open(self) -> "NvmlReader":
+        if self._initialised:
+            return self
+        _load_library(self.library)
+        try:
+            _run_with_deadline(pynvml.nvmlInit, self.timeout_s, "nvmlInit")
+        except TimeoutError as e:
+            raise NvmlUnavailable(f"{e}: the driver does not answer", "check dmesg for NVIDIA XID errors; the node may need a reboot") from None
+        except pynvml.NVMLError as e:
+            code = getattr(e, "value", None)
+            if code == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
+                raise NvmlUnavailable("NVML library libnvidia-ml.so.1 not found", _NO_DRIVER_HINT) from None
+            raise NvmlUnavailable(f"NVML initialisation failed: {e}", _NO_DRIVER_HINT) from None
+        self._initialised = True
+        return self
+
+    def close(self) -> None:
+        if self._initialised and not self._stuck:
+            try:
+                _run_with_deadline(pynvml.nvmlShutdown, self.timeout_s, "nvmlShutdown")
+            except (TimeoutError, pynvml.NVMLError):
+                pass
+        self._initialised = False
+
+    def __enter__(self) -> "NvmlReader":
+        return self.open()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _node_reading(self, name: str, fn: Callable, convert: Callable = lambda v: v) -> Reading:
+        try:
+            return S.value(convert(_run_with_deadline(fn, self.timeout_s, name)))
+        except TimeoutError as e:
+            return S.failed(name, str(e))
+        except pynvml.NVMLError as e:
+            if getattr(e, "value", None) in _UNSUPPORTED_CODES:
+                return S.unsupported(name, str(e))
+            return S.failed(name, str(e))
+
+    # -- reads -----------------------------------------------------------------------------
+    def identities(self) -> NodeSnapshot:
+        """A cheap read of every GPU's UUID, minor number and PCI bus id (to map Slurm's indices)."""
+        return self.snapshot(None, ident_only=True)
+
+    def snapshot(self, indices: Optional[Sequence[int]] = None, ident_only: bool = False) -> NodeSnapshot:
+        """Read the node; `indices` limits per-GPU reads (node-wide facts are always read)."""
+        self.open()
+        taken = time.time()
+        driver = self._node_reading("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion, _text)
+        cuda = self._node_reading("nvmlSystemGetCudaDriverVersion", pynvml.nvmlSystemGetCudaDriverVersion, int)
+        count = self._node_reading("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount, int)
+        n = count.value if count.ok else 0
+        wanted = sorted(set(range(n) if indices is None else indices))
+        readers = [_GpuReader(i, ident_only) for i in wanted]
+        for r in readers:
+            if r.index in self._stuck:
+                r.unreachable = self._stuck[r.index]
+                r.done.set()
+            elif r.index >= n:
+                r.unreachable = f"no GPU with index {r.index} (the driver reports {n})"
+                r.done.set()
+            else:
+                threading.Thread(target=r.run, name=f"nvml-gpu{r.index}", daemon=True).start()
+        self._wait(readers)
+        for r in readers:
+            h = getattr(r, "handle", None)
+            if h is not None and not r.unreachable:
+                self._handles[r.index] = h
+        gpus = tuple(r.snapshot() for r in readers)
+        return NodeSnapshot(hostname=socket.gethostname().split(".")[0], taken_at=taken, driver_version=driver,
+                            cuda_driver_version=cuda, gpu_count=count, gpus=gpus)
+
+    def _wait(self, readers: List[_GpuReader]) -> None:
+        pending = [r for r in readers if not r.done.is_set()]
+        while pending:
+            now = time.monotonic()
+            next_deadline = now + self.timeout_s
+            still: List[_GpuReader] = []
+            for r in pending:
+                if r.done.is_set():
+                    continue
+                with r.lock:
+                    current, started = r.current, r.started
+                if current is not None and now - started >= self.timeout_s:
+                    msg = f"NVML call {current} timed out after {self.timeout_s:g}s"
+                    r.unreachable = msg
+                    self._stuck[r.index] = msg
+                    continue
+                if current is not None:
+                    next_deadline = min(next_deadline, started + self.timeout_s)
+                still.append(r)
+            pending = still
+            if pending:
+                # Wake at the earliest deadline, or as soon as the first pending reader finishes.
+                pending[0].done.wait(max(0.001, min(next_deadline - time.monotonic(), 0.05)))
+
+    def _handle(self, index: int) -> Any:
+        if index in self._stuck:
+            raise NvmlWriteError(f"GPU {index}: not touched, an earlier NVML call hung ({self._stuck[index]})",
+                                 "the GPU needs attention; see `slurm-gpu check`")
+        self.open()
+        if index not in self._handles:
+            self._handles[index] = self._call(index, "nvmlDeviceGetHandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, index)
+        return self._handles[index]
+
+    def _call(self, index: int, name: str, fn: Callable, *args: Any) -> Any:
+        try:
+            return _run_with_deadline(lambda: fn(*args), self.timeout_s, name)
+        except TimeoutError as e:
+            self._stuck[index] = str(e)
+            raise NvmlWriteError(f"GPU {index}: {e}", "the GPU may have fallen off the bus; check dmesg for XID 79") from None
+        except pynvml.NVMLError as e:
+            raise NvmlWriteError(f"GPU {index}: {name} failed: {e}", _write_hint(e)) from None
+
+    def processes(self, index: int) -> Tuple[Process, ...]:
+        h = self._handle(index)
+        ps = self._call(index, "nvmlDeviceGetComputeRunningProcesses", pynvml.nvmlDeviceGetComputeRunningProcesses, h)
+        return tuple(Process(int(x.pid), None if x.usedGpuMemory is None else int(x.usedGpuMemory)) for x in ps)
+
+    def accounting_stats(self, index: int) -> Reading:
+        """Per-process accounting records kept by the driver: Reading[tuple[AccountingRecord]]."""
+        h = self._handle(index)
+        try:
+            pids = self._call_raw(index, "nvmlDeviceGetAccountingPids", pynvml.nvmlDeviceGetAccountingPids, h)
+            out = []
+            for pid in pids:
+                st = self._call_raw(index, "nvmlDeviceGetAccountingStats", pynvml.nvmlDeviceGetAccountingStats, h, pid)
+                out.append(AccountingRecord(int(pid), int(st.gpuUtilization), int(st.memoryUtilization),
+                                            int(st.maxMemoryUsage), int(st.time), int(st.startTime), bool(st.isRunning)))
+            return S.value(tuple(out))
+        except pynvml.NVMLError as e:
+            if getattr(e, "value", None) in _UNSUPPORTED_CODES:
+                return S.unsupported("nvmlDeviceGetAccountingPids", str(e))
+            return S.failed("nvmlDeviceGetAccountingPids", str(e))
+
+    def _call_raw(self, index: int, name: str, fn: Callable, *args: Any) -> Any:
+        try:
+            return _run_with_deadline(lambda: fn(*args), self.timeout_s, name)
+        except TimeoutError as e:
+            self._stuck[index] = str(e)
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT) from None
+
+    # -- writes (strict: a failure raises NvmlWriteError naming the GPU and the NVML error) ---
+    def _write(self, index: int, name: str, fn: Callable, *args: Any) -> bool:
+        """Returns False when the GPU does not support the operation (nothing to do), True when done."""
+        h = self._handle(index)
+        try:
+            _run_with_deadline(lambda: fn(h, *args), self.timeout_s, name)
+            return True
+        except TimeoutError as e:
+            self._stuck[index] = str(e)
+            raise NvmlWriteError(f"GPU {index}: {e}", "the GPU may have fallen off the bus; check dmesg for XID 79") from None
+        except pynvml.NVMLError as e:
+            if getattr(e, "value", None) in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+                return False
+            raise NvmlWriteError(f"GPU {index}: {name} failed: {e}", _write_hint(e)) from None
+
+    def set_persistence_mode(self, index: int, on: bool = True) -> bool:
+        return self._write(index, "nvmlDeviceSetPersistenceMode", pynvml.nvmlDeviceSetPersistenceMode,
+                           pynvml.NVML_FEATURE_ENABLED if on else pynvml.NVML_FEATURE_DISABLED)
+
+    def reset_clocks(self, index: int) -> Dict[str, bool]:
+        """Reset application clocks and locked GPU/memory clocks: {operation: done (False = unsupported)}."""
+        return {
+            "applications_clocks": self._write(index, "nvmlDeviceResetApplicationsClocks", pynvml.nvmlDeviceResetApplicationsClocks),
+            "locked_gpu_clocks": self._write(index, "nvmlDeviceResetGpuLockedClocks", pynvml.nvmlDeviceResetGpuLockedClocks),
+            "locked_memory_clocks": self._write(index, "nvmlDeviceResetMemoryLockedClocks", pynvml.nvmlDeviceResetMemoryLockedClocks),
+        }
+
+    def set_accounting_mode(self, index: int, on: bool = True) -> bool:
+        return self._write(index, "nvmlDeviceSetAccountingMode", pynvml.nvmlDeviceSetAccountingMode,
+                           pynvml.NVML_FEATURE_ENABLED if on else pynvml.NVML_FEATURE_DISABLED)
+
+    def clear_accounting_pids(self, index: int) -> bool:
+        return self._write(index, "nvmlDeviceClearAccountingPids", pynvml.nvmlDeviceClearAccountingPids)
+
+
+def _write_hint(e: Exception) -> str:
+    code = getattr(e, "value", None)
+    if code == pynvml.NVML_ERROR_NO_PERMISSION:
+        return "GPU settings need root: run the hook as root (slurmd does)"
+    if code in _FATAL_CODES:
+        return "the GPU needs a reset or the node a reboot; drain it and check dmesg"
+    return "see `slurm-gpu check` for the GPU's state"
+
+
+@dataclass(frozen=True)
+class AccountingRecord:
+    """One process as the driver's accounting saw it (kept after the process exits)."""
+
+    pid: int
+    gpu_utilization_pct: int  # mean over the process lifetime (driver-sampled)
+    memory_utilization_pct: int
+    max_memory_bytes: int
+    time_ms: int  # process run time
+    start_time_us: int  # unix epoch, microseconds
+    is_running: bool

@@ -1,0 +1,111 @@
+"""The node database schema: versioned migrations, shared by store.py (writes) and report.py (reads).
+
+Times are unix seconds (REAL, UTC).  Energy in joules, memory in bytes, utilisation in
+percent (0-100).  NULL means "not available on this GPU" (unsupported or failed reading),
+never zero.  job_gpus repeats user/account/partition so reports aggregate one table.
+"""
+from __future__ import annotations
+
+from typing import List, Tuple
+
+SCHEMA_VERSION = 1
+
+# Each migration takes the database from version i to i+1 (index i).
+MIGRATIONS: List[Tuple[str, ...]] = [
+    (
+        """CREATE TABLE IF NOT EXISTS jobs (
+            cluster TEXT NOT NULL,
+            job_id INTEGER NOT NULL,
+            restart_count INTEGER NOT NULL DEFAULT 0,
+            node TEXT NOT NULL,
+            user TEXT,
+            uid INTEGER,
+            account TEXT,
+            partition TEXT,
+            gpu_count INTEGER NOT NULL DEFAULT 0,
+            start_time REAL,
+            end_time REAL,
+            exit_code TEXT,
+            PRIMARY KEY (cluster, job_id, restart_count, node)
+        )""",
+        # One row per job, node and GPU: written by the epilog in one transaction.
+        """CREATE TABLE IF NOT EXISTS job_gpus (
+            cluster TEXT NOT NULL,
+            job_id INTEGER NOT NULL,
+            restart_count INTEGER NOT NULL DEFAULT 0,
+            node TEXT NOT NULL,
+            gpu_uuid TEXT NOT NULL,
+            gpu_index INTEGER,
+            gpu_model TEXT,
+            user TEXT,
+            account TEXT,
+            partition TEXT,
+            start_time REAL NOT NULL,
+            end_time REAL NOT NULL,
+            duration_s REAL NOT NULL,
+            energy_j REAL,
+            gpu_util_mean_pct REAL,
+            mem_util_mean_pct REAL,
+            max_memory_bytes INTEGER,
+            process_count INTEGER,
+            ecc_corrected_delta INTEGER,
+            ecc_uncorrected_delta INTEGER,
+            retired_pages_delta INTEGER,
+            remapped_rows_delta INTEGER,
+            clock_event_reasons INTEGER,
+            xid_events TEXT,
+            PRIMARY KEY (cluster, job_id, restart_count, node, gpu_uuid)
+        )""",
+        # Written by the prolog: the counters the epilog subtracts from.
+        """CREATE TABLE IF NOT EXISTS job_starts (
+            cluster TEXT NOT NULL,
+            job_id INTEGER NOT NULL,
+            restart_count INTEGER NOT NULL DEFAULT 0,
+            node TEXT NOT NULL,
+            gpu_uuid TEXT NOT NULL,
+            gpu_index INTEGER,
+            start_time REAL NOT NULL,
+            energy_mj INTEGER,
+            ecc_corrected INTEGER,
+            ecc_uncorrected INTEGER,
+            retired_pages INTEGER,
+            remapped_rows INTEGER,
+            PRIMARY KEY (cluster, job_id, restart_count, node, gpu_uuid)
+        )""",
+        """CREATE TABLE IF NOT EXISTS health_events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            time REAL NOT NULL,
+            node TEXT NOT NULL,
+            source TEXT NOT NULL,
+            job_id INTEGER,
+            gpu_index INTEGER,
+            gpu_uuid TEXT,
+            check_name TEXT NOT NULL,
+            status TEXT NOT NULL,
+            message TEXT NOT NULL
+        )""",
+        """CREATE TABLE IF NOT EXISTS drains (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            time REAL NOT NULL,
+            node TEXT NOT NULL,
+            source TEXT NOT NULL,
+            job_id INTEGER,
+            reason TEXT NOT NULL,
+            ok INTEGER NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS job_gpus_end ON job_gpus (end_time)",
+        "CREATE INDEX IF NOT EXISTS job_gpus_user ON job_gpus (user, end_time)",
+        "CREATE INDEX IF NOT EXISTS job_gpus_account ON job_gpus (account, end_time)",
+        "CREATE INDEX IF NOT EXISTS health_events_time ON health_events (time)",
+        "CREATE INDEX IF NOT EXISTS drains_time ON drains (time)",
+    ),
+]
+
+assert len(MIGRATIONS) == SCHEMA_VERSION
+
+JOB_GPU_COLUMNS = (
+    "cluster", "job_id", "restart_count", "node", "gpu_uuid", "gpu_index", "gpu_model", "user", "account",
+    "partition", "start_time", "end_time", "duration_s", "energy_j", "gpu_util_mean_pct", "mem_util_mean_pct",
+    "max_memory_bytes", "process_count", "ecc_corrected_delta", "ecc_uncorrected_delta", "retired_pages_delta",
+    "remapped_rows_delta", "clock_event_reasons", "xid_events",
+)

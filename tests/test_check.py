@@ -1,0 +1,264 @@
+"""`slurm-gpu check` against the simulated driver: every check FAILs on an injected fault and
+PASSes without it.  Faults are injected in the state file (the driver boundary), never in Python."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import simgpu
+from slurm_gpu import config, health, hooks
+from slurm_gpu.nvml import NvmlReader
+
+
+def run_check(node, *args, timeout=60):
+    cp = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "check", "--json", *args], env=node.env(),
+                        capture_output=True, text=True, timeout=timeout)
+    return cp
+
+
+def check_in_process(node, **kw):
+    cfg = config.load(str(node.config))
+    os.environ["SIMNVML_STATE"] = str(node.state)
+    reader = NvmlReader(cfg.nvml_library, cfg.nvml_timeout_s)
+    try:
+        return hooks.check_node(cfg, reader=reader, **kw)[1]
+    finally:
+        reader.close()
+
+
+def by_check(results, name, gpu=None):
+    return [r for r in results if r.check == name and (gpu is None or r.gpu_index == gpu)]
+
+
+# (check name, GPU fields that break it, config lines, idle)
+FAULTS = [
+    ("ecc_uncorrectable", {"ecc_volatile_uncorrected": 2}, "", False),
+    ("row_remap_failure", {"remapped_failure": 1}, "", False),
+    ("pending_reset", {"retired_pages_pending": 1}, "", False),
+    ("pending_reset", {"remapped_pending": 1}, "", False),
+    ("retired_pages", {"retired_pages_sbe": 50, "retired_pages_dbe": 11}, "", False),
+    ("temperature", {"temperature": 93}, "", False),
+    ("clock_events", {"clock_event_reasons": 0x40}, "", False),
+    ("clock_events", {"clock_event_reasons": 0x80 | 0x1}, "", False),
+    ("pcie_link", {"pcie_width_cur": 8}, "", False),
+    ("nvlink", {"nvlink.5.state": 0}, "", False),
+    ("persistence_mode", {"persistence_mode": 0}, "[health.severity]\npersistence_mode = \"fail\"\n", False),
+    ("memory_in_use", {"memory_used": 3 << 30}, "", True),
+]
+
+
+@pytest.mark.parametrize("check,fields,extra,idle", FAULTS, ids=[f"{f[0]}-{list(f[1])[0]}" for f in FAULTS])
+def test_check_fails_on_injected_fault_and_passes_without(sim_node, check, fields, extra, idle):
+    node = sim_node(simgpu.h100_sxm(4))
+    node.write_config(extra)
+    kw = {"idle": True} if idle else {}
+    before = check_in_process(node, **kw)
+    assert [r.status for r in by_check(before, check, 1)] == ["PASS"], before
+    simgpu.set_gpu(node.state, 1, **fields)
+    after = check_in_process(node, **kw)
+    res = by_check(after, check, 1)
+    assert [r.status for r in res] == ["FAIL"], res
+    assert res[0].gpu_uuid.startswith("GPU-") and res[0].hint
+    # the other GPUs are untouched
+    assert all(r.status == "PASS" for r in by_check(after, check, 0))
+
+
+def test_leftover_process_on_idle_gpu_fails(sim_node):
+    node = sim_node(simgpu.h100_sxm(2))
+    assert by_check(check_in_process(node, idle=True), "leftover_processes", 0)[0].status == "PASS"
+    simgpu.set_gpu(node.state, 0, procs=[(os.getpid(), 512 << 20)])
+    res = by_check(check_in_process(node, idle=True), "leftover_processes", 0)
+    assert res[0].status == "FAIL" and str(os.getpid()) in res[0].message
+    # Not asked to be idle (a running job may use it): not judged.
+    assert by_check(check_in_process(node), "leftover_processes") == []
+
+
+def test_process_of_exited_pid_is_not_a_leftover(sim_node):
+    node = sim_node(simgpu.h100_sxm(1))
+    simgpu.set_gpu(node.state, 0, procs=[(simgpu.dead_pid(), 1 << 20)])
+    assert by_check(check_in_process(node, idle=True), "leftover_processes", 0)[0].status == "PASS"
+
+
+def test_gpu_count_below_expected_fails(sim_node):
+    node = sim_node(simgpu.h100_sxm(4))
+    node.write_config("[health]\nexpected_gpu_count = 4\n")
+    assert by_check(check_in_process(node), "gpu_count")[0].status == "PASS"
+    simgpu.set_node(node.state, gpu_count=3)
+    res = by_check(check_in_process(node), "gpu_count")
+    assert res[0].status == "FAIL" and "3 GPUs visible, 4 expected" in res[0].message
+
+
+def test_driver_version_mismatch_fails(sim_node):
+    node = sim_node(simgpu.h100_sxm(1))
+    node.write_config('[health]\nrequired_driver_version = "550."\n')
+    assert by_check(check_in_process(node), "driver_version")[0].status == "PASS"
+    simgpu.set_node(node.state, driver_version="535.161.08")
+    res = by_check(check_in_process(node), "driver_version")
+    assert res[0].status == "FAIL" and "535.161.08" in res[0].message
+
+
+def test_lost_gpu_fails_responsive_while_others_pass(sim_node):
+    node = sim_node(simgpu.h100_sxm(4))
+    simgpu.lose_gpu(node.state, 2)
+    res = check_in_process(node)
+    assert by_check(res, "responsive", 2)[0].status == "FAIL"
+    assert "GPU is lost" in by_check(res, "responsive", 2)[0].message
+    assert [r.status for g in (0, 1, 3) for r in by_check(res, "responsive", g)] == ["PASS"] * 3
+
+
+def test_failed_reading_fails_the_check_not_skips(sim_node):
+    node = sim_node(simgpu.h100_sxm(1))
+    simgpu.inject_error(node.state, 0, "nvmlDeviceGetTotalEccErrors", simgpu.CORRUPTED_INFOROM)
+    res = by_check(check_in_process(node), "ecc_uncorrectable", 0)
+    assert res[0].status == "FAIL" and "cannot read" in res[0].message and "infoROM" in res[0].message
+
+
+def test_consumer_gpu_not_supported_everywhere_gives_skip_not_fail(sim_node):
+    node = sim_node(simgpu.consumer_gpu(2))
+    res = check_in_process(node, idle=True)
+    assert not [r for r in res if r.status == "FAIL"], [r for r in res if r.status == "FAIL"]
+    for name in ("ecc_uncorrectable", "row_remap_failure", "pending_reset", "retired_pages", "nvlink"):
+        assert {r.status for r in by_check(res, name)} == {"SKIP"}, name
+    assert {r.status for r in by_check(res, "temperature")} == {"PASS"}
+
+
+def test_no_permission_is_skip_not_fail(sim_node):
+    node = sim_node(simgpu.h100_sxm(1))
+    simgpu.inject_error(node.state, 0, "nvmlDeviceGetRetiredPages", simgpu.NO_PERMISSION)
+    res = by_check(check_in_process(node), "retired_pages", 0)
+    assert res[0].status == "SKIP" and "Insufficient Permissions" in res[0].message
+
+
+def test_critical_xid_in_window_fails_and_app_xid_is_ignored(sim_node, tmp_path):
+    node = sim_node(simgpu.h100_sxm(2))
+    log = tmp_path / "kern.log"
+    now = time.time()
+    node.write_config(f'[xid]\nsource = "file:{log}"\nwindow_s = 600\n')
+    log.write_text(f"{now - 5:.6f} vm kernel: NVRM: Xid (PCI:0000:18:00): 13, pid=123, Graphics Exception\n"
+                   f"{now - 4000:.6f} vm kernel: NVRM: Xid (PCI:0000:2a:00): 79, pid=0, GPU has fallen off the bus.\n")
+    res = by_check(check_in_process(node), "xid")
+    assert [r.status for r in res] == ["PASS"], res  # app XID ignored, old XID outside the window
+    with open(log, "a") as f:
+        f.write(f"{now - 3:.6f} vm kernel: NVRM: Xid (PCI:0000:2a:00): 79, pid=0, GPU has fallen off the bus.\n")
+        f.write(f"{now - 2:.6f} vm kernel: NVRM: Xid (PCI:0000:2a:00): 79, pid=0, GPU has fallen off the bus.\n")
+    res = by_check(check_in_process(node), "xid")
+    assert [(r.status, r.gpu_index) for r in res] == [("FAIL", 1)], res  # de-duplicated, mapped by bus id
+
+
+def test_unreadable_xid_source_warns_never_fails(sim_node, tmp_path):
+    node = sim_node(simgpu.h100_sxm(1))
+    node.write_config(f'[xid]\nsource = "file:{tmp_path}/missing.log"\n')
+    res = by_check(check_in_process(node), "xid")
+    assert [r.status for r in res] == ["WARN"] and "not found" in res[0].message
+
+
+def test_hung_gpu_fails_within_deadline_others_reported(sim_node):
+    node = sim_node(simgpu.h100_sxm(4))
+    node.write_config(nvml_timeout_s=1.0)
+    simgpu.inject_hang(node.state, 2, "nvmlDeviceGetTemperature", 60)
+    t0 = time.monotonic()
+    cp = run_check(node)
+    took = time.monotonic() - t0
+    assert took < 6, took
+    assert cp.returncode == 1, cp.stderr
+    out = json.loads(cp.stdout)
+    resp = {r["gpu_index"]: r for r in out["results"] if r["check"] == "responsive"}
+    assert resp[2]["status"] == "FAIL" and "nvmlDeviceGetTemperature timed out" in resp[2]["message"]
+    assert [resp[i]["status"] for i in (0, 1, 3)] == ["PASS"] * 3
+    temps = [r for r in out["results"] if r["check"] == "temperature"]
+    assert sorted(r["gpu_index"] for r in temps) == [0, 1, 3]
+
+
+def test_check_exit_codes_and_human_output(sim_node):
+    node = sim_node(simgpu.h100_sxm(2))
+    cp = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "check"], env=node.env(), capture_output=True, text=True)
+    assert cp.returncode == 0 and "overall: PASS" in cp.stdout
+    simgpu.set_gpu(node.state, 0, ecc_volatile_uncorrected=3)
+    cp = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "check", "--gpus", "0"], env=node.env(),
+                        capture_output=True, text=True)
+    assert cp.returncode == 1 and "uncorrectable ECC errors: 3" in cp.stdout and "hint:" in cp.stdout
+    cp = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "check", "--gpus", "1"], env=node.env(),
+                        capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stdout  # --gpus limits the judged GPUs
+
+
+def test_bad_gpu_list_is_usage_error(sim_node):
+    node = sim_node()
+    cp = run_check(node, "--gpus", "0,x")
+    assert cp.returncode == 2 and "invalid GPU list" in cp.stderr and "Traceback" not in cp.stderr
+
+
+def test_no_driver_library_gives_documented_exit_code_and_hint(sim_node, tmp_path):
+    node = sim_node()
+    node.write_config(nvml_library=str(tmp_path / "nope" / "libnvidia-ml.so.1"))
+    cp = run_check(node)
+    assert cp.returncode == 3
+    assert "does not exist" in cp.stderr and "hint:" in cp.stderr and "Traceback" not in cp.stderr
+    # No configured path and no driver on the system: the loader finds nothing.
+    node.config.write_text('[xid]\nsource = "none"\n')
+    env = node.env()
+    env.pop("LD_LIBRARY_PATH", None)
+    cp = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "check"], env=env, capture_output=True, text=True)
+    assert cp.returncode == 3 and "libnvidia-ml.so.1 not found" in cp.stderr and "nvml_library" in cp.stderr
+
+
+def test_driver_not_loaded_gives_exit_code_3(sim_node):
+    node = sim_node()
+    node.state.unlink()  # the simulated driver answers DRIVER_NOT_LOADED without a state
+    cp = run_check(node)
+    assert cp.returncode == 3 and "Driver Not Loaded" in cp.stderr
+
+
+def test_nvml_lib_option_overrides_config(sim_node, sim_lib):
+    node = sim_node(simgpu.h100_sxm(1))
+    node.config.write_text('nvml_library = "/nonexistent/libnvidia-ml.so.1"\n[xid]\nsource = "none"\n')
+    cp = run_check(node, "--nvml-lib", str(sim_lib))
+    assert cp.returncode == 0, cp.stderr
+
+
+def test_snapshot_roundtrip_and_offline_check(sim_node, tmp_path):
+    node = sim_node(simgpu.h100_sxm(2))
+    simgpu.set_gpu(node.state, 1, temperature=99)
+    cp = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "snapshot"], env=node.env(), capture_output=True,
+                        text=True, check=True)
+    snap_file = tmp_path / "snap.json"
+    snap_file.write_text(cp.stdout)
+    data = json.loads(cp.stdout)
+    assert data["gpus"][1]["temperature_c"] == {"status": "ok", "value": 99}
+    assert len(data["gpus"][0]["nvlinks"]["value"]) == 18
+    # Offline: no driver needed, same verdict; a policy change can be tried on the saved file.
+    env = node.env()
+    env.pop("SIMNVML_STATE")
+    cp = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "check", "--json", "--snapshot", str(snap_file)],
+                        env=env, capture_output=True, text=True)
+    assert cp.returncode == 1 and json.loads(cp.stdout)["status"] == "FAIL"
+    node.write_config("[health]\nmax_temperature_c = 100\n")
+    cp = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "check", "--snapshot", str(snap_file)],
+                        env=env, capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stdout
+    snap_file.write_text("{\"gpus\": []}")
+    cp = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "check", "--snapshot", str(snap_file)],
+                        env=env, capture_output=True, text=True)
+    assert cp.returncode == 2 and "not a valid snapshot" in cp.stderr
+
+
+def test_pcie_gen_downshift_at_idle_is_not_a_fault(sim_node):
+    # GPUs drop the link generation when idle to save power: draining for that would empty a cluster.
+    node = sim_node(simgpu.h100_sxm(1))
+    simgpu.set_gpu(node.state, 0, pcie_gen_cur=1, pstate=8)
+    assert by_check(check_in_process(node), "pcie_link", 0)[0].status == "PASS"
+    simgpu.set_gpu(node.state, 0, pcie_gen_cur=3, pstate=0)
+    assert by_check(check_in_process(node), "pcie_link", 0)[0].status == "WARN"
+
+
+def test_severity_off_removes_check(sim_node):
+    node = sim_node(simgpu.h100_sxm(1))
+    node.write_config('[health.severity]\ntemperature = "off"\n')
+    simgpu.set_gpu(node.state, 0, temperature=110)
+    res = check_in_process(node)
+    assert by_check(res, "temperature") == [] and health.worst(res) != "FAIL"
