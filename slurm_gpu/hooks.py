@@ -92,16 +92,17 @@ class HookDeps:
 
 
 def _pid_alive(pid: int) -> bool:
-    import os
+    """True while the process exists and is not a zombie (a zombie holds no GPU context)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
         return False
-    except PermissionError:
+    except OSError:
         return True
-    # A zombie still answers kill(pid, 0) but holds no GPU context once reaped by its parent;
-    # it is reported by the driver until then, so it counts as alive.
-    return True
+    # Field 3 follows the parenthesised command name, which may itself contain ')'.
+    state = stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]
+    return state not in (b"Z", b"X")
 
 
 def map_job_gpus(job_gpus: Sequence[int], ident: NodeSnapshot) -> Dict[int, int]:
@@ -312,7 +313,8 @@ def _usage(g: GpuSnapshot_, start: Optional[Dict[str, Any]], acct: Any, end: flo
         "account": job.account, "partition": job.partition, "start_time": start_time, "end_time": end,
         "duration_s": round(duration, 3), "energy_j": None if energy is None else round(energy, 3),
         "gpu_util_mean_pct": mean("gpu_utilization_pct"), "mem_util_mean_pct": mean("memory_utilization_pct"),
-        "max_memory_bytes": None if records is None else max([rec.max_memory_bytes for rec in records], default=0),
+        "max_memory_bytes": None if records is None else max(
+            [rec.max_memory_bytes for rec in records if rec.max_memory_bytes is not None], default=0),
         "process_count": None if records is None else len(records),
         "ecc_corrected_delta": delta(g.ecc_volatile_corrected.get(), "ecc_corrected"),
         "ecc_uncorrected_delta": delta(g.ecc_volatile_uncorrected.get(), "ecc_uncorrected"),

@@ -417,9 +417,11 @@ class NvmlReader:
             pids = self._call_raw(index, "nvmlDeviceGetAccountingPids", pynvml.nvmlDeviceGetAccountingPids, h)
             out = []
             for pid in pids:
-                st = self._call_raw(index, "nvmlDeviceGetAccountingStats", pynvml.nvmlDeviceGetAccountingStats, h, pid)
+                st = self._call_raw(index, "nvmlDeviceGetAccountingStats", _accounting_stats, h, pid)
+                mem = int(st.maxMemoryUsage)
                 out.append(AccountingRecord(int(pid), int(st.gpuUtilization), int(st.memoryUtilization),
-                                            int(st.maxMemoryUsage), int(st.time), int(st.startTime), bool(st.isRunning)))
+                                            None if mem == _NOT_AVAILABLE_U64 else mem, int(st.time),
+                                            int(st.startTime), bool(st.isRunning)))
             return S.value(tuple(out))
         except pynvml.NVMLError as e:
             if getattr(e, "value", None) in _UNSUPPORTED_CODES:
@@ -468,6 +470,20 @@ class NvmlReader:
         return self._write(index, "nvmlDeviceClearAccountingPids", pynvml.nvmlDeviceClearAccountingPids)
 
 
+_NOT_AVAILABLE_U64 = 2**64 - 1
+
+
+def _accounting_stats(handle: Any, pid: int) -> Any:
+    """nvmlDeviceGetAccountingStats without pynvml's wrapper, which raises TypeError (not an
+    NVMLError) when the driver reports maxMemoryUsage as not available (2**64-1)."""
+    st = pynvml.c_nvmlAccountingStats_t()
+    fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetAccountingStats")
+    ret = fn(handle, ctypes.c_uint(pid), ctypes.byref(st))
+    if ret != pynvml.NVML_SUCCESS:
+        raise pynvml.NVMLError(ret)
+    return st
+
+
 def _write_hint(e: Exception) -> str:
     code = getattr(e, "value", None)
     if code == pynvml.NVML_ERROR_NO_PERMISSION:
@@ -484,7 +500,7 @@ class AccountingRecord:
     pid: int
     gpu_utilization_pct: int  # mean over the process lifetime (driver-sampled)
     memory_utilization_pct: int
-    max_memory_bytes: int
+    max_memory_bytes: Optional[int]  # None: the driver does not know
     time_ms: int  # process run time
     start_time_us: int  # unix epoch, microseconds
     is_running: bool

@@ -1,0 +1,296 @@
+"""Prolog/epilog flows on simulated GPUs and a real on-disk SQLite database.
+
+Slurm itself is replaced here by a recording backend (the seam HookDeps.slurm); the same flows
+run under real slurmd in tests/integration/test_hooks_slurm.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+import simgpu
+from slurm_gpu import config, hooks
+from slurm_gpu.errors import SlurmError
+from slurm_gpu.hooklog import HookLog
+from slurm_gpu.jobenv import from_env
+from slurm_gpu.nvml import NvmlReader
+from slurm_gpu.store import Store
+
+
+class RecordingSlurm:
+    def __init__(self, fail: bool = False):
+        self.drains = []
+        self.fail = fail
+
+    def drain(self, node, reason):
+        if self.fail:
+            raise SlurmError("slurmctld not reachable: Unable to contact slurm controller", "scontrol ping")
+        self.drains.append((node, reason))
+
+
+def job_env(job_id=4711, gpus="0,1", node="gpu01", restart=0, **extra):
+    env = {"SLURM_JOB_ID": str(job_id), "SLURM_JOB_GPUS": gpus, "SLURMD_NODENAME": node,
+           "SLURM_CLUSTER_NAME": "sgtest", "SLURM_JOB_USER": "alice", "SLURM_JOB_UID": "2501",
+           "SLURM_JOB_ACCOUNT": "physics", "SLURM_JOB_PARTITION": "gpu", "SLURM_JOB_RESTART_COUNT": str(restart)}
+    env.update(extra)
+    return env
+
+
+def deps_for(node, slurm=None, now=None, **kw):
+    cfg = config.load(str(node.config))
+    os.environ["SIMNVML_STATE"] = str(node.state)
+    return hooks.HookDeps(cfg=cfg, log=HookLog("test", syslog_on=False, path=str(node.tmp / "hooks.log")),
+                          reader=NvmlReader(cfg.nvml_library, cfg.nvml_timeout_s), slurm=slurm or RecordingSlurm(),
+                          now=now or time.time, **kw)
+
+
+def rows(db, sql, *args):
+    conn = sqlite3.connect(str(db))
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute(sql, args)]
+    finally:
+        conn.close()
+
+
+def test_prolog_resets_clocks_enables_accounting_and_records_start(sim_node):
+    node = sim_node(simgpu.h100_sxm(4))
+    simgpu.set_gpu(node.state, 0, persistence_mode=0, accounting_mode=0)
+    deps = deps_for(node)
+    assert hooks.prolog(from_env(job_env(gpus="0,2")), deps) == 0
+    acts = simgpu.read_actions(node.state)
+    touched = {a["gpu"] for a in acts}
+    assert touched == {0, 2}, acts  # only the job's GPUs
+    fns = [a["function"] for a in acts if a["gpu"] == 0]
+    for fn in ("nvmlDeviceSetPersistenceMode", "nvmlDeviceResetApplicationsClocks", "nvmlDeviceResetGpuLockedClocks",
+               "nvmlDeviceResetMemoryLockedClocks", "nvmlDeviceSetAccountingMode", "nvmlDeviceClearAccountingPids"):
+        assert fn in fns
+    starts = rows(node.db, "SELECT * FROM job_starts ORDER BY gpu_index")
+    assert [s["gpu_index"] for s in starts] == [0, 2]
+    assert starts[0]["energy_mj"] == 1_000_000_000 and starts[0]["gpu_uuid"].startswith("GPU-")
+    assert deps.slurm.drains == []
+
+
+def test_prolog_drains_on_uncorrectable_ecc_naming_gpu_and_job(sim_node):
+    node = sim_node(simgpu.h100_sxm(4))
+    simgpu.set_gpu(node.state, 1, ecc_volatile_uncorrected=2)
+    deps = deps_for(node)
+    assert hooks.prolog(from_env(job_env(gpus="0,1")), deps) == 1
+    (n, reason), = deps.slurm.drains
+    assert n == "gpu01"
+    assert reason.startswith("slurm-gpu: GPU 1 (GPU-") and "uncorrectable ECC errors: 2" in reason
+    assert reason.endswith("[prolog job 4711]")
+    assert rows(node.db, "SELECT reason, ok FROM drains") == [{"reason": reason, "ok": 1}]
+    assert rows(node.db, "SELECT check_name, status FROM health_events") == [
+        {"check_name": "ecc_uncorrectable", "status": "FAIL"}]
+    # No reset of a faulty GPU, no start record for a job that will not run here.
+    assert simgpu.read_actions(node.state) == []
+
+
+def test_prolog_ignores_fault_on_a_gpu_the_job_did_not_get(sim_node):
+    node = sim_node(simgpu.h100_sxm(4))
+    simgpu.set_gpu(node.state, 3, ecc_volatile_uncorrected=5, temperature=99)
+    deps = deps_for(node)
+    assert hooks.prolog(from_env(job_env(gpus="0,1")), deps) == 0
+    assert deps.slurm.drains == []
+
+
+def test_prolog_fails_on_leftover_memory_of_previous_job(sim_node):
+    node = sim_node(simgpu.h100_sxm(2))
+    simgpu.set_gpu(node.state, 0, memory_used=10 << 30)
+    deps = deps_for(node)
+    assert hooks.prolog(from_env(job_env(gpus="0")), deps) == 1
+    assert "leaked memory" in deps.slurm.drains[0][1]
+
+
+def test_prolog_without_gpus_does_nothing(sim_node):
+    node = sim_node()
+    deps = deps_for(node)
+    assert hooks.prolog(from_env(job_env(gpus="")), deps) == 0
+    assert not node.db.exists() and simgpu.read_actions(node.state) == []
+
+
+def _run_job(node, deps_factory, env, acct):
+    assert hooks.prolog(from_env(env), deps_factory()) == 0
+    for i, recs in acct.items():
+        simgpu.set_gpu(node.state, i, acct=recs)
+
+
+def test_epilog_records_energy_utilisation_and_memory_from_driver_counters(sim_node):
+    node = sim_node(simgpu.h100_sxm(4))
+    t0 = 1_800_000_000.0
+    clock = {"t": t0}
+    env = job_env(gpus="1,2")
+    assert hooks.prolog(from_env(env), deps_for(node, now=lambda: clock["t"])) == 0
+    start_us = int((t0 + 1) * 1e6)
+    # Job ran 100 s.  GPU 1: two processes, 50 s at 80 % and 25 s at 40 % -> (40+10)/100 = 50 %.
+    simgpu.set_gpu(node.state, 1, energy_mj=1_000_003 + 1_000_000_000 + 30_000_000,
+                   acct=[dict(pid=101, gpu_util=80, mem_util=30, max_mem_bytes=20 << 30, time_ms=50_000,
+                              start_time_us=start_us, is_running=0),
+                         dict(pid=102, gpu_util=40, mem_util=10, max_mem_bytes=30 << 30, time_ms=25_000,
+                              start_time_us=start_us + 50_000_000, is_running=0)])
+    # GPU 2 held idle the whole job.
+    simgpu.set_gpu(node.state, 2, energy_mj=2 * 1_000_003 + 1_000_000_000 + 7_000_000, acct=[])
+    clock["t"] = t0 + 100
+    assert hooks.epilog(from_env(dict(env, SLURM_JOB_EXIT_CODE="0")), deps_for(node, now=lambda: clock["t"])) == 0
+    got = {r["gpu_index"]: r for r in rows(node.db, "SELECT * FROM job_gpus")}
+    assert set(got) == {1, 2}
+    g1, g2 = got[1], got[2]
+    assert g1["energy_j"] == pytest.approx(30_000.0) and g2["energy_j"] == pytest.approx(7_000.0)
+    assert g1["gpu_util_mean_pct"] == pytest.approx(50.0) and g1["mem_util_mean_pct"] == pytest.approx(17.5)
+    assert g1["max_memory_bytes"] == 30 << 30 and g1["process_count"] == 2
+    assert g2["gpu_util_mean_pct"] == 0.0 and g2["process_count"] == 0
+    assert g1["duration_s"] == pytest.approx(100.0)
+    assert (g1["user"], g1["account"], g1["partition"], g1["node"], g1["cluster"]) == ("alice", "physics", "gpu", "gpu01", "sgtest")
+    assert g1["gpu_model"] == "NVIDIA H100 80GB HBM3" and g1["ecc_uncorrected_delta"] == 0
+    job = rows(node.db, "SELECT * FROM jobs")
+    assert len(job) == 1 and job[0]["gpu_count"] == 2 and job[0]["exit_code"] == "0"
+
+
+def test_epilog_run_twice_does_not_duplicate_or_overwrite(sim_node):
+    node = sim_node(simgpu.h100_sxm(2))
+    env = job_env(gpus="0")
+    assert hooks.prolog(from_env(env), deps_for(node)) == 0
+    simgpu.set_gpu(node.state, 0, energy_mj=1_000_000_000 + 5_000_000)
+    assert hooks.epilog(from_env(env), deps_for(node)) == 0
+    first = rows(node.db, "SELECT * FROM job_gpus")
+    simgpu.set_gpu(node.state, 0, energy_mj=1_000_000_000 + 9_000_000)
+    assert hooks.epilog(from_env(env), deps_for(node)) == 0
+    assert rows(node.db, "SELECT * FROM job_gpus") == first
+    # A requeued job (restart count 1) is a new record.
+    env1 = job_env(gpus="0", restart=1)
+    assert hooks.prolog(from_env(env1), deps_for(node)) == 0
+    assert hooks.epilog(from_env(env1), deps_for(node)) == 0
+    assert [r["restart_count"] for r in rows(node.db, "SELECT restart_count FROM job_gpus ORDER BY 1")] == [0, 1]
+
+
+def test_epilog_kills_leftover_process_with_term(sim_node):
+    node = sim_node(simgpu.h100_sxm(2))
+    env = job_env(gpus="1")
+    assert hooks.prolog(from_env(env), deps_for(node)) == 0
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        simgpu.set_gpu(node.state, 1, procs=[(proc.pid, 1 << 30)])
+        deps = deps_for(node)
+        assert hooks.epilog(from_env(env), deps) == 0
+        assert proc.wait(timeout=5) == -15  # SIGTERM
+        assert deps.slurm.drains == []
+    finally:
+        proc.kill()
+
+
+def test_epilog_drains_when_a_process_survives_kill(sim_node):
+    node = sim_node(simgpu.h100_sxm(1))
+    node.write_config("[hooks]\nkill_grace_s = 0.2\n")
+    env = job_env(gpus="0")
+    assert hooks.prolog(from_env(env), deps_for(node)) == 0
+    # A process that no signal removes, like one stuck in the driver in D state: a kernel
+    # thread (kthreadd, pid 2) ignores SIGTERM and SIGKILL, so sending them is harmless.
+    survivor = 2
+    assert open(f"/proc/{survivor}/stat").read().split()[1] == "(kthreadd)"
+    simgpu.set_gpu(node.state, 0, procs=[(survivor, 1 << 30)])
+    deps = deps_for(node)
+    assert hooks.epilog(from_env(env), deps) == 0
+    (n, reason), = deps.slurm.drains
+    assert "survived SIGKILL" in reason and "pid 2 " in reason and reason.endswith("[epilog job 4711]")
+    assert rows(node.db, "SELECT count(*) AS n FROM job_gpus")[0]["n"] == 1  # still recorded
+
+
+def test_epilog_exits_nonzero_when_drain_cannot_reach_slurm(sim_node):
+    node = sim_node(simgpu.h100_sxm(1))
+    env = job_env(gpus="0")
+    assert hooks.prolog(from_env(env), deps_for(node)) == 0
+    simgpu.set_gpu(node.state, 0, remapped_pending=1)
+    assert hooks.epilog(from_env(env), deps_for(node, slurm=RecordingSlurm(fail=True))) == 1
+    assert rows(node.db, "SELECT ok FROM drains") == [{"ok": 0}]
+
+
+def test_epilog_spools_when_database_unwritable_and_next_write_ingests(sim_node):
+    node = sim_node(simgpu.h100_sxm(1))
+    env = job_env(job_id=10, gpus="0")
+    assert hooks.prolog(from_env(env), deps_for(node)) == 0
+    # Another process holds the write lock past the busy timeout.
+    locker = sqlite3.connect(str(node.db), isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")
+    try:
+        assert hooks.epilog(from_env(env), deps_for(node)) == 0
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    spooled = list(node.spool.glob("*-job_end.json"))
+    assert len(spooled) == 1 and oct(spooled[0].stat().st_mode & 0o777) == "0o600"
+    assert rows(node.db, "SELECT count(*) AS n FROM job_gpus")[0]["n"] == 0
+    env2 = job_env(job_id=11, gpus="0")
+    assert hooks.prolog(from_env(env2), deps_for(node)) == 0  # a successful write ingests the spool
+    assert [r["job_id"] for r in rows(node.db, "SELECT job_id FROM job_gpus")] == [10]
+    assert list(node.spool.glob("*.json")) == []
+
+
+def test_bad_slurm_job_gpus_is_logged_error_not_traceback(sim_node):
+    node = sim_node()
+    cp = subprocess.run([sys.executable, "-c", "from slurm_gpu.hookmain import prolog_main; prolog_main()"],
+                        env=node.env(**job_env(gpus="0,abc")), capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0  # fail_open
+    assert "Traceback" not in cp.stderr and "SLURM_JOB_GPUS='0,abc'" in node.log_text()
+    node.write_config("[hooks]\nfail_open = false\n")
+    cp = subprocess.run([sys.executable, "-c", "from slurm_gpu.hookmain import prolog_main; prolog_main()"],
+                        env=node.env(**job_env(gpus="0,abc")), capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 1
+
+
+def test_missing_job_id_is_a_clear_error(sim_node):
+    node = sim_node()
+    env = node.env(**job_env())
+    del env["SLURM_JOB_ID"]
+    cp = subprocess.run([sys.executable, "-c", "from slurm_gpu.hookmain import prolog_main; prolog_main()"],
+                        env=env, capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0 and "SLURM_JOB_ID is not set" in node.log_text()
+
+
+def test_broken_config_fails_open_with_one_line(sim_node):
+    node = sim_node()
+    node.config.write_text("[health]\nmax_temperature_c = 'hot'\n")
+    cp = subprocess.run([sys.executable, "-c", "from slurm_gpu.hookmain import prolog_main; prolog_main()"],
+                        env=node.env(**job_env()), capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0
+    assert "max_temperature_c" in cp.stderr and "Traceback" not in cp.stderr
+
+
+def test_prolog_with_hung_gpu_finishes_within_deadline_and_drains(sim_node):
+    node = sim_node(simgpu.h100_sxm(2))
+    node.write_config(nvml_timeout_s=1.0)
+    simgpu.inject_hang(node.state, 1, "nvmlDeviceGetPowerUsage", 120)
+    deps = deps_for(node)
+    t0 = time.monotonic()
+    assert hooks.prolog(from_env(job_env(gpus="0,1")), deps) == 1
+    assert time.monotonic() - t0 < 5
+    assert "nvmlDeviceGetPowerUsage timed out" in deps.slurm.drains[0][1]
+
+
+def test_hook_deadline_ends_a_stuck_hook(sim_node):
+    node = sim_node(simgpu.h100_sxm(1))
+    # The NVML timeout is longer than the whole hook budget: the watchdog must end the hook.
+    node.write_config("[hooks]\nprolog_deadline_s = 1.5\n", nvml_timeout_s=30.0)
+    simgpu.inject_hang(node.state, 0, "nvmlDeviceGetUUID", 120)
+    t0 = time.monotonic()
+    cp = subprocess.run([sys.executable, "-c", "from slurm_gpu.hookmain import prolog_main; prolog_main()"],
+                        env=node.env(**job_env(gpus="0")), capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - t0 < 10
+    assert cp.returncode == 0 and "deadline-exceeded" in node.log_text()
+
+
+def test_gres_index_maps_through_minor_numbers(sim_node):
+    # A node whose device minors are 4-7 (second node of a shared testbed, or odd BIOS order).
+    prof = simgpu.h100_sxm(4)
+    for i, g in enumerate(prof["gpus"]):
+        g["minor"] = [6, 4, 7, 5][i]
+    node = sim_node(prof)
+    deps = deps_for(node)
+    ident = deps.reader.identities()
+    assert hooks.map_job_gpus((0, 1, 2, 3), ident) == {0: 1, 1: 3, 2: 0, 3: 2}
