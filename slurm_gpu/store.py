@@ -92,7 +92,11 @@ class Store:
 
     @staticmethod
     def _migrate(conn: sqlite3.Connection) -> None:
-        if conn.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
+        current = conn.execute("PRAGMA user_version").fetchone()[0]
+        if current > SCHEMA_VERSION:
+            raise StoreError(f"database schema version {current} is newer than this slurm-gpu ({SCHEMA_VERSION})",
+                             "upgrade slurm-gpu on this node")
+        if current == SCHEMA_VERSION:
             return
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -131,7 +135,6 @@ class Store:
         return "db"
 
     def spool(self, record: Dict[str, Any], reason: str = "") -> str:
-        os.makedirs(self.spool_dir, mode=0o700, exist_ok=True)
         rec = dict(record)
         rec["_spooled_at"] = time.time()
         rec["_spool_reason"] = reason[:500]
@@ -139,6 +142,7 @@ class Store:
         tmp = os.path.join(self.spool_dir, "." + name + ".tmp")
         final = os.path.join(self.spool_dir, name)
         try:
+            os.makedirs(self.spool_dir, mode=0o700, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 json.dump(rec, f, sort_keys=True)

@@ -1,0 +1,136 @@
+"""The node database on disk: WAL, migrations, concurrent writers, spool and ingest."""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import stat
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from slurm_gpu.schema import SCHEMA_VERSION
+from slurm_gpu.store import Store, integrity_check
+
+
+def job_end(job_id, node="n1", gpus=2, restart=0):
+    job = {"cluster": "c", "job_id": job_id, "restart_count": restart, "node": node, "user": "u", "uid": 1,
+           "account": "a", "partition": "p", "gpu_count": gpus, "start_time": 1.0, "end_time": 11.0, "exit_code": "0"}
+    rows = [{"cluster": "c", "job_id": job_id, "restart_count": restart, "node": node, "gpu_uuid": f"GPU-{i}",
+             "gpu_index": i, "start_time": 1.0, "end_time": 11.0, "duration_s": 10.0, "energy_j": 5.0 * (i + 1)}
+            for i in range(gpus)]
+    return {"kind": "job_end", "job": job, "gpus": rows}
+
+
+def count(db, table="job_gpus"):
+    c = sqlite3.connect(db)
+    try:
+        return c.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    finally:
+        c.close()
+
+
+def test_database_is_wal_versioned_and_not_writable_by_others(tmp_path):
+    st = Store(str(tmp_path / "d" / "usage.db"), str(tmp_path / "spool"))
+    assert st.write(job_end(1)) == "db"
+    c = sqlite3.connect(st.path)
+    assert c.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    mode = stat.S_IMODE(os.stat(st.path).st_mode)
+    assert mode & (stat.S_IWGRP | stat.S_IWOTH | stat.S_IROTH) == 0, oct(mode)
+    assert integrity_check(st.path) == []
+
+
+def test_rewriting_a_record_does_not_duplicate(tmp_path):
+    st = Store(str(tmp_path / "u.db"), str(tmp_path / "spool"))
+    st.write(job_end(1))
+    st.write(job_end(1))
+    st.write(job_end(1, restart=1))
+    assert count(st.path) == 4 and count(st.path, "jobs") == 2
+
+
+def test_readonly_database_spools_then_ingests(tmp_path):
+    st = Store(str(tmp_path / "u.db"), str(tmp_path / "spool"))
+    st.write(job_end(1))
+    st.close()
+    # A read-only file system: root ignores permission bits, so open the database read-only.
+    st._conn = sqlite3.connect(f"file:{st.path}?mode=ro", uri=True, isolation_level=None)
+    where = st.write(job_end(2))
+    assert where.startswith("spool:") and "readonly" in json.load(open(where[6:]))["_spool_reason"]
+    st = Store(str(tmp_path / "u.db"), str(tmp_path / "spool"))
+    assert st.write(job_end(3)) == "db"
+    assert count(st.path, "jobs") == 3 and st.spooled() == []
+
+
+def test_corrupt_database_spools_and_db_check_says_so(tmp_path):
+    path = tmp_path / "u.db"
+    path.write_bytes(b"this is not sqlite" * 100)
+    st = Store(str(path), str(tmp_path / "spool"))
+    assert st.write(job_end(1)).startswith("spool:")
+    assert integrity_check(str(path)) != []
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[store]\ndatabase = "{path}"\nspool_dir = "{tmp_path / "spool"}"\n')
+    cp = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "--config", str(cfg), "db", "check"],
+                        capture_output=True, text=True)
+    assert cp.returncode == 1 and "1 record(s) waiting" in cp.stdout and "Traceback" not in cp.stderr
+    # The admin moves the corrupt file aside; ingest recreates the database with nothing lost.
+    path.rename(tmp_path / "u.db.corrupt")
+    cp = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "--config", str(cfg), "db", "ingest"],
+                        capture_output=True, text=True)
+    assert cp.returncode == 0 and "ingested 1 of 1" in cp.stdout, cp.stderr
+    cp = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "--config", str(cfg), "db", "check"],
+                        capture_output=True, text=True)
+    assert cp.returncode == 0 and "job_gpus 2" in cp.stdout
+
+
+def test_unreadable_spool_file_is_kept_aside_not_lost(tmp_path):
+    st = Store(str(tmp_path / "u.db"), str(tmp_path / "spool"))
+    os.makedirs(st.spool_dir)
+    with open(os.path.join(st.spool_dir, "1-1-job_end.json"), "w") as f:
+        f.write("{truncated")
+    done, problems = st.ingest_spool()
+    assert done == 0 and "unreadable" in problems[0]
+    assert os.listdir(st.spool_dir) == ["1-1-job_end.json.bad"]
+
+
+def test_no_database_and_no_spool_raises_store_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    st = Store(str(blocker / "u.db"), str(blocker / "spool"))
+    from slurm_gpu.errors import StoreError
+    with pytest.raises(StoreError, match="nor spool"):
+        st.write(job_end(1))
+
+
+def test_newer_schema_is_refused_not_downgraded(tmp_path):
+    path = tmp_path / "u.db"
+    c = sqlite3.connect(path)
+    c.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    c.close()
+    st = Store(str(path), str(tmp_path / "spool"))
+    assert st.write(job_end(1)).startswith("spool:")
+    spooled = json.load(open(st.spooled()[0]))
+    assert "newer than this slurm-gpu" in spooled["_spool_reason"]
+
+
+def test_64_concurrent_writers_lose_nothing(tmp_path):
+    db, spool = tmp_path / "u.db", tmp_path / "spool"
+    Store(str(db), str(spool)).connect()
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})
+        sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+        from slurm_gpu.store import Store
+        from test_store import job_end
+        st = Store({str(db)!r}, {str(spool)!r}, busy_timeout_s=30)
+        print(st.write(job_end(int(sys.argv[1]), gpus=8)))
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(i)], stdout=subprocess.PIPE, text=True)
+             for i in range(64)]
+    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    st = Store(str(db), str(spool))
+    st.ingest_spool()
+    assert count(str(db)) == 64 * 8 and count(str(db), "jobs") == 64, outs
