@@ -128,9 +128,14 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "type_naming": Key(str, "autodetect", "Slurm GPU Type= naming: 'autodetect' (as AutoDetect=nvml: lowercased name, spaces to '_') or 'short' (h100, a100, ...).", _choice("autodetect", "short")),
         "type_map": Key(dict, {}, "Explicit map from NVML device name to Slurm type, applied before type_naming.", _str_map),
         "template_dir": Key(str, "", "Site directory whose templates override the shipped ones; empty: shipped templates only."),
+        "mig_minors_path": Key(str, "/proc/driver/nvidia-caps/mig-minors", "Driver file mapping MIG GPU/compute instances to /dev/nvidia-caps minors (read by `inventory` for MIG GPUs)."),
+        "cpu_topology_dir": Key(str, "/sys/devices/system/cpu", "Where `inventory` reads the CPU topology that turns GPU CPU affinity into Slurm core ids (Cores=); hyper-thread siblings count as one core. Unreadable: CPU ids are used as core ids."),
     },
     "report": {
-        "idle_threshold_pct": Key(float, 5.0, "A job's GPU whose mean utilisation stays below this is counted idle.", _rng(0, 100)),
+        "idle_threshold_pct": Key(float, 5.0, "A job's GPU whose mean utilisation stays below this is counted idle (`report --idle-threshold`).", _rng(0, 100)),
+        "sources": Key(list, [], "Node databases or directories of *.db files that `slurm-gpu report` reads when --db is not given; empty: this node's store.database.",
+                       lambda v: None if all(isinstance(x, str) and x for x in v) else "must be a list of non-empty paths"),
+        "tz": Key(str, "utc", "Time zone of report calendar times and day/week/month groups: 'utc' or 'local' (`report --tz`).", _choice("utc", "local")),
     },
 }
 

@@ -1,0 +1,224 @@
+"""A real Slurm 22.05 slurmd accepts what `slurm-gpu gres-conf` generates.
+
+Two levels:
+* `slurmd -G` (no daemons, ~0.1 s): slurmd parses slurm.conf + gres.conf, prints the GRES it
+  configured and exits.  It reports bad Cores=, missing device files and count/type
+  mismatches with slurm.conf as error:/WARNING: lines, so a clean run plus the expected
+  "Gres ..." lines is acceptance.  A negative control proves the check can fail.
+* the two-node testbed (tests/testbed.py): slurmctld registers both nodes with our file;
+  `scontrol show node` must show the expected Gres and no INVAL state.
+
+Both need root (device files under /dev, slurmd) and the Debian slurmd package.  Device
+files this test creates are removed afterwards; existing ones are left alone.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from slurm_gpu import gres, inventory
+
+HERE = Path(__file__).resolve().parent.parent
+INV = HERE / "golden" / "gres" / "inventory"
+NVIDIA_MAJOR = 195
+CAPS_MAJOR = 511  # any char major works: slurmd only stat()s the files
+
+pytestmark = pytest.mark.slurm
+
+
+def _need_slurmd() -> str:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (device files, slurmd)")
+    exe = shutil.which("slurmd", path="/usr/sbin:/usr/bin:/sbin:/bin:" + os.environ.get("PATH", ""))
+    if not exe:
+        pytest.skip("slurmd is not installed (apt-get install slurmd)")
+    return exe
+
+
+def _host_cores() -> List[int]:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
+@pytest.fixture
+def device_files():
+    """mknod the device files a test names; remove exactly those it created."""
+    created: List[str] = []
+
+    def make(paths):
+        for p in paths:
+            if os.path.exists(p):
+                continue
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            m = re.search(r"(\d+)$", p)
+            major = CAPS_MAJOR if "nvidia-caps" in p else NVIDIA_MAJOR
+            try:
+                os.mknod(p, 0o666 | stat.S_IFCHR, os.makedev(major, int(m.group(1))))
+            except OSError as e:
+                pytest.skip(f"cannot create {p}: {e.strerror} (needs mknod)")
+            created.append(p)
+
+    yield make
+    for p in reversed(created):
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+    if os.path.isdir("/dev/nvidia-caps") and not os.listdir("/dev/nvidia-caps"):
+        try:
+            os.rmdir("/dev/nvidia-caps")
+        except OSError:
+            pass
+
+
+def _host_inventory(fixture: str, host: str, minors: List[int] = None) -> dict:
+    """A fixture inventory re-homed on this machine: Cores= must exist here or slurmd rejects them."""
+    d = json.loads((INV / f"{fixture}.json").read_text())
+    d = copy.deepcopy(d)
+    d["hostname"] = host
+    cores = _host_cores()
+    half = max(len(d["gpus"]) // 2, 1)
+    for i, g in enumerate(d["gpus"]):
+        c = cores[0] if i < half else cores[min(1, len(cores) - 1)]
+        g["cores"] = g["cpu_affinity"] = str(c)
+        if minors is not None:
+            g["minor"] = minors[i]
+    return d
+
+
+def _files(text: str) -> List[str]:
+    out: List[str] = []
+    for line in text.splitlines():
+        m = re.search(r"\b(?:File|MultipleFiles)=(\S+)", line)
+        if m and not line.startswith("#"):
+            from slurm_gpu import hostlist
+            out += hostlist.expand(m.group(1))
+    return out
+
+
+def _slurmd_G(tmp_path: Path, exe: str, node: str, gres_conf: str, slurm_gres: str) -> str:
+    conf = tmp_path / "etc"
+    conf.mkdir(exist_ok=True)
+    (tmp_path / "spool").mkdir(exist_ok=True)
+    (conf / "gres.conf").write_text(gres_conf)
+    (conf / "slurm.conf").write_text("\n".join([
+        "ClusterName=gresconf", "SlurmctldHost=localhost", "SlurmctldPort=16898", "SlurmdPort=16899",
+        "SlurmUser=root", "SlurmdUser=root", "AuthType=auth/munge",
+        f"StateSaveLocation={tmp_path}/state", f"SlurmdSpoolDir={tmp_path}/spool",
+        f"SlurmdPidFile={tmp_path}/slurmd.pid", f"SlurmdLogFile={tmp_path}/slurmd.log",
+        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SelectType=select/cons_tres",
+        "GresTypes=gpu",
+        f"NodeName={node} NodeAddr=127.0.0.1 CPUs={len(_host_cores())} {slurm_gres}",
+        "PartitionName=p Nodes=ALL Default=YES", ""]))
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SLURM_CONF": str(conf / "slurm.conf")}
+    res = subprocess.run([exe, "-G", "-f", str(conf / "slurm.conf"), "-N", node], capture_output=True, text=True,
+                         timeout=30, env=env)
+    return res.stdout + res.stderr
+
+
+def _generate(docs, tmp_path: Path, naming: str):
+    d = tmp_path / "inv"
+    d.mkdir(exist_ok=True)
+    for doc in docs:
+        (d / f"{doc['hostname']}.json").write_text(json.dumps(doc))
+    groups = gres.build(inventory.load_all([str(d)]), naming, {})
+    text = gres.render_gres_conf(groups, naming=naming)
+    slurm_lines = gres.render_slurm_conf_lines(groups)
+    gres_part = {}
+    for line in slurm_lines.splitlines():
+        m = re.match(r"NodeName=(\S+) (Gres=\S+)", line)
+        if m:
+            gres_part[m.group(1)] = m.group(2)
+    return text, gres_part
+
+
+def _parsed(out: str) -> List[str]:
+    return [l for l in out.splitlines() if re.match(r"slurmd: Gres Name=gpu ", l)]
+
+
+def _problems(out: str) -> List[str]:
+    return [l for l in out.splitlines() if re.search(r"error:|fatal:|WARNING", l)]
+
+
+@pytest.mark.parametrize("fixture, naming, expect", [
+    ("hgx001", "autodetect", [("nvidia_h100_80gb_hbm3", 4, "/dev/nvidia[0-3]"), ("nvidia_h100_80gb_hbm3", 4, "/dev/nvidia[4-7]")]),
+    ("pcie01", "short", [("a100", 2, "/dev/nvidia[0-1]"), ("a100", 2, "/dev/nvidia[2-3]")]),
+    ("mig01", "autodetect", [("nvidia_a100_3g.20gb", 1, "/dev/nvidia0,/dev/nvidia-caps/nvidia-cap12,/dev/nvidia-caps/nvidia-cap13"),
+                             ("nvidia_a100_2g.10gb", 1, None), ("nvidia_a100_1g.5gb", 1, None)]),
+])
+def test_slurmd_parses_generated_gres_conf_cleanly(tmp_path, device_files, fixture, naming, expect):
+    exe = _need_slurmd()
+    node = "gresnode1"
+    text, gres_part = _generate([_host_inventory(fixture, node)], tmp_path, naming)
+    device_files(_files(text))
+    out = _slurmd_G(tmp_path, exe, node, text, gres_part[node])
+    assert _problems(out) == [], out
+    parsed = _parsed(out)
+    assert len(parsed) == len(expect), out
+    for line, (typ, count, files) in zip(parsed, expect):
+        assert f" Type={typ} Count={count} " in line, out
+        if files:
+            assert f" File={files} " in line, out
+
+
+def test_slurmd_flags_cores_the_node_does_not_have(tmp_path, device_files):
+    # Negative control: the acceptance check above would catch a bad Cores= (wrong topology).
+    exe = _need_slurmd()
+    node = "gresnode1"
+    doc = _host_inventory("pcie01", node)
+    doc["gpus"][0]["cores"] = "0-4095"
+    text, gres_part = _generate([doc], tmp_path, "short")
+    device_files(_files(text))
+    out = _slurmd_G(tmp_path, exe, node, text, gres_part[node])
+    assert any("Cores=0-4095" in l for l in _problems(out)), out
+
+
+def test_slurmd_flags_a_gres_count_slurm_conf_does_not_expect(tmp_path, device_files):
+    exe = _need_slurmd()
+    node = "gresnode1"
+    text, _ = _generate([_host_inventory("pcie01", node)], tmp_path, "short")
+    device_files(_files(text))
+    out = _slurmd_G(tmp_path, exe, node, text, "Gres=gpu:a100:2")
+    assert _problems(out), out
+
+
+# --- the two-node testbed --------------------------------------------------------------------
+
+def test_testbed_slurmd_accepts_generated_gres_conf(tmp_path, device_files):
+    _need_slurmd()
+    import testbed as tb
+
+    if "gres_conf" not in inspect.signature(tb.SlurmTestbed.__init__).parameters:
+        pytest.skip("tests/testbed.py has no gres_conf= parameter yet")
+    # Both nodes share this machine and its /dev/nvidia0-3: identical inventories, one hostlist line.
+    docs = [_host_inventory("pcie01", n) for n in ("gpu01", "gpu02")]
+    text, gres_part = _generate(docs, tmp_path, "short")
+    assert "NodeName=gpu[01-02] Name=gpu Type=a100 File=/dev/nvidia[0-1]" in text
+    assert gres_part == {"gpu[01-02]": "Gres=gpu:a100:4"}
+    device_files(_files(text))
+    bed = tb.SlurmTestbed(tmp_path / "bed", nodes=("gpu01", "gpu02"), gpus_per_node=4, gpu_type="a100", gres_conf=text)
+    try:
+        bed.start()
+    except tb.TestbedUnavailable as e:
+        pytest.skip(str(e))
+    try:
+        assert (bed.conf_dir / "gres.conf").read_text() == text
+        for node in ("gpu01", "gpu02"):
+            info = bed.node_info(node)
+            assert "INVAL" not in info.get("State", ""), info
+            assert re.match(r"gpu:a100:4(\(S:[0-9-,]+\))?$", info.get("Gres", "")), info
+        # and a job can get the GPUs the file describes
+        job = bed.sbatch("#!/bin/sh\necho gpus=$CUDA_VISIBLE_DEVICES\n", args=["--gres=gpu:a100:2", "-w", "gpu02"])
+        assert bed.wait_job(job) == "COMPLETED"
+        assert "gpus=0,1" in bed.job_output(job)
+    finally:
+        bed.stop()
