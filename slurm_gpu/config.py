@@ -10,7 +10,6 @@ host name), so a site can keep per-node databases on shared storage.
 from __future__ import annotations
 
 import os
-import socket
 import stat
 import sys
 from dataclasses import dataclass
@@ -141,7 +140,7 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
 
 
 def node_name() -> str:
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    return os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
 
 
 class Config:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import traceback
 from typing import Callable
 
 # Deliberately no click, jinja2 or sqlite-utils here: start-up time is part of every job start.
@@ -74,6 +73,7 @@ def run_hook(name: str, flow: Callable, env=None) -> int:
         log.error("internal-error", job=job.job_id, node=job.node, error=e.message, hint=e.hint, exit=fail_code)
         return fail_code
     except Exception as e:  # a bug of ours must not block or drain the cluster (fail_open)
+        import traceback
         tb = traceback.format_exc().strip().replace("\n", " | ")
         log.error("internal-error", job=job.job_id, node=job.node, error=f"{type(e).__name__}: {e}", trace=tb,
                   exit=fail_code)

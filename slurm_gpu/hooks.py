@@ -4,13 +4,19 @@ Kept light to import: the prolog/epilog path must not pay for click, jinja2 or s
 """
 from __future__ import annotations
 
+import json
+import os
+import signal
 import time
-from typing import Iterable, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import health, xid
 from .config import Config, node_name
+from .errors import InputError, NvmlWriteError, SlurmGpuError
 from .health import CheckResult
-from .snapshot import NodeSnapshot
+from .jobenv import JobEnv
+from .snapshot import GpuSnapshot, NodeSnapshot
 
 
 def make_reader(cfg: Config, library: Optional[str] = None):
@@ -49,11 +55,6 @@ def check_node(
 
 # --- prolog / epilog -------------------------------------------------------------------------
 
-from dataclasses import dataclass, field  # noqa: E402
-from typing import Any, Callable, Dict, Mapping  # noqa: E402
-
-from .errors import InputError, NvmlUnavailable, NvmlWriteError, SlurmGpuError  # noqa: E402
-from .jobenv import JobEnv  # noqa: E402
 
 PROLOG_OK, PROLOG_FAULT = 0, 1
 
@@ -73,7 +74,6 @@ class HookDeps:
     pid_alive: Callable[[int], bool] = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        import os
         if self.reader is None:
             self.reader = make_reader(self.cfg)
         if self.store is None:
@@ -151,7 +151,6 @@ def _write(deps: HookDeps, record: Dict[str, Any], job: JobEnv) -> None:
     try:
         where = deps.store.write(record)
     except SlurmGpuError as e:
-        import json
         # Last resort: the record goes into the log so an admin can replay it.
         deps.log.error("record-lost-to-log", job=job.job_id, node=job.node, error=e.message,
                        record=json.dumps(record, sort_keys=True))
@@ -189,18 +188,21 @@ def prolog(job: JobEnv, deps: HookDeps) -> int:
         _drain(deps, job, "prolog", health.drain_fault(results))
         _write(deps, {"kind": "health", "events": _results_events(results, job.node, "prolog", job.job_id, t)}, job)
         return PROLOG_FAULT
+    prepared = deps.reader.prepare([g.index for g in snap.gpus],
+                                   persistence=cfg.get("hooks", "persistence_mode"),
+                                   reset_clocks=cfg.get("hooks", "reset_clocks"),
+                                   accounting=cfg.get("hooks", "accounting_mode"))
     starts = []
     for g in snap.gpus:
         uuid = g.uuid_or_index
-        try:
-            _prepare_gpu(deps, g.index)
-        except NvmlWriteError as e:
+        outcome = prepared.get(g.index)
+        if isinstance(outcome, NvmlWriteError):
             # A GPU that stops answering while we reset it is a fault; other write errors
             # (e.g. no permission) are our environment's problem and must not block the job.
-            if g.index in deps.reader._stuck:
-                _drain(deps, job, "prolog", f"{g.label} stopped responding during reset: {e.message}")
+            if deps.reader.is_stuck(g.index):
+                _drain(deps, job, "prolog", f"{g.label} stopped responding during reset: {outcome.message}")
                 return PROLOG_FAULT
-            log.error("reset-failed", job=job.job_id, node=job.node, gpu=uuid, error=e.message)
+            log.error("reset-failed", job=job.job_id, node=job.node, gpu=uuid, error=outcome.message)
         starts.append({
             "cluster": job.cluster, "job_id": job.job_id, "restart_count": job.restart_count, "node": job.node,
             "gpu_uuid": uuid, "gpu_index": g.index, "start_time": t, "energy_mj": g.energy_mj.get(),
@@ -221,31 +223,15 @@ def _sum(*rs: Any) -> Optional[int]:
     return sum(int(v) for v in vals) if vals else None
 
 
-def _prepare_gpu(deps: HookDeps, index: int) -> None:
-    cfg, r = deps.cfg, deps.reader
-    if cfg.get("hooks", "persistence_mode"):
-        r.set_persistence_mode(index, True)
-    if cfg.get("hooks", "reset_clocks"):
-        r.reset_clocks(index)
-    if cfg.get("hooks", "accounting_mode"):
-        # Accounting must be on before the job's first process starts; old PIDs would be
-        # mistaken for this job's.
-        if r.set_accounting_mode(index, True):
-            r.clear_accounting_pids(index)
-
-
 def _kill_leftovers(deps: HookDeps, job: JobEnv, indices: Sequence[int]) -> Dict[int, List[int]]:
     """TERM, grace period, KILL for processes still on the job's GPUs.  Returns survivors per GPU."""
-    import os
-    import signal
     cfg, log, r = deps.cfg, deps.log, deps.reader
     found: Dict[int, List[int]] = {}
-    for i in indices:
-        try:
-            pids = [p.pid for p in r.processes(i) if p.pid not in (0, 1, os.getpid())]
-        except NvmlWriteError as e:
-            log.error("process-list-failed", job=job.job_id, node=job.node, index=i, error=e.message)
+    for i, procs in r.processes_many(indices).items():
+        if isinstance(procs, NvmlWriteError):
+            log.error("process-list-failed", job=job.job_id, node=job.node, index=i, error=procs.message)
             continue
+        pids = [p.pid for p in procs if p.pid not in (0, 1, os.getpid())]
         if pids:
             found[i] = pids
     if not found or not cfg.get("hooks", "kill_leftovers"):
@@ -269,17 +255,16 @@ def _kill_leftovers(deps: HookDeps, job: JobEnv, indices: Sequence[int]) -> Dict
             break
     # Ask the driver again: what it still lists and is still alive survived KILL.
     survivors: Dict[int, List[int]] = {}
-    for i in found:
-        try:
-            left = [p.pid for p in r.processes(i) if p.pid not in (0, 1, os.getpid()) and deps.pid_alive(p.pid)]
-        except NvmlWriteError:
+    for i, procs in r.processes_many(sorted(found)).items():
+        if isinstance(procs, NvmlWriteError):
             continue
+        left = [p.pid for p in procs if p.pid not in (0, 1, os.getpid()) and deps.pid_alive(p.pid)]
         if left:
             survivors[i] = left
     return survivors
 
 
-def _usage(g: GpuSnapshot_, start: Optional[Dict[str, Any]], acct: Any, end: float, job: JobEnv,
+def _usage(g: GpuSnapshot, start: Optional[Dict[str, Any]], acct: Any, end: float, job: JobEnv,
            xids: List[Dict[str, Any]]) -> Dict[str, Any]:
     start_time = start["start_time"] if start else None
     records = list(acct.value) if acct is not None and acct.ok else None
@@ -321,16 +306,12 @@ def _usage(g: GpuSnapshot_, start: Optional[Dict[str, Any]], acct: Any, end: flo
         "retired_pages_delta": delta(_sum(g.retired_pages_sbe, g.retired_pages_dbe), "retired_pages"),
         "remapped_rows_delta": delta(_sum(g.remapped_rows_corrected, g.remapped_rows_uncorrected), "remapped_rows"),
         "clock_event_reasons": g.clock_event_reasons.get(),
-        "xid_events": None if not xids else __import__("json").dumps(xids),
+        "xid_events": None if not xids else json.dumps(xids),
     }
-
-
-from .snapshot import GpuSnapshot as GpuSnapshot_  # noqa: E402
 
 
 def epilog(job: JobEnv, deps: HookDeps) -> int:
     """Record what the job did with its GPUs, clean up, and check the GPUs again."""
-    import json
     log, cfg, r = deps.log, deps.cfg, deps.reader
     if not job.gpus:
         log.info("no-gpus", job=job.job_id, node=job.node)
@@ -339,12 +320,10 @@ def epilog(job: JobEnv, deps: HookDeps) -> int:
     mapping = map_job_gpus(job.gpus, ident)
     indices = sorted(set(mapping.values()))
     survivors = _kill_leftovers(deps, job, indices)
-    acct = {}
-    for i in indices:
-        try:
-            acct[i] = r.accounting_stats(i)
-        except NvmlWriteError as e:
-            log.error("accounting-read-failed", job=job.job_id, node=job.node, index=i, error=e.message)
+    acct = r.accounting_many(indices)
+    for i, a in list(acct.items()):
+        if isinstance(a, NvmlWriteError):
+            log.error("accounting-read-failed", job=job.job_id, node=job.node, index=i, error=a.message)
             acct[i] = None
     end = deps.now()
     events, problem = read_xids(cfg, end)
@@ -354,20 +333,21 @@ def epilog(job: JobEnv, deps: HookDeps) -> int:
     if not starts:
         log.warning("no-start-record", job=job.job_id, node=job.node)
     gpu_rows = []
-    from .xid import bus_key
     for g in snap.gpus:
         start = starts.get(g.uuid_or_index)
         t0 = start["start_time"] if start else 0.0
-        bus = bus_key(g.pci_bus_id.get(""))
+        bus = xid.bus_key(g.pci_bus_id.get(""))
         xids = [{"xid": e.xid, "time": e.time, "message": e.message[:200]} for e in events
                 if e.bus == bus and (e.time or 0) >= t0]
         gpu_rows.append(_usage(g, start, acct.get(g.index), end, job, xids))
-        if not g.unreachable and cfg.get("hooks", "reset_clocks"):
-            try:
-                r.reset_clocks(g.index)
+    if cfg.get("hooks", "reset_clocks"):
+        reset = r.prepare([g.index for g in snap.gpus if not g.unreachable], reset_clocks=True)
+        for i, outcome in reset.items():
+            g = snap.gpu(i)
+            if isinstance(outcome, NvmlWriteError):
+                log.error("reset-failed", job=job.job_id, node=job.node, gpu=g.uuid_or_index, error=outcome.message)
+            else:
                 log.info("reset", job=job.job_id, node=job.node, gpu=g.uuid_or_index)
-            except NvmlWriteError as e:
-                log.error("reset-failed", job=job.job_id, node=job.node, gpu=g.uuid_or_index, error=e.message)
     job_row = {"cluster": job.cluster, "job_id": job.job_id, "restart_count": job.restart_count, "node": job.node,
                "user": job.user, "uid": job.uid, "account": job.account, "partition": job.partition,
                "gpu_count": len(job.gpus), "start_time": min([g["start_time"] for g in gpu_rows], default=end),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -57,9 +56,12 @@ class _GpuLost(Exception):
 class _GpuReader:
     """Reads one GPU, recording each call so the caller can enforce the deadline."""
 
-    def __init__(self, index: int, ident_only: bool = False):
+    def __init__(self, index: int, ident_only: bool = False, body: Optional[Callable[["_GpuReader"], Any]] = None):
         self.index = index
         self.ident_only = ident_only
+        self.body = body  # a task other than reading the GPU (writes, process lists, accounting)
+        self.result: Any = None
+        self.error: Optional[BaseException] = None
         self.fields: Dict[str, Any] = {}
         self.current: Optional[str] = None
         self.started = 0.0
@@ -95,9 +97,14 @@ class _GpuReader:
 
     def run(self) -> None:
         try:
-            self._read_all()
+            if self.body is not None:
+                self.result = self.body(self)
+            else:
+                self._read_all()
         except _GpuLost:
             pass
+        except (NvmlWriteError, pynvml.NVMLError) as e:
+            self.error = e
         except Exception as e:  # a bug or an unexpected binding error must not lose the other GPUs
             self.unreachable = f"unexpected error reading GPU: {type(e).__name__}: {e}"
         finally:
@@ -320,15 +327,26 @@ class NvmlReader:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _node_reading(self, name: str, fn: Callable, convert: Callable = lambda v: v) -> Reading:
+    def _node_readings(self) -> Tuple[Reading, Reading, Reading]:
+        """Driver version, CUDA driver version and GPU count, in one thread under one deadline."""
+        calls = (("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion, _text),
+                 ("nvmlSystemGetCudaDriverVersion", pynvml.nvmlSystemGetCudaDriverVersion, int),
+                 ("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount, int))
+
+        def read_all() -> Tuple[Reading, ...]:
+            out = []
+            for name, fn, convert in calls:
+                try:
+                    out.append(S.value(convert(fn())))
+                except pynvml.NVMLError as e:
+                    code = getattr(e, "value", None)
+                    out.append(S.unsupported(name, str(e)) if code in _UNSUPPORTED_CODES else S.failed(name, str(e)))
+            return tuple(out)
+
         try:
-            return S.value(convert(_run_with_deadline(fn, self.timeout_s, name)))
+            return _run_with_deadline(read_all, self.timeout_s, "nvmlSystemGetDriverVersion")  # type: ignore[return-value]
         except TimeoutError as e:
-            return S.failed(name, str(e))
-        except pynvml.NVMLError as e:
-            if getattr(e, "value", None) in _UNSUPPORTED_CODES:
-                return S.unsupported(name, str(e))
-            return S.failed(name, str(e))
+            return tuple(S.failed(name, str(e)) for name, _, _ in calls)  # type: ignore[return-value]
 
     # -- reads -----------------------------------------------------------------------------
     def identities(self) -> NodeSnapshot:
@@ -339,28 +357,16 @@ class NvmlReader:
         """Read the node; `indices` limits per-GPU reads (node-wide facts are always read)."""
         self.open()
         taken = time.time()
-        driver = self._node_reading("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion, _text)
-        cuda = self._node_reading("nvmlSystemGetCudaDriverVersion", pynvml.nvmlSystemGetCudaDriverVersion, int)
-        count = self._node_reading("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount, int)
+        driver, cuda, count = self._node_readings()
         n = count.value if count.ok else 0
         wanted = sorted(set(range(n) if indices is None else indices))
-        readers = [_GpuReader(i, ident_only) for i in wanted]
-        for r in readers:
-            if r.index in self._stuck:
-                r.unreachable = self._stuck[r.index]
-                r.done.set()
-            elif r.index >= n:
-                r.unreachable = f"no GPU with index {r.index} (the driver reports {n})"
-                r.done.set()
-            else:
-                threading.Thread(target=r.run, name=f"nvml-gpu{r.index}", daemon=True).start()
-        self._wait(readers)
+        readers = self._parallel(wanted, ident_only=ident_only, count=n)
         for r in readers:
             h = getattr(r, "handle", None)
             if h is not None and not r.unreachable:
                 self._handles[r.index] = h
         gpus = tuple(r.snapshot() for r in readers)
-        return NodeSnapshot(hostname=socket.gethostname().split(".")[0], taken_at=taken, driver_version=driver,
+        return NodeSnapshot(hostname=os.uname().nodename.split(".")[0], taken_at=taken, driver_version=driver,
                             cuda_driver_version=cuda, gpu_count=count, gpus=gpus)
 
     def _wait(self, readers: List[_GpuReader]) -> None:
@@ -387,87 +393,135 @@ class NvmlReader:
                 # Wake at the earliest deadline, or as soon as the first pending reader finishes.
                 pending[0].done.wait(max(0.001, min(next_deadline - time.monotonic(), 0.05)))
 
-    def _handle(self, index: int) -> Any:
-        if index in self._stuck:
-            raise NvmlWriteError(f"GPU {index}: not touched, an earlier NVML call hung ({self._stuck[index]})",
-                                 "the GPU needs attention; see `slurm-gpu check`")
-        self.open()
-        if index not in self._handles:
-            self._handles[index] = self._call(index, "nvmlDeviceGetHandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, index)
-        return self._handles[index]
+    def _parallel(self, indices: Sequence[int], body: Optional[Callable[[_GpuReader], Any]] = None,
+                  ident_only: bool = False, count: Optional[int] = None) -> List[_GpuReader]:
+        """Run one worker thread per GPU (a read, or `body`) under the per-call deadline."""
+        workers = [_GpuReader(i, ident_only, body) for i in indices]
+        for w in workers:
+            if w.index in self._stuck:
+                w.unreachable = self._stuck[w.index]
+                w.done.set()
+            elif count is not None and w.index >= count:
+                w.unreachable = f"no GPU with index {w.index} (the driver reports {count})"
+                w.done.set()
+            else:
+                threading.Thread(target=w.run, name=f"nvml-gpu{w.index}", daemon=True).start()
+        self._wait(workers)
+        return workers
 
-    def _call(self, index: int, name: str, fn: Callable, *args: Any) -> Any:
-        try:
-            return _run_with_deadline(lambda: fn(*args), self.timeout_s, name)
-        except TimeoutError as e:
-            self._stuck[index] = str(e)
-            raise NvmlWriteError(f"GPU {index}: {e}", "the GPU may have fallen off the bus; check dmesg for XID 79") from None
-        except pynvml.NVMLError as e:
-            raise NvmlWriteError(f"GPU {index}: {name} failed: {e}", _write_hint(e)) from None
+    def _on_gpus(self, indices: Sequence[int], task: Callable[[_GpuReader, Any], Any]) -> Dict[int, Any]:
+        """Run task(worker, handle) on each GPU in parallel: {index: result}, or NvmlWriteError for that GPU."""
+        self.open()
+
+        def body(w: _GpuReader) -> Any:
+            h = self._handles.get(w.index)
+            if h is None:
+                h = w.call("nvmlDeviceGetHandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, w.index)
+            return task(w, h)
+
+        out: Dict[int, Any] = {}
+        for w in self._parallel(sorted(set(indices)), body):
+            if w.unreachable:
+                out[w.index] = NvmlWriteError(f"GPU {w.index}: {w.unreachable}",
+                                              "the GPU may have fallen off the bus; check dmesg for XID 79")
+            elif isinstance(w.error, pynvml.NVMLError):
+                out[w.index] = NvmlWriteError(f"GPU {w.index}: {w.current or 'NVML call'} failed: {w.error}",
+                                              _write_hint(w.error))
+            elif w.error is not None:
+                out[w.index] = w.error
+            else:
+                out[w.index] = w.result
+        return out
+
+    @staticmethod
+    def _one(results: Dict[int, Any], index: int) -> Any:
+        r = results[index]
+        if isinstance(r, BaseException):
+            raise r
+        return r
+
+    # -- per-GPU reads for the hooks --------------------------------------------------------
+    def processes_many(self, indices: Sequence[int]) -> Dict[int, Any]:
+        """{index: tuple[Process] | NvmlWriteError}: compute processes on each GPU."""
+        def task(w: _GpuReader, h: Any) -> Tuple[Process, ...]:
+            ps = w.call("nvmlDeviceGetComputeRunningProcesses", pynvml.nvmlDeviceGetComputeRunningProcesses, h)
+            return tuple(Process(int(x.pid), None if x.usedGpuMemory is None else int(x.usedGpuMemory)) for x in ps)
+        return self._on_gpus(indices, task)
 
     def processes(self, index: int) -> Tuple[Process, ...]:
-        h = self._handle(index)
-        ps = self._call(index, "nvmlDeviceGetComputeRunningProcesses", pynvml.nvmlDeviceGetComputeRunningProcesses, h)
-        return tuple(Process(int(x.pid), None if x.usedGpuMemory is None else int(x.usedGpuMemory)) for x in ps)
+        return self._one(self.processes_many([index]), index)
+
+    def accounting_many(self, indices: Sequence[int]) -> Dict[int, Any]:
+        """{index: Reading[tuple[AccountingRecord]] | NvmlWriteError}: the driver's per-process accounting."""
+        def task(w: _GpuReader, h: Any) -> Reading:
+            try:
+                pids = w.call("nvmlDeviceGetAccountingPids", pynvml.nvmlDeviceGetAccountingPids, h)
+                out = []
+                for pid in pids:
+                    st = w.call("nvmlDeviceGetAccountingStats", _accounting_stats, h, pid)
+                    mem = int(st.maxMemoryUsage)
+                    out.append(AccountingRecord(int(pid), int(st.gpuUtilization), int(st.memoryUtilization),
+                                                None if mem == _NOT_AVAILABLE_U64 else mem, int(st.time),
+                                                int(st.startTime), bool(st.isRunning)))
+                return S.value(tuple(out))
+            except pynvml.NVMLError as e:
+                if getattr(e, "value", None) in _UNSUPPORTED_CODES:
+                    return S.unsupported("nvmlDeviceGetAccountingPids", str(e))
+                return S.failed("nvmlDeviceGetAccountingPids", str(e))
+        return self._on_gpus(indices, task)
 
     def accounting_stats(self, index: int) -> Reading:
-        """Per-process accounting records kept by the driver: Reading[tuple[AccountingRecord]]."""
-        h = self._handle(index)
-        try:
-            pids = self._call_raw(index, "nvmlDeviceGetAccountingPids", pynvml.nvmlDeviceGetAccountingPids, h)
-            out = []
-            for pid in pids:
-                st = self._call_raw(index, "nvmlDeviceGetAccountingStats", _accounting_stats, h, pid)
-                mem = int(st.maxMemoryUsage)
-                out.append(AccountingRecord(int(pid), int(st.gpuUtilization), int(st.memoryUtilization),
-                                            None if mem == _NOT_AVAILABLE_U64 else mem, int(st.time),
-                                            int(st.startTime), bool(st.isRunning)))
-            return S.value(tuple(out))
-        except pynvml.NVMLError as e:
-            if getattr(e, "value", None) in _UNSUPPORTED_CODES:
-                return S.unsupported("nvmlDeviceGetAccountingPids", str(e))
-            return S.failed("nvmlDeviceGetAccountingPids", str(e))
+        return self._one(self.accounting_many([index]), index)
 
-    def _call_raw(self, index: int, name: str, fn: Callable, *args: Any) -> Any:
-        try:
-            return _run_with_deadline(lambda: fn(*args), self.timeout_s, name)
-        except TimeoutError as e:
-            self._stuck[index] = str(e)
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT) from None
+    # -- writes (strict: a failure is an NvmlWriteError naming the GPU and the NVML error) ---
+    def prepare(self, indices: Sequence[int], *, persistence: bool = False, reset_clocks: bool = False,
+                accounting: bool = False) -> Dict[int, Any]:
+        """Put GPUs into a known state, all GPUs in parallel.
 
-    # -- writes (strict: a failure raises NvmlWriteError naming the GPU and the NVML error) ---
-    def _write(self, index: int, name: str, fn: Callable, *args: Any) -> bool:
-        """Returns False when the GPU does not support the operation (nothing to do), True when done."""
-        h = self._handle(index)
-        try:
-            _run_with_deadline(lambda: fn(h, *args), self.timeout_s, name)
-            return True
-        except TimeoutError as e:
-            self._stuck[index] = str(e)
-            raise NvmlWriteError(f"GPU {index}: {e}", "the GPU may have fallen off the bus; check dmesg for XID 79") from None
-        except pynvml.NVMLError as e:
-            if getattr(e, "value", None) in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
-                return False
-            raise NvmlWriteError(f"GPU {index}: {name} failed: {e}", _write_hint(e)) from None
+        Returns {index: {operation: done} | NvmlWriteError}; done is False when the GPU does
+        not support the operation (nothing to reset is not an error).
+        """
+        p = pynvml
+        ops: List[Tuple[str, Callable, Tuple[Any, ...]]] = []
+        if persistence:
+            ops.append(("nvmlDeviceSetPersistenceMode", p.nvmlDeviceSetPersistenceMode, (p.NVML_FEATURE_ENABLED,)))
+        if reset_clocks:
+            ops += [("nvmlDeviceResetApplicationsClocks", p.nvmlDeviceResetApplicationsClocks, ()),
+                    ("nvmlDeviceResetGpuLockedClocks", p.nvmlDeviceResetGpuLockedClocks, ()),
+                    ("nvmlDeviceResetMemoryLockedClocks", p.nvmlDeviceResetMemoryLockedClocks, ())]
+        if accounting:
+            # Accounting must be on before the job's first process starts; PIDs of earlier
+            # jobs would be mistaken for this job's, so they are cleared.
+            ops += [("nvmlDeviceSetAccountingMode", p.nvmlDeviceSetAccountingMode, (p.NVML_FEATURE_ENABLED,)),
+                    ("nvmlDeviceClearAccountingPids", p.nvmlDeviceClearAccountingPids, ())]
 
-    def set_persistence_mode(self, index: int, on: bool = True) -> bool:
-        return self._write(index, "nvmlDeviceSetPersistenceMode", pynvml.nvmlDeviceSetPersistenceMode,
-                           pynvml.NVML_FEATURE_ENABLED if on else pynvml.NVML_FEATURE_DISABLED)
+        def task(w: _GpuReader, h: Any) -> Dict[str, bool]:
+            done: Dict[str, bool] = {}
+            for name, fn, args in ops:
+                if name == "nvmlDeviceClearAccountingPids" and not done.get("nvmlDeviceSetAccountingMode"):
+                    continue
+                try:
+                    w.call(name, fn, h, *args)
+                    done[name] = True
+                except p.NVMLError as e:
+                    if getattr(e, "value", None) in (p.NVML_ERROR_NOT_SUPPORTED, p.NVML_ERROR_FUNCTION_NOT_FOUND):
+                        done[name] = False
+                        continue
+                    raise NvmlWriteError(f"GPU {w.index}: {name} failed: {e}", _write_hint(e)) from None
+            return done
+        return self._on_gpus(indices, task)
+
+    def set_persistence_mode(self, index: int) -> bool:
+        return self._one(self.prepare([index], persistence=True), index)["nvmlDeviceSetPersistenceMode"]
 
     def reset_clocks(self, index: int) -> Dict[str, bool]:
-        """Reset application clocks and locked GPU/memory clocks: {operation: done (False = unsupported)}."""
-        return {
-            "applications_clocks": self._write(index, "nvmlDeviceResetApplicationsClocks", pynvml.nvmlDeviceResetApplicationsClocks),
-            "locked_gpu_clocks": self._write(index, "nvmlDeviceResetGpuLockedClocks", pynvml.nvmlDeviceResetGpuLockedClocks),
-            "locked_memory_clocks": self._write(index, "nvmlDeviceResetMemoryLockedClocks", pynvml.nvmlDeviceResetMemoryLockedClocks),
-        }
+        return self._one(self.prepare([index], reset_clocks=True), index)
 
-    def set_accounting_mode(self, index: int, on: bool = True) -> bool:
-        return self._write(index, "nvmlDeviceSetAccountingMode", pynvml.nvmlDeviceSetAccountingMode,
-                           pynvml.NVML_FEATURE_ENABLED if on else pynvml.NVML_FEATURE_DISABLED)
+    def enable_accounting(self, index: int) -> Dict[str, bool]:
+        return self._one(self.prepare([index], accounting=True), index)
 
-    def clear_accounting_pids(self, index: int) -> bool:
-        return self._write(index, "nvmlDeviceClearAccountingPids", pynvml.nvmlDeviceClearAccountingPids)
+    def is_stuck(self, index: int) -> bool:
+        return index in self._stuck
 
 
 _NOT_AVAILABLE_U64 = 2**64 - 1

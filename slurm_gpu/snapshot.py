@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, Generic, Optional, Tuple, TypeVar
 
 T = TypeVar("T")
@@ -71,6 +71,11 @@ def failed(function: str, error: str) -> Reading:
     return Reading(FAILED, None, error, function)
 
 
+# Default of every reading until the driver answers: one shared immutable value (cheaper to
+# build than 40 default factories, which matters on the prolog's start-up path).
+_NA: Reading = Reading(UNSUPPORTED)
+
+
 @dataclass(frozen=True)
 class Process:
     pid: int
@@ -108,43 +113,43 @@ class GpuSnapshot:
     """Everything we read about one GPU at one moment."""
 
     index: int  # NVML index == node-wide ordinal used by SLURM_JOB_GPUS
-    minor_number: Reading = field(default_factory=lambda: unsupported())  # int, /dev/nvidia<minor>
-    uuid: Reading = field(default_factory=lambda: unsupported())  # str "GPU-..."
-    name: Reading = field(default_factory=lambda: unsupported())  # str
-    serial: Reading = field(default_factory=lambda: unsupported())  # str
-    pci_bus_id: Reading = field(default_factory=lambda: unsupported())  # str "00000000:18:00.0"
-    memory_total_bytes: Reading = field(default_factory=lambda: unsupported())
-    memory_used_bytes: Reading = field(default_factory=lambda: unsupported())
-    temperature_c: Reading = field(default_factory=lambda: unsupported())
-    power_draw_mw: Reading = field(default_factory=lambda: unsupported())
-    energy_mj: Reading = field(default_factory=lambda: unsupported())  # since driver load
-    gpu_utilization_pct: Reading = field(default_factory=lambda: unsupported())
-    memory_utilization_pct: Reading = field(default_factory=lambda: unsupported())
-    ecc_volatile_corrected: Reading = field(default_factory=lambda: unsupported())
-    ecc_volatile_uncorrected: Reading = field(default_factory=lambda: unsupported())
-    ecc_aggregate_corrected: Reading = field(default_factory=lambda: unsupported())
-    ecc_aggregate_uncorrected: Reading = field(default_factory=lambda: unsupported())
-    retired_pages_sbe: Reading = field(default_factory=lambda: unsupported())  # count
-    retired_pages_dbe: Reading = field(default_factory=lambda: unsupported())  # count
-    retired_pages_pending: Reading = field(default_factory=lambda: unsupported())  # bool
-    remapped_rows_corrected: Reading = field(default_factory=lambda: unsupported())
-    remapped_rows_uncorrected: Reading = field(default_factory=lambda: unsupported())
-    remapped_rows_pending: Reading = field(default_factory=lambda: unsupported())  # bool
-    remapped_rows_failure: Reading = field(default_factory=lambda: unsupported())  # bool
-    clock_event_reasons: Reading = field(default_factory=lambda: unsupported())  # bitmask int
-    persistence_mode: Reading = field(default_factory=lambda: unsupported())  # bool
-    performance_state: Reading = field(default_factory=lambda: unsupported())  # int, P0 = 0
-    pcie_gen_current: Reading = field(default_factory=lambda: unsupported())
-    pcie_gen_max: Reading = field(default_factory=lambda: unsupported())
-    pcie_width_current: Reading = field(default_factory=lambda: unsupported())
-    pcie_width_max: Reading = field(default_factory=lambda: unsupported())
-    nvlinks: Reading = field(default_factory=lambda: unsupported())  # tuple[NvLink]
-    processes: Reading = field(default_factory=lambda: unsupported())  # tuple[Process]
-    mig_mode_current: Reading = field(default_factory=lambda: unsupported())  # bool
-    mig_mode_pending: Reading = field(default_factory=lambda: unsupported())  # bool
-    mig_devices: Reading = field(default_factory=lambda: unsupported())  # tuple[MigDevice]
-    accounting_mode: Reading = field(default_factory=lambda: unsupported())  # bool
-    cpu_affinity: Reading = field(default_factory=lambda: unsupported())  # tuple[int] CPU ids
+    minor_number: Reading = _NA  # int, /dev/nvidia<minor>
+    uuid: Reading = _NA  # str "GPU-..."
+    name: Reading = _NA  # str
+    serial: Reading = _NA  # str
+    pci_bus_id: Reading = _NA  # str "00000000:18:00.0"
+    memory_total_bytes: Reading = _NA
+    memory_used_bytes: Reading = _NA
+    temperature_c: Reading = _NA
+    power_draw_mw: Reading = _NA
+    energy_mj: Reading = _NA  # since driver load
+    gpu_utilization_pct: Reading = _NA
+    memory_utilization_pct: Reading = _NA
+    ecc_volatile_corrected: Reading = _NA
+    ecc_volatile_uncorrected: Reading = _NA
+    ecc_aggregate_corrected: Reading = _NA
+    ecc_aggregate_uncorrected: Reading = _NA
+    retired_pages_sbe: Reading = _NA  # count
+    retired_pages_dbe: Reading = _NA  # count
+    retired_pages_pending: Reading = _NA  # bool
+    remapped_rows_corrected: Reading = _NA
+    remapped_rows_uncorrected: Reading = _NA
+    remapped_rows_pending: Reading = _NA  # bool
+    remapped_rows_failure: Reading = _NA  # bool
+    clock_event_reasons: Reading = _NA  # bitmask int
+    persistence_mode: Reading = _NA  # bool
+    performance_state: Reading = _NA  # int, P0 = 0
+    pcie_gen_current: Reading = _NA
+    pcie_gen_max: Reading = _NA
+    pcie_width_current: Reading = _NA
+    pcie_width_max: Reading = _NA
+    nvlinks: Reading = _NA  # tuple[NvLink]
+    processes: Reading = _NA  # tuple[Process]
+    mig_mode_current: Reading = _NA  # bool
+    mig_mode_pending: Reading = _NA  # bool
+    mig_devices: Reading = _NA  # tuple[MigDevice]
+    accounting_mode: Reading = _NA  # bool
+    cpu_affinity: Reading = _NA  # tuple[int] CPU ids
     # Set when the GPU could not be reached at all (no handle, lost, hung):
     unreachable: str = ""
 
@@ -175,9 +180,9 @@ class GpuSnapshot:
 class NodeSnapshot:
     hostname: str
     taken_at: float  # unix time
-    driver_version: Reading = field(default_factory=lambda: unsupported())
-    cuda_driver_version: Reading = field(default_factory=lambda: unsupported())  # int, e.g. 12040
-    gpu_count: Reading = field(default_factory=lambda: unsupported())
+    driver_version: Reading = _NA
+    cuda_driver_version: Reading = _NA  # int, e.g. 12040
+    gpu_count: Reading = _NA
     gpus: Tuple[GpuSnapshot, ...] = ()
 
     def gpu(self, index: int) -> Optional[GpuSnapshot]:

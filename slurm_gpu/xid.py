@@ -6,10 +6,8 @@ old XID must never keep a node drained forever (DESIGN.md §5).
 """
 from __future__ import annotations
 
-import calendar
 import os
 import re
-import subprocess
 import time
 from dataclasses import dataclass
 from typing import Iterable, List, Optional, Tuple
@@ -68,6 +66,7 @@ def parse_line(line: str, boot_time: float = 0.0, year: Optional[int] = None) ->
         m = _UNIX_RE.match(line)
         t, text = float(m.group(1)), m.group(2)  # type: ignore[union-attr]
     elif _ISO_RE.match(line):
+        import calendar
         m = _ISO_RE.match(line)
         t = calendar.timegm(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) - _tz_offset(m.group(2))  # type: ignore[union-attr]
         text = m.group(3)  # type: ignore[union-attr]
@@ -111,6 +110,7 @@ def read_events(source: str, window_s: int, timeout_s: float = 5.0, now: Optiona
     now = time.time() if now is None else now
     if source == "none":
         return [], ""
+    import subprocess  # only the journal source needs it; kept off the default (kmsg) path
     try:
         if source == "kmsg":
             boot = _boot_time()

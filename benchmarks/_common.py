@@ -1,0 +1,67 @@
+"""Shared helpers for the benchmarks: the simulated node and timing of whole processes."""
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Sequence
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+import simgpu  # noqa: E402
+
+
+def console_script(name: str) -> List[str]:
+    """The installed console script next to this interpreter (what Slurm runs), else -c fallback."""
+    path = os.path.join(os.path.dirname(sys.executable), name)
+    if os.path.exists(path):
+        return [path]
+    module, func = {"slurm-gpu": ("slurm_gpu.cli", "main"), "slurm-gpu-prolog": ("slurm_gpu.hookmain", "prolog_main"),
+                    "slurm-gpu-epilog": ("slurm_gpu.hookmain", "epilog_main")}[name]
+    return [sys.executable, "-c", f"from {module} import {func}; {func}()"]
+
+
+class SimNode:
+    def __init__(self, gpus: int = 8):
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="slurm-gpu-bench-"))
+        self.lib = simgpu.build()
+        self.state = self.dir / "gpus.state"
+        simgpu.write_state(self.state, simgpu.h100_sxm(gpus))
+        self.config = self.dir / "config.toml"
+        self.config.write_text(
+            f'nvml_library = "{self.lib}"\n'
+            f'[store]\ndatabase = "{self.dir}/usage.db"\nspool_dir = "{self.dir}/spool"\nbusy_timeout_s = 30.0\n'
+            f'[log]\nsyslog = false\nfile = "{self.dir}/hooks.log"\n'
+            '[xid]\nsource = "none"\n[hooks]\nepilog_deadline_s = 120\n')
+        os.chmod(self.config, 0o644)
+
+    def env(self, **extra: str) -> Dict[str, str]:
+        env = {"SIMNVML_STATE": str(self.state), "SLURM_GPU_CONFIG": str(self.config)}
+        env.update(extra)  # nothing else, like slurmd's minimal environment
+        return env
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def wall(argv: Sequence[str], env: Dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    cp = subprocess.run(list(argv), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    took = time.perf_counter() - t0
+    if cp.returncode not in (0, 1):
+        raise RuntimeError(f"{argv} failed ({cp.returncode}): {cp.stderr.decode()[-500:]}")
+    return took
+
+
+def report(name: str, samples: List[float], base: List[float]) -> float:
+    m, b = statistics.median(samples), statistics.median(base)
+    print(f"{name:<28} median {m * 1000:7.1f} ms   python3 -c pass {b * 1000:6.1f} ms   ratio {m / b:5.2f}"
+          f"   (n={len(samples)}, min {min(samples) * 1000:.1f} ms)")
+    return m / b

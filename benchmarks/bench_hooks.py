@@ -1,0 +1,75 @@
+"""Prolog and epilog wall time on 8 simulated GPUs vs `python3 -c pass`, and 64 epilogs at once.
+
+Targets (issue 3): prolog ratio <= 3, epilog ratio <= 4; 64 concurrent epilogs against one
+database: records written / expected == 1.0 with zero errors.
+Usage: python3 benchmarks/bench_hooks.py [runs]
+"""
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import time
+
+from _common import SimNode, console_script, report, wall
+
+
+def job_env(node, job_id, gpus="0-7"):
+    return node.env(SLURM_JOB_ID=str(job_id), SLURM_JOB_GPUS=gpus, SLURMD_NODENAME="bench01",
+                    SLURM_CLUSTER_NAME="bench", SLURM_JOB_USER="alice", SLURM_JOB_UID="2501",
+                    SLURM_JOB_ACCOUNT="physics", SLURM_JOB_PARTITION="gpu", SLURM_JOB_RESTART_COUNT="0",
+                    SLURM_JOB_EXIT_CODE="0")
+
+
+def sequential(runs: int):
+    node = SimNode(8)
+    prolog, epilog = console_script("slurm-gpu-prolog"), console_script("slurm-gpu-epilog")
+    try:
+        wall(prolog, job_env(node, 1))
+        wall(epilog, job_env(node, 1))
+        base, pro, epi = [], [], []
+        for i in range(runs):
+            env = job_env(node, 100 + i)
+            base.append(wall([sys.executable, "-c", "pass"], env))
+            pro.append(wall(prolog, env))
+            epi.append(wall(epilog, env))
+        r1 = report("prolog (8 GPUs)", pro, base)
+        r2 = report("epilog (8 GPUs)", epi, base)
+        log = (node.dir / "hooks.log").read_text()
+        errors = [line for line in log.splitlines() if " ERROR " in line]
+        if errors:
+            print("hook errors:", *errors[:5], sep="\n  ")
+        return r1, r2
+    finally:
+        node.cleanup()
+
+
+def concurrent(n: int = 64):
+    node = SimNode(8)
+    prolog, epilog = console_script("slurm-gpu-prolog"), console_script("slurm-gpu-epilog")
+    try:
+        # n single-GPU jobs started (prologs in sequence), then all ending at the same moment.
+        for j in range(n):
+            subprocess.run(prolog, env=job_env(node, 1000 + j, str(j % 8)), check=True)
+        t0 = time.perf_counter()
+        procs = [subprocess.Popen(epilog, env=job_env(node, 1000 + j, str(j % 8)), stderr=subprocess.PIPE)
+                 for j in range(n)]
+        codes = [p.wait(timeout=300) for p in procs]
+        took = time.perf_counter() - t0
+        conn = sqlite3.connect(str(node.dir / "usage.db"))
+        written = conn.execute("SELECT count(*) FROM job_gpus WHERE job_id >= 1000").fetchone()[0]
+        conn.close()
+        spooled = len(list((node.dir / "spool").glob("*.json"))) if (node.dir / "spool").exists() else 0
+        log = (node.dir / "hooks.log").read_text()
+        errors = sum(1 for line in log.splitlines() if " ERROR " in line) + sum(1 for c in codes if c != 0)
+        print(f"{n} concurrent epilogs: {took:.2f} s wall, records written {written}/{n} = {written / n:.3f}, "
+              f"spooled {spooled}, errors {errors}")
+        return written / n, errors
+    finally:
+        node.cleanup()
+
+
+if __name__ == "__main__":
+    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 15
+    sequential(runs)
+    concurrent(64)
