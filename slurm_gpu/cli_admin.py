@@ -1,0 +1,354 @@
+"""`slurm-gpu drain / resume / status / healthcheck`: admin control of node health.
+
+Thin click shells over slurm_gpu.slurm (the Slurm adapter) and slurm_gpu.reason.  Exit codes
+(docs/exit-codes.md): 0 done, 1 unhealthy (healthcheck / drain --unhealthy found a FAIL),
+2 usage or config error, 4 Slurm error (slurmctld unreachable, unknown node), 6 refused
+(resume of a node slurm-gpu did not drain, without --force).
+"""
+from __future__ import annotations
+
+import getpass
+import os
+import sys
+import time
+from typing import Any, Callable, List, Optional, Sequence
+
+import click
+
+from .cli import fail
+from .errors import ExitCode, InputError, SlurmError, SlurmGpuError
+
+HEALTHCHECK_DEADLINE_S = 45.0  # Slurm kills HealthCheckProgram after 60 s
+
+
+# ------------------------------------------------------------------ shared helpers
+
+def _admin_name() -> str:
+    """Who asked: the sudo caller if any (Slurm records uid 0 for every sudo drain)."""
+    for var in ("SUDO_USER", "LOGNAME", "USER"):
+        v = os.environ.get(var)
+        if v and v != "root":
+            return v
+    try:
+        return getpass.getuser()
+    except Exception:
+        return "unknown"
+
+
+def this_node(explicit: Optional[str]) -> str:
+    """--node, else SLURMD_NODENAME (set by slurmd for HealthCheckProgram), else the short host name."""
+    from .config import node_name
+    return explicit or node_name()
+
+
+def expand_nodes(args: Sequence[str], backend: Any = None) -> List[str]:
+    """Hostlist expressions (gpu[01-04,07], a,b) -> unique node names in the order given."""
+    out: List[str] = []
+    for arg in args:
+        try:
+            from .hostlist import expand
+        except ImportError:  # pragma: no cover - hostlist.py ships with the package
+            names = backend.hostnames(arg)
+        else:
+            try:
+                names = expand(arg)
+            except ValueError as e:
+                raise InputError(f"invalid node list {arg!r}: {e}", "use a Slurm hostlist such as gpu[01-04,07] or gpu01,gpu02") from None
+        for n in names:
+            if n not in out:
+                out.append(n)
+    return out
+
+
+def _log(app: Any, what: str):
+    from .hooklog import HookLog
+    try:
+        return HookLog.from_config(what, app.config)
+    except Exception:  # logging must never stop an admin action
+        return HookLog(what, syslog_on=False)
+
+
+def _backend(app: Any):
+    from .slurm import get_backend
+    return get_backend(app.config)
+
+
+def _when(ts: Optional[float]) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else ""
+
+
+def _who(info: Any) -> str:
+    bits = []
+    if info.reason_user:
+        bits.append(f"by {info.reason_user}")
+    if info.reason_time:
+        bits.append(f"since {_when(info.reason_time)}")
+    return " ".join(bits)
+
+
+def _err_line(e: SlurmGpuError) -> None:
+    click.echo(f"slurm-gpu: error: {e.message}", err=True)
+    if e.hint:
+        click.echo(f"hint: {e.hint}", err=True)
+
+
+def _is_unreachable(e: SlurmError) -> bool:
+    return e.message.startswith(("slurmctld not reachable", "no usable Slurm configuration")) or "not found (looked in" in e.message
+
+
+# ------------------------------------------------------------------ drain
+
+@click.command()
+@click.argument("nodes", nargs=-1, metavar="[NODE]...")
+@click.option("--reason", "-r", metavar="TEXT",
+              help="Why (required unless --unhealthy). Stored as 'slurm-gpu: TEXT [manual by USER]'.")
+@click.option("--unhealthy", is_flag=True,
+              help="Check THIS node's GPUs and drain it only if a check FAILs (one-shot, for cron or by hand; never resumes).")
+@click.option("--node", "node_name", metavar="NAME",
+              help="With --unhealthy: this node's Slurm name (default: $SLURMD_NODENAME, else the short host name).")
+@click.option("--dry-run", "-n", is_flag=True, help="Print what would change; change nothing.")
+@click.pass_obj
+def drain(app, nodes, reason, unhealthy, node_name, dry_run):
+    """Drain nodes with a slurm-gpu reason, so that `slurm-gpu resume` may lift it later.
+
+    NODE accepts Slurm hostlists: gpu[01-04,07]. A node already drained by someone else keeps
+    its reason (it is not overwritten, and so never becomes resumable by slurm-gpu).
+
+    \b
+    Examples:
+      slurm-gpu drain gpu07 --reason "GPU 3 replaced, burn-in pending"
+      slurm-gpu drain --unhealthy          # on a node: drain it if its GPUs FAIL
+    \b
+    Exit codes: 0 done (or nothing to do), 1 --unhealthy found a FAIL, 2 usage/config error,
+    4 Slurm error (unknown node, slurmctld unreachable).
+    """
+    if unhealthy:
+        if nodes or reason:
+            raise fail(InputError("--unhealthy checks this node and writes its own reason: give neither NODE nor --reason",
+                                  "use --node NAME if this node's Slurm name is not its host name"))
+        _run_health(app, node_name, allow_resume=False, dry_run=dry_run, deadline_s=HEALTHCHECK_DEADLINE_S,
+                    context="drain --unhealthy")
+        return
+    if node_name:
+        raise fail(InputError("--node is for --unhealthy; list the nodes to drain as arguments", "slurm-gpu drain gpu01 --reason TEXT"))
+    if not nodes:
+        raise fail(InputError("no node given", "slurm-gpu drain NODE... --reason TEXT (or --unhealthy)"))
+    from .reason import MANUAL, format_reason, sanitize
+    if not reason or not sanitize(reason):
+        raise fail(InputError("a drain needs a reason (--reason TEXT)", "say why, e.g. --reason \"GPU 3 ECC errors, RMA opened\""))
+    text = format_reason(reason, f"{MANUAL} by {_admin_name()}")
+    try:
+        backend = _backend(app)
+        names = expand_nodes(nodes, backend)
+    except SlurmGpuError as e:
+        raise fail(e)
+    log = _log(app, "drain")
+    code = ExitCode.OK
+    for name in names:
+        try:
+            info = backend.node(name)
+            if info.drained and not info.drained_by_us:
+                click.echo(f"{name}: already {info.state} {_who(info)}: {info.reason!r} - not ours, reason left as is")
+                continue
+            verb = "re-drain" if info.drained else "drain"
+            if dry_run:
+                click.echo(f"{name}: would {verb} ({info.state}): {text}")
+                continue
+            backend.drain(name, text)
+            log.info("drain", node=name, reason=text, by=_admin_name(), was=info.state)
+            click.echo(f"{name}: {verb}ed: {text}")
+        except SlurmError as e:
+            _err_line(e)
+            code = ExitCode.SLURM_ERROR
+            if _is_unreachable(e):
+                break
+    sys.exit(int(code))
+
+
+# ------------------------------------------------------------------ resume
+
+@click.command()
+@click.argument("nodes", nargs=-1, required=True, metavar="NODE...")
+@click.option("--force", is_flag=True,
+              help="Also resume nodes drained or downed by someone else (an admin, Slurm itself). Think twice.")
+@click.option("--dry-run", "-n", is_flag=True, help="Print what would change; change nothing.")
+@click.pass_obj
+def resume(app, nodes, force, dry_run):
+    """Resume nodes that slurm-gpu drained.
+
+    A node drained for another reason (an admin's 'maintenance', Slurm's 'Prolog error' or
+    'Not responding', a reboot) is refused unless --force: one line per refused node names
+    the reason and who set it. A node that is not drained is left as it is.
+
+    \b
+    Exit codes: 0 done (or nothing to do), 2 usage/config error, 4 Slurm error,
+    6 at least one node refused.
+    """
+    try:
+        backend = _backend(app)
+        names = expand_nodes(nodes, backend)
+    except SlurmGpuError as e:
+        raise fail(e)
+    log = _log(app, "resume")
+    refused = slurm_failed = False
+    for name in names:
+        try:
+            info = backend.node(name)
+            if not (info.drained or info.down):
+                click.echo(f"{name}: not drained ({info.state}), nothing to do")
+                continue
+            if not info.drained_by_us and not force:
+                refused = True
+                click.echo(f"{name}: refused: {info.state} {_who(info)} with reason {info.reason or '(none)'!r}, "
+                           f"not set by slurm-gpu (use --force to resume anyway)", err=True)
+                continue
+            if dry_run:
+                click.echo(f"{name}: would resume ({info.state}, reason: {info.reason or '(none)'})")
+                continue
+            backend.resume(name)
+            log.info("resume", node=name, was=info.state, reason=info.reason, by=_admin_name(),
+                     forced=force and not info.drained_by_us)
+            click.echo(f"{name}: resumed (was {info.state}: {info.reason or 'no reason'})")
+        except SlurmError as e:
+            _err_line(e)
+            slurm_failed = True
+            if _is_unreachable(e):
+                break
+    sys.exit(int(ExitCode.SLURM_ERROR if slurm_failed else ExitCode.REFUSED if refused else ExitCode.OK))
+
+
+# ------------------------------------------------------------------ status
+
+STATUS_COLUMNS = ["node", "state", "gpus", "gpus_alloc", "drained_by", "reason", "reason_user", "since"]
+STATUS_JSON_COLUMNS = ["node", "state", "states", "gpus_configured", "gpus_allocated", "gres", "gres_used",
+                       "drained_by", "reason", "reason_user", "reason_time", "since"]
+
+
+def status_rows(infos: Sequence[Any]) -> List[dict]:
+    rows = []
+    for i in infos:
+        since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(i.reason_time)) if i.reason_time else None
+        rows.append({
+            "node": i.name, "state": i.state, "states": sorted(i.states),
+            "gpus": i.gpus_configured, "gpus_alloc": i.gpus_allocated,
+            "gpus_configured": i.gpus_configured, "gpus_allocated": i.gpus_allocated,
+            "gres": i.gres, "gres_used": i.gres_used,
+            "drained_by": i.drain_owner or None,
+            "reason": i.reason or None, "reason_user": i.reason_user or None,
+            "reason_time": i.reason_time, "since": since,
+        })
+    return rows
+
+
+@click.command()
+@click.argument("nodes", nargs=-1, metavar="[NODE]...")
+@click.option("--all", "all_nodes", is_flag=True, help="Include nodes without GPUs.")
+@click.option("--json", "as_json", is_flag=True, help="JSON (same as --format json).")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "markdown"]), default="table",
+              show_default=True, help="Output format.")
+@click.option("--drained", "only_drained", is_flag=True, help="Only drained or down nodes.")
+@click.pass_obj
+def status(app, nodes, all_nodes, as_json, fmt, only_drained):
+    """GPU nodes at a glance: state, GPUs configured/allocated, who drained them, why, since when.
+
+    DRAINED_BY is 'slurm-gpu' (resumable with `slurm-gpu resume`), 'other' (an admin or
+    Slurm itself: resume refuses it without --force) or empty. NODE accepts hostlists.
+
+    \b
+    Exit codes: 0 done, 2 usage/config error, 4 Slurm error.
+    """
+    from .render import render
+    try:
+        backend = _backend(app)
+        names = expand_nodes(nodes, backend) if nodes else None
+        infos = backend.nodes(names)
+    except SlurmGpuError as e:
+        raise fail(e)
+    if names is None and not all_nodes:
+        infos = [i for i in infos if i.gpus_configured > 0]
+    if only_drained:
+        infos = [i for i in infos if i.drained or i.down]
+    fmt = "json" if as_json else fmt
+    rows = status_rows(infos)
+    click.echo(render(rows, STATUS_JSON_COLUMNS if fmt == "json" else STATUS_COLUMNS, fmt))
+
+
+# ------------------------------------------------------------------ healthcheck
+
+def default_checker(cfg: Any) -> Callable[[Any], list]:
+    """The real GPU check: hooks.check_node, expecting the GPU count Slurm has configured."""
+    def check(info: Any) -> list:
+        from . import hooks
+        _snap, results = hooks.check_node(cfg, expected_count=info.gpus_configured or None)
+        return results
+    return check
+
+
+def _run_health(app, node_name: Optional[str], *, allow_resume: bool, dry_run: bool, deadline_s: float,
+                context: str = "healthcheck", checker: Optional[Callable] = None) -> None:
+    from .reason import HEALTHCHECK
+    from .slurm import node_health_cycle
+    name = this_node(node_name)
+    try:
+        cfg = app.config
+        backend = _backend(app)
+    except SlurmGpuError as e:
+        raise fail(e)
+    log = _log(app, "healthcheck")
+    try:
+        outcome = node_health_cycle(backend, name, checker or default_checker(cfg), allow_resume=allow_resume,
+                                    dry_run=dry_run, deadline_s=deadline_s,
+                                    context=HEALTHCHECK if context == "healthcheck" else context)
+    except SlurmGpuError as e:
+        log.error("slurm-error", node=name, error=e.message)
+        raise fail(e)
+    for r in outcome.results:
+        if getattr(r, "status", "") in ("WARN", "FAIL"):
+            where = "node" if r.gpu_index is None else f"GPU {r.gpu_index}"
+            click.echo(f"{r.status:4}  {r.check:18}  {where}: {r.message}")
+    level = "error" if outcome.action in ("timeout", "error") else "warning" if outcome.worst == "FAIL" else "info"
+    log.event(outcome.action, level, node=name, status=outcome.worst, reason=outcome.reason or None,
+              message=outcome.message)
+    if outcome.action in ("timeout", "error"):
+        click.echo(f"slurm-gpu: error: {outcome.message}", err=True)
+    else:
+        click.echo(outcome.message)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if outcome.action == "timeout":
+        # A check thread may still sit inside the driver: do not let it hold up (or crash) the exit.
+        os._exit(outcome.exit_code)
+    sys.exit(outcome.exit_code)
+
+
+@click.command()
+@click.option("--node", "node_name", metavar="NAME",
+              help="This node's Slurm name (default: $SLURMD_NODENAME, set by slurmd; else the short host name).")
+@click.option("--dry-run", "-n", is_flag=True, help="Check and print what would change; change nothing.")
+@click.option("--deadline", "deadline_s", type=click.FloatRange(5, 3600), default=HEALTHCHECK_DEADLINE_S,
+              show_default=True, help="Whole-run budget in seconds (Slurm kills HealthCheckProgram after 60 s).")
+@click.pass_obj
+def healthcheck(app, node_name, dry_run, deadline_s):
+    """Check this node's GPUs and drain/resume it in Slurm: the HealthCheckProgram mode.
+
+    On a FAIL the node is drained with 'slurm-gpu: <fault> [healthcheck]' unless it is already
+    drained (whoever drained it: an admin's reason is never overwritten). When the GPUs are
+    healthy again and the drain is slurm-gpu's own automatic one (healthcheck, prolog,
+    epilog), the node is resumed. Drains by anyone else, and manual `slurm-gpu drain`s, are
+    never touched. If the check does not finish in time nothing is changed.
+
+    slurm.conf runs a program without arguments: use the `slurm-gpu-healthcheck` executable
+    (docs/admin-guide.md).
+
+    \b
+    Exit codes: 0 healthy (WARN allowed; resumed if it was our drain), 1 FAIL (drained now
+    or already drained) or the check overran --deadline, 2 usage/config error,
+    4 Slurm error (slurmctld unreachable, node unknown to Slurm).
+    """
+    _run_health(app, node_name, allow_resume=True, dry_run=dry_run, deadline_s=deadline_s)
+
+
+def healthcheck_main() -> None:  # pragma: no cover - console entry `slurm-gpu-healthcheck`
+    """HealthCheckProgram= takes a path and passes no arguments: this is `slurm-gpu healthcheck`."""
+    from .cli import main
+    main(args=["healthcheck", *sys.argv[1:]], prog_name="slurm-gpu-healthcheck")

@@ -1,0 +1,130 @@
+"""Drain reasons: the one-line, namespaced text slurm-gpu puts on a node it drains.
+
+``slurm-gpu: <fault> [<context>]`` — what went wrong, and who/what noticed it
+(``healthcheck``, ``prolog job 4711``, ``manual by alice``).  The ``slurm-gpu:`` prefix is how
+we recognise our own drains later: we only ever resume a node whose reason starts with it,
+so an admin's "maintenance" drain or Slurm's own "Prolog error" is never undone by us.
+
+Reasons are sanitised whatever the fault text contains (it may quote an NVML error string,
+a process name or an admin's free text): no control characters or line breaks (they would
+break ``scontrol -o`` / ``sinfo -R`` one-line output and log lines), collapsed whitespace and a
+bounded length.  Shell metacharacters need no escaping — the reason travels as one argv
+element (``Reason=<text>``), never through a shell — but they are harmless either way.
+
+This module is imported by the prolog/epilog: standard library only.
+"""
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Any, Optional
+
+PREFIX = "slurm-gpu:"
+ELLIPSIS = "\u2026"
+MANUAL = "manual"  # context of drains an admin asked for: never auto-resumed by healthcheck
+HEALTHCHECK = "healthcheck"
+
+_WS = re.compile(r"\s+")
+_CONTEXT_AT_END = re.compile(r"\[([^\[\]]*)\]\s*$")
+# Smallest sensible fault budget before we start shortening the context as well.
+_MIN_FAULT = 24
+
+
+def sanitize(text: Any) -> str:
+    """One clean line: control/format/separator characters -> space, whitespace collapsed."""
+    if text is None:
+        return ""
+    if not isinstance(text, str):
+        try:
+            text = str(text)
+        except Exception:  # a hostile __str__ must not break a drain
+            text = repr(type(text))
+    out = []
+    for ch in text:
+        if ch in "\t\n\r\v\f":
+            out.append(" ")
+            continue
+        cat = unicodedata.category(ch)
+        # Cc: C0/C1 controls (incl. ESC, NUL, DEL); Cf: bidi overrides, zero-width;
+        # Zl/Zp: U+2028/U+2029 line/paragraph separators; Cs: lone surrogates (not encodable);
+        # Co/Cn: private use / unassigned.
+        if cat in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"):
+            out.append(" ")
+        elif cat == "Zs":
+            out.append(" ")
+        else:
+            out.append(ch)
+    return _WS.sub(" ", "".join(out)).strip()
+
+
+def _cut(text: str, budget: int) -> str:
+    if budget <= 0:
+        return ""
+    if len(text) <= budget:
+        return text
+    if budget == 1:
+        return ELLIPSIS
+    return text[: budget - 1].rstrip() + ELLIPSIS
+
+
+def format_reason(fault: str, context: str = "", max_len: int = 256) -> str:
+    """``slurm-gpu: <fault> [<context>]``, sanitised and at most ``max_len`` characters.
+
+    A long fault is cut with '…' while the ``[context]`` is kept (it says who drained the
+    node); only when even that does not fit is the context shortened too.  Never raises.
+    """
+    try:
+        max_len = max(int(max_len), len(PREFIX) + 2)
+    except Exception:
+        max_len = 256
+    try:
+        f = sanitize(fault) or "unspecified fault"
+        # Brackets in the context would confuse reason_context(); keep it a plain phrase.
+        c = sanitize(context).replace("[", "(").replace("]", ")")
+        head = PREFIX + " "
+        if c:
+            ctx_part = f" [{c}]"
+            room = max_len - len(head) - len(ctx_part)
+            if room < _MIN_FAULT:
+                # Shorten the context so the fault keeps at least _MIN_FAULT characters.
+                fault_room = min(len(f), _MIN_FAULT)
+                ctx_room = max_len - len(head) - fault_room - 3  # " [" + "]"
+                if ctx_room >= 1:
+                    c = _cut(c, ctx_room)
+                    ctx_part = f" [{c}]"
+                else:
+                    ctx_part = ""
+                room = max_len - len(head) - len(ctx_part)
+            return head + _cut(f, room) + ctx_part
+        return head + _cut(f, max_len - len(head))
+    except Exception:  # pragma: no cover - belt and braces: a drain must never fail on text
+        return PREFIX + " unspecified fault"
+
+
+def is_ours(reason: Optional[str]) -> bool:
+    """True when the reason was set by slurm-gpu (starts with ``slurm-gpu:``)."""
+    if not reason or not isinstance(reason, str):
+        return False
+    return reason.lstrip().startswith(PREFIX)
+
+
+def reason_context(reason: Optional[str]) -> str:
+    """The trailing ``[context]`` of one of our reasons ('' when there is none)."""
+    if not is_ours(reason):
+        return ""
+    m = _CONTEXT_AT_END.search(reason or "")
+    return m.group(1).strip() if m else ""
+
+
+def is_manual(reason: Optional[str]) -> bool:
+    """Our reason, set by an admin through ``slurm-gpu drain`` (context ``manual ...``)."""
+    return is_ours(reason) and reason_context(reason).startswith(MANUAL)
+
+
+def auto_resumable(reason: Optional[str]) -> bool:
+    """A drain that ``healthcheck`` may lift once the GPUs are healthy again.
+
+    Only our own automatic drains (healthcheck, prolog, epilog): an admin's manual
+    ``slurm-gpu drain --reason ...`` stays until the admin runs ``slurm-gpu resume``.
+    """
+    return is_ours(reason) and not is_manual(reason)

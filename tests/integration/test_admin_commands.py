@@ -1,0 +1,315 @@
+"""`slurm-gpu drain / resume / status / healthcheck` against the real Slurm 22.05 testbed.
+
+Every command runs as a subprocess (`python -m slurm_gpu.cli`), the way an admin or slurmd
+runs it, with SLURM_CONF pointing at the testbed.  The healthcheck tests drive the simulated
+GPUs (tests/simgpu.py) through the real NVML code path.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, Optional
+
+import pytest
+
+import simgpu
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def tb(slurm_testbed):
+    """The shared two-node testbed (gpu01, gpu02; 4 h100 each), reset by the fixture."""
+    return slurm_testbed
+
+
+@pytest.fixture
+def cfg_file(tmp_path) -> Path:
+    p = tmp_path / "slurm-gpu.toml"
+    p.write_text('slurm_backend = "cli"\nslurm_timeout_s = 5.0\n[log]\nsyslog = false\nfile = "%s"\n'
+                 % (tmp_path / "admin.log"))
+    return p
+
+
+def run_cli(tb, cfg: Path, *args: str, env: Optional[Dict[str, str]] = None, timeout: float = 60):
+    e = dict(tb.env if env is None else env)
+    e["SLURM_GPU_CONFIG"] = str(cfg)
+    e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "slurm_gpu.cli", *args], env=e, capture_output=True, text=True,
+                          timeout=timeout, cwd=str(REPO))
+
+
+def reason_of(tb, node: str) -> str:
+    """The node's whole reason as Slurm stores it (sinfo %E: full text, nothing appended)."""
+    out = tb.run("sinfo", "-h", "-N", "-n", node, "-o", "%E").stdout.splitlines()
+    return "" if not out or out[0].strip() == "none" else out[0].rstrip("\n")
+
+
+def sinfo_reason(tb, node: str) -> Dict[str, str]:
+    rows = [r for r in tb.sinfo_reasons() if r["node"] == node]
+    return rows[0] if rows else {}
+
+
+def no_traceback(cp) -> None:
+    assert "Traceback" not in cp.stderr + cp.stdout, cp.stderr
+
+
+# ------------------------------------------------------------------ drain / resume
+
+def test_drain_shows_drain_with_our_reason_in_sinfo_and_resume_brings_idle_back(tb, cfg_file):
+    cp = run_cli(tb, cfg_file, "drain", "gpu01", "--reason", "GPU 3 replaced, burn-in pending")
+    assert cp.returncode == 0, cp.stderr
+    info = tb.wait_node_state("gpu01", "DRAIN")
+    assert "IDLE" in info["State"]
+    row = sinfo_reason(tb, "gpu01")
+    assert row["reason"].startswith("slurm-gpu: GPU 3 replaced, burn-in pending [manual by ")
+    assert row["state"] in ("drained", "draining")
+
+    cp = run_cli(tb, cfg_file, "resume", "gpu01")
+    assert cp.returncode == 0, cp.stderr
+    assert "gpu01: resumed" in cp.stdout
+    tb.wait_node_state("gpu01", lambda i: i.get("State") == "IDLE")
+    assert sinfo_reason(tb, "gpu01") == {}
+
+
+def test_hostlist_expression_drains_every_node_and_dry_run_changes_nothing(tb, cfg_file):
+    cp = run_cli(tb, cfg_file, "drain", "gpu[01-02]", "--reason", "rack 7 power work", "--dry-run")
+    assert cp.returncode == 0 and cp.stdout.count("would drain") == 2
+    assert "DRAIN" not in tb.node_info("gpu01")["State"] and "DRAIN" not in tb.node_info("gpu02")["State"]
+
+    cp = run_cli(tb, cfg_file, "drain", "gpu[01-02]", "--reason", "rack 7 power work")
+    assert cp.returncode == 0, cp.stderr
+    for n in ("gpu01", "gpu02"):
+        assert "DRAIN" in tb.node_info(n)["State"]
+        assert reason_of(tb, n).startswith("slurm-gpu: rack 7 power work")
+
+
+def test_resume_refuses_admin_drain_without_force(tb, cfg_file):
+    tb.run("scontrol", "update", "NodeName=gpu02", "State=DRAIN", "Reason=maintenance")
+    cp = run_cli(tb, cfg_file, "resume", "gpu02")
+    assert cp.returncode == 6, (cp.stdout, cp.stderr)
+    assert "gpu02: refused" in cp.stderr and "'maintenance'" in cp.stderr and "by root" in cp.stderr
+    time.sleep(0.5)
+    assert "DRAIN" in tb.node_info("gpu02")["State"] and reason_of(tb, "gpu02") == "maintenance"
+
+    cp = run_cli(tb, cfg_file, "resume", "gpu02", "--force")
+    assert cp.returncode == 0, cp.stderr
+    tb.wait_node_state("gpu02", lambda i: "DRAIN" not in i.get("State", "DRAIN"))
+
+
+def test_drain_keeps_an_admins_reason_on_an_already_drained_node(tb, cfg_file):
+    tb.run("scontrol", "update", "NodeName=gpu02", "State=DRAIN", "Reason=maintenance")
+    cp = run_cli(tb, cfg_file, "drain", "gpu02", "--reason", "GPU 1 flaky")
+    assert cp.returncode == 0 and "not ours, reason left as is" in cp.stdout
+    assert reason_of(tb, "gpu02") == "maintenance"  # and so `resume` still refuses it
+
+
+def test_resume_of_a_node_that_is_not_drained_is_a_no_op(tb, cfg_file):
+    cp = run_cli(tb, cfg_file, "resume", "gpu01")
+    assert cp.returncode == 0 and "gpu01: not drained (IDLE), nothing to do" in cp.stdout
+
+
+HOSTILE = [
+    "two\nlines\r\nand a third",
+    'double " single \' quotes',
+    "semicolon; reboot; echo",
+    "backticks `touch {marker}`",
+    "subshell $(touch {marker})",
+    "10k " + "x" * 10240,
+    "control \x1b[31m\x07\x7f chars",
+    "State=RESUME NodeName=gpu02",
+]
+
+
+def test_hostile_reasons_arrive_sanitised_and_run_nothing(tb, cfg_file, tmp_path):
+    marker = tmp_path / "pwned"
+    for text in HOSTILE:
+        text = text.format(marker=marker)
+        cp = run_cli(tb, cfg_file, "drain", "gpu01", "--reason", text)
+        assert cp.returncode == 0, (text, cp.stderr)
+        r = reason_of(tb, "gpu01")
+        assert r.startswith("slurm-gpu: ") and "[manual by " in r, (text, r)
+        assert len(r) <= 256 and not any(ord(c) < 32 or ord(c) == 127 for c in r), (text, r)
+    assert not marker.exists()
+    assert "DRAIN" not in tb.node_info("gpu02")["State"]  # "State=RESUME NodeName=gpu02" stayed text
+
+
+def test_unknown_node_is_a_clear_error_and_other_nodes_still_happen(tb, cfg_file):
+    cp = run_cli(tb, cfg_file, "drain", "nope", "gpu01", "--reason", "x")
+    assert cp.returncode == 4
+    assert "slurm-gpu: error: unknown node 'nope': Node nope not found" in cp.stderr and "hint:" in cp.stderr
+    no_traceback(cp)
+    assert "DRAIN" in tb.node_info("gpu01")["State"]
+
+
+def test_bad_hostlist_is_a_usage_error(tb, cfg_file):
+    cp = run_cli(tb, cfg_file, "resume", "gpu[01-")
+    assert cp.returncode == 2 and "invalid node list 'gpu[01-'" in cp.stderr
+    no_traceback(cp)
+
+
+def test_slurmctld_stopped_gives_clear_error_within_the_timeout(tb, cfg_file, tmp_path):
+    cfg = tmp_path / "short.toml"
+    cfg.write_text('slurm_backend = "cli"\nslurm_timeout_s = 2.0\n[log]\nsyslog = false\n')
+    tb.stop_slurmctld()
+    try:
+        for args in (("drain", "gpu01", "--reason", "x"), ("status",)):
+            t0 = time.monotonic()
+            cp = run_cli(tb, cfg, *args)
+            took = time.monotonic() - t0
+            assert cp.returncode == 4, (args, cp.stdout, cp.stderr)
+            assert "slurm-gpu: error: slurmctld not reachable" in cp.stderr, cp.stderr
+            assert "hint: check that slurmctld is running" in cp.stderr
+            no_traceback(cp)
+            assert took < 2.0 + 3, (args, took)
+    finally:
+        tb.start_slurmctld()
+
+
+def test_status_shows_who_drained_what(tb, cfg_file):
+    assert run_cli(tb, cfg_file, "drain", "gpu01", "--reason", "ECC storm").returncode == 0
+    tb.run("scontrol", "update", "NodeName=gpu02", "State=DRAIN", "Reason=maintenance")
+    import json
+    cp = run_cli(tb, cfg_file, "status", "--json")
+    assert cp.returncode == 0, cp.stderr
+    rows = {r["node"]: r for r in json.loads(cp.stdout)}
+    assert rows["gpu01"]["drained_by"] == "slurm-gpu" and rows["gpu02"]["drained_by"] == "other"
+    assert rows["gpu02"]["reason"] == "maintenance" and rows["gpu02"]["reason_user"] == "root"
+    assert rows["gpu01"]["gpus_configured"] == 4 and rows["gpu01"]["reason_time"] > time.time() - 600
+    table = run_cli(tb, cfg_file, "status", "gpu02").stdout
+    assert "maintenance" in table and "other" in table and "gpu01" not in table
+
+
+# ------------------------------------------------------------------ healthcheck on simulated GPUs
+
+@pytest.fixture
+def sim(sim_node, tb):
+    node = sim_node(simgpu.h100_sxm(tb.gpus_per_node, seed="gpu01"))
+    node.write_config(slurm_backend="cli", slurm_timeout_s=5.0)
+    env = node.env()
+    env["SLURM_CONF"] = tb.env["SLURM_CONF"]
+    env["PATH"] = tb.env["PATH"]
+    node.cli_env = env
+    return node
+
+
+def test_healthcheck_drains_on_gpu_fault_and_resumes_after_it_clears(tb, sim):
+    cp = run_cli(tb, sim.config, "healthcheck", "--node", "gpu01", env=sim.cli_env)
+    assert cp.returncode == 0, (cp.stdout, cp.stderr)
+    assert "DRAIN" not in tb.node_info("gpu01")["State"]
+
+    simgpu.set_gpu(sim.state, 2, ecc_volatile_uncorrected=2)
+    cp = run_cli(tb, sim.config, "healthcheck", "--node", "gpu01", env=sim.cli_env)
+    assert cp.returncode == 1, (cp.stdout, cp.stderr)
+    assert "drained" in cp.stdout
+    r = reason_of(tb, "gpu01")
+    assert r.startswith("slurm-gpu: ") and r.endswith("[healthcheck]") and "2" in r, r
+    assert "DRAIN" in tb.node_info("gpu01")["State"]
+
+    simgpu.set_gpu(sim.state, 2, ecc_volatile_uncorrected=0)
+    cp = run_cli(tb, sim.config, "healthcheck", "--node", "gpu01", env=sim.cli_env)
+    assert cp.returncode == 0, (cp.stdout, cp.stderr)
+    assert "resumed" in cp.stdout
+    tb.wait_node_state("gpu01", lambda i: "DRAIN" not in i.get("State", "DRAIN"))
+
+
+def test_healthcheck_never_resumes_an_admin_drain_even_when_gpus_are_healthy(tb, sim):
+    tb.run("scontrol", "update", "NodeName=gpu01", "State=DRAIN", "Reason=maintenance")
+    cp = run_cli(tb, sim.config, "healthcheck", "--node", "gpu01", env=sim.cli_env)
+    assert cp.returncode == 0 and "not ours, left alone" in cp.stdout
+    assert reason_of(tb, "gpu01") == "maintenance" and "DRAIN" in tb.node_info("gpu01")["State"]
+
+    simgpu.set_gpu(sim.state, 0, ecc_volatile_uncorrected=5)  # a FAIL must not overwrite the admin's reason
+    cp = run_cli(tb, sim.config, "healthcheck", "--node", "gpu01", env=sim.cli_env)
+    assert cp.returncode == 1 and reason_of(tb, "gpu01") == "maintenance"
+
+
+def test_drain_unhealthy_drains_but_never_resumes(tb, sim):
+    simgpu.set_gpu(sim.state, 1, ecc_volatile_uncorrected=1)
+    cp = run_cli(tb, sim.config, "drain", "--unhealthy", "--node", "gpu01", env=sim.cli_env)
+    assert cp.returncode == 1 and "DRAIN" in tb.node_info("gpu01")["State"]
+    simgpu.set_gpu(sim.state, 1, ecc_volatile_uncorrected=0)
+    cp = run_cli(tb, sim.config, "drain", "--unhealthy", "--node", "gpu01", env=sim.cli_env)
+    assert cp.returncode == 0 and "drain left in place" in cp.stdout
+    assert "DRAIN" in tb.node_info("gpu01")["State"]
+
+
+def test_healthcheck_with_a_hung_gpu_overruns_nothing_and_changes_nothing(tb, sim):
+    simgpu.inject_hang(sim.state, 0, "nvmlDeviceGetTemperature", 30)
+    sim.write_config(slurm_backend="cli", slurm_timeout_s=2.0, nvml_timeout_s=20.0)
+    t0 = time.monotonic()
+    cp = run_cli(tb, sim.config, "healthcheck", "--node", "gpu01", "--deadline", "6", env=sim.cli_env)
+    took = time.monotonic() - t0
+    assert cp.returncode == 1 and "did not finish" in cp.stderr, (cp.stdout, cp.stderr)
+    assert took < 6 + 3, took
+    assert "DRAIN" not in tb.node_info("gpu01")["State"]
+
+
+# ------------------------------------------------------------------ slurmd runs it: HealthCheckProgram=
+
+def test_slurmd_healthcheckprogram_drains_the_faulty_node_and_resumes_it(slurm_testbed_factory, sim_lib, tmp_path):
+    """The real chain: slurmd runs HealthCheckProgram with no arguments, no PATH and no
+    SLURM_CONF (only SLURMD_NODENAME), through the documented wrapper script."""
+    states = tmp_path / "states"
+    states.mkdir()
+    for n in ("gpu01", "gpu02"):
+        simgpu.write_state(states / f"{n}.state", simgpu.h100_sxm(4, seed=n))
+    simgpu.set_gpu(states / "gpu01.state", 3, ecc_volatile_uncorrected=4)
+    cfg = tmp_path / "slurm-gpu.toml"
+    cfg.write_text(f'nvml_library = "{sim_lib}"\nnvml_timeout_s = 2.0\nslurm_backend = "cli"\nslurm_timeout_s = 5.0\n'
+                   f'[xid]\nsource = "none"\n[log]\nsyslog = false\nfile = "{tmp_path / "hc.log"}"\n')
+    conf_path = tmp_path / "slurm_conf_path"  # written once the cluster exists (its path is not known before)
+    wrapper = tmp_path / "slurm-gpu-healthcheck"
+    wrapper.write_text(f"""#!/bin/sh
+# As in docs/admin-guide.md: slurmd passes no SLURM_CONF, so the wrapper sets what is site-specific.
+[ -r {conf_path} ] || exit 0
+export SLURM_CONF="$(cat {conf_path})"
+export SLURM_GPU_CONFIG={cfg}
+export SIMNVML_STATE={states}/"$SLURMD_NODENAME".state
+export PYTHONPATH={REPO}
+exec {sys.executable} -m slurm_gpu.cli healthcheck
+""")
+    wrapper.chmod(0o755)
+    tb = slurm_testbed_factory(health_check_program=str(wrapper), extra_slurm_conf="HealthCheckInterval=3")
+    conf_path.write_text(tb.env["SLURM_CONF"])
+
+    tb.wait_node_state("gpu01", "DRAIN", timeout=30)
+    r = reason_of(tb, "gpu01")
+    assert r.startswith("slurm-gpu: ") and r.endswith("[healthcheck]"), r
+    assert "DRAIN" not in tb.node_info("gpu02")["State"]
+
+    simgpu.set_gpu(states / "gpu01.state", 3, ecc_volatile_uncorrected=0)
+    tb.wait_node_state("gpu01", lambda i: "DRAIN" not in i.get("State", "DRAIN"), timeout=30)
+    log = (tmp_path / "hc.log").read_text()
+    assert "drained" in log and "resumed" in log
+
+
+# ------------------------------------------------------------------ job facts
+
+def test_job_facts_agree_between_slurmctld_sacct_json_and_sacct_parsable(tb):
+    from slurm_gpu.slurm_cli_backend import CliBackend
+    jid = tb.sbatch("sleep 1", args=["--gres=gpu:2", "-w", "gpu01", "-p", "gpu"])
+    assert tb.wait_job(jid) == "COMPLETED"
+    b = CliBackend(env=tb.env, timeout_s=10)
+    live = b.job(jid)
+    deadline = time.monotonic() + 20
+    while True:  # slurmdbd gets the record a moment after the job ends
+        try:
+            from_json = b._sacct_job(jid)
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    assert b._sacct_json is True  # 22.05's sacct --json was understood
+    b._sacct_json = False
+    from_p = b._sacct_job(jid)
+    keys = ("user", "account", "partition", "state", "nodes", "gres", "start_time", "end_time")
+    assert [live[k] for k in keys] == [from_json[k] for k in keys] == [from_p[k] for k in keys]
+    assert (live["user"], live["account"], live["gres"]) == ("sgtest", "physics", "gpu:2")
+    assert (live["source"], from_json["source"]) == ("slurmctld", "slurmdbd")
