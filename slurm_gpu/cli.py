@@ -16,8 +16,16 @@ from . import __version__
 from .errors import SlurmGpuError
 
 COMMANDS: Dict[str, str] = {
+    "gres-conf": "slurm_gpu.cli_gres:gres_conf",
+    "inventory": "slurm_gpu.cli_gres:inventory_cmd",
     "check": "slurm_gpu.cli_check:check",
     "snapshot": "slurm_gpu.cli_check:snapshot",
+    "report": "slurm_gpu.cli_report:report_cmd",
+    "db": "slurm_gpu.cli_db:db",
+    "drain": "slurm_gpu.cli_admin:drain",
+    "resume": "slurm_gpu.cli_admin:resume",
+    "status": "slurm_gpu.cli_admin:status",
+    "healthcheck": "slurm_gpu.cli_admin:healthcheck",
 }
 
 

@@ -56,6 +56,8 @@ def to_json(rows: Iterable[Dict[str, Any]], columns: Sequence[str]) -> str:
 
 
 def _md_escape(s: str) -> str:
+    # Markdown passes raw HTML through: a user or job string must not become markup where it is pasted.
+    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return s.replace("|", "\\|").replace("\n", " ")
 
 

@@ -1,0 +1,787 @@
+"""GPU accounting reports over one or more node databases (read-only).
+
+How the numbers are computed (docs/report.md is the long form):
+
+- The unit of record is one ``job_gpus`` row: one job run (cluster, job_id, restart_count) on one
+  node and one GPU, with its start/end time and the GPU's mean utilisation, memory
+  utilisation, peak memory and energy over that time.
+- Time window: a record counts when its interval [start, end) overlaps [since, until); it
+  contributes only the overlapping part (as sreport does).  Energy is prorated by the same
+  fraction.  Day/week/month groups split a record the same way at bucket boundaries.
+- ``gpu_hours_alloc`` = sum of overlap seconds / 3600.
+- ``gpu_util_mean_pct`` = time-weighted mean of utilisation over records that report it;
+  records with NULL utilisation are left out of the mean and shown in ``gpu_hours_no_util``.
+- ``gpu_hours_used`` = sum(overlap * util / 100) / 3600 over records that report utilisation
+  (= alloc x mean util when every record reports it; unknown utilisation never counts as used).
+- ``gpu_hours_idle`` = overlap of records whose utilisation is known and < the idle threshold
+  (unknown utilisation never counts as idle).
+- ``jobs`` = distinct (cluster, job_id) with time in the group: a requeued job counts once.
+- Records with zero duration carry no GPU time and are not counted.
+
+Databases are opened with ``mode=ro`` URIs (and ``immutable=1`` for a WAL-mode copy without a
+``-wal`` file, so that nothing is created beside it): a report never writes a node database.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import sqlite3
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from urllib.parse import quote
+
+from . import schema
+from .errors import InputError, StoreError
+from .timespec import _at, _zone, format_time
+
+# --by keys: name -> SQL expression over job_gpus (time keys come from the calendar join).
+GROUP_KEYS: Dict[str, str] = {
+    "user": "user",
+    "account": "account",
+    "partition": "partition",
+    "node": "node",
+    "gpu-model": "gpu_model",
+    "cluster": "cluster",
+}
+TIME_KEYS = ("day", "week", "month")
+BY_CHOICES = tuple(GROUP_KEYS) + TIME_KEYS
+_BY_ALIASES = {"gpu_model": "gpu-model", "model": "gpu-model", "users": "user", "accounts": "account",
+               "partitions": "partition", "nodes": "node", "days": "day", "weeks": "week", "months": "month",
+               "daily": "day", "weekly": "week", "monthly": "month"}
+
+SUMMARY_COLUMNS = ("jobs", "gpu_hours_alloc", "gpu_hours_used", "gpu_util_mean_pct", "mem_util_mean_pct",
+                   "peak_memory_gib", "energy_kwh", "gpu_hours_idle", "gpu_hours_no_util")
+SUMMARY_HEADERS = ("jobs", "GPU-h alloc", "GPU-h used", "util %", "mem util %", "peak mem GiB", "energy kWh",
+                   "idle GPU-h", "GPU-h no util")
+
+JOB_LIST_COLUMNS = ("cluster", "job_id", "restart", "user", "account", "partition", "start", "end", "nodes", "gpus",
+                    "gpu_hours_alloc", "gpu_hours_used", "gpu_util_mean_pct", "gpu_util_min_pct",
+                    "mem_util_mean_pct", "peak_memory_gib", "energy_kwh", "idle_gpus", "gpu_hours_idle")
+JOB_LIST_HEADERS = ("cluster", "job", "restart", "user", "account", "partition", "start", "end", "nodes", "gpus",
+                    "GPU-h alloc", "GPU-h used", "util %", "min util %", "mem util %", "peak mem GiB",
+                    "energy kWh", "idle GPUs", "idle GPU-h")
+
+JOB_DETAIL_COLUMNS = ("cluster", "job_id", "restart", "node", "gpu_index", "gpu_uuid", "gpu_model", "user", "account",
+                      "partition", "start", "end", "gpu_hours", "gpu_util_mean_pct", "mem_util_mean_pct",
+                      "peak_memory_gib", "energy_kwh", "idle", "processes", "ecc_corrected", "ecc_uncorrected",
+                      "retired_pages", "remapped_rows", "clock_event_reasons", "xid_events")
+JOB_DETAIL_HEADERS = ("cluster", "job", "restart", "node", "gpu", "uuid", "model", "user", "account", "partition",
+                      "start", "end", "GPU-h", "util %", "mem util %", "peak mem GiB", "energy kWh", "idle",
+                      "procs", "ecc corr", "ecc uncorr", "retired pages", "remapped rows", "clock events", "xids")
+
+GIB = float(1 << 30)
+
+
+@dataclass(frozen=True)
+class Query:
+    """What to count: time window (unix seconds, None = open), filters, idle threshold, zone of calendar keys."""
+
+    since_s: Optional[float] = None
+    until_s: Optional[float] = None
+    users: Tuple[str, ...] = ()
+    accounts: Tuple[str, ...] = ()
+    partitions: Tuple[str, ...] = ()
+    nodes: Tuple[str, ...] = ()
+    clusters: Tuple[str, ...] = ()
+    idle_threshold_pct: float = 5.0
+    tz: str = "utc"
+    job_id: Optional[int] = None  # report job JOBID
+
+    def __post_init__(self) -> None:
+        if self.since_s is not None and self.until_s is not None and self.until_s <= self.since_s:
+            raise InputError(
+                f"empty time window: --until ({format_time(self.until_s, self.tz)}) is not after --since "
+                f"({format_time(self.since_s, self.tz)})", "give a --since earlier than --until")
+        if not 0 <= self.idle_threshold_pct <= 100:
+            raise InputError(f"idle threshold {self.idle_threshold_pct:g}% is outside 0..100",
+                             "give --idle-threshold between 0 and 100")
+        _zone(self.tz)
+
+
+@dataclass(frozen=True)
+class Table:
+    """A report result: rows are dicts keyed by ``columns``; ``headers`` are the human column titles."""
+
+    title: str
+    columns: Tuple[str, ...]
+    headers: Tuple[str, ...]
+    rows: Tuple[Dict[str, Any], ...]
+    keys: Tuple[str, ...] = ()  # the group-by columns (summary) or identity columns
+
+
+def parse_by(values: Sequence[str]) -> Tuple[str, ...]:
+    """`--by account,month` (comma lists, repeatable) -> ('account', 'month'); InputError on unknown keys."""
+    out: List[str] = []
+    for v in values:
+        for part in v.split(","):
+            name = part.strip().lower()
+            if not name:
+                continue
+            name = _BY_ALIASES.get(name, name)
+            if name not in BY_CHOICES:
+                raise InputError(f"unknown --by key {part.strip()!r}", "choose from " + ", ".join(BY_CHOICES)
+                                 + " (comma-separated, e.g. --by account,month)")
+            if name not in out:
+                out.append(name)
+    if sum(1 for k in out if k in TIME_KEYS) > 1:
+        raise InputError("--by takes at most one of day, week, month", "e.g. --by account,month")
+    return tuple(out) or ("user",)
+
+
+def split_list(values: Sequence[str]) -> Tuple[str, ...]:
+    """Comma lists, repeatable options: ('a,b', 'c') -> ('a', 'b', 'c')."""
+    return tuple(p.strip() for v in values for p in v.split(",") if p.strip())
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def resolve_paths(paths: Sequence[str]) -> List[str]:
+    """Files as given; directories expand to their ``*.db`` files.  Sorted, duplicates removed."""
+    files: List[str] = []
+    if not paths:
+        raise InputError("no database to read", "give --db FILE_OR_DIR or set report.sources in the config")
+    for p in paths:
+        if os.path.isdir(p):
+            found = sorted(glob.glob(os.path.join(glob.escape(p), "*.db")))
+            if not found:
+                raise InputError(f"no *.db files in directory {p}", "give node database files or a directory holding them")
+            files.extend(found)
+        elif os.path.exists(p):
+            files.append(p)
+        else:
+            raise InputError(f"database {p} does not exist", "check the path given with --db (or report.sources)")
+    seen = set()
+    unique = []
+    for f in files:
+        real = os.path.realpath(f)
+        if real not in seen:
+            seen.add(real)
+            unique.append(f)
+    return unique
+
+
+def readonly_uri(path: str) -> str:
+    """A URI that opens `path` strictly read-only and creates no file beside it."""
+    uri = "file:" + quote(os.path.abspath(path)) + "?mode=ro"
+    try:
+        with open(path, "rb") as f:
+            header = f.read(20)
+    except OSError as e:
+        raise StoreError(f"database {path} cannot be read: {e.strerror}", "check its permissions") from None
+    wal_mode = len(header) == 20 and header[18] == 2 and header[19] == 2
+    if wal_mode and not os.path.exists(path + "-wal"):
+        # A WAL database opened with mode=ro still creates -shm/-wal files (and fails in a read-only
+        # directory).  Without a -wal file every committed row is in the main file: read it as immutable.
+        uri += "&immutable=1"
+    return uri
+
+
+def _check_database(conn: sqlite3.Connection, path: str, prefix: str = "main") -> None:
+    try:
+        version = conn.execute(f"PRAGMA {prefix}.user_version").fetchone()[0]
+        has_table = conn.execute(f"SELECT 1 FROM {prefix}.sqlite_master WHERE type='table' AND name='job_gpus'").fetchone()
+    except sqlite3.DatabaseError as e:
+        raise StoreError(f"{path}: not a readable SQLite database ({e})", "give slurm-gpu node databases (usage.db)") from None
+    if version > schema.SCHEMA_VERSION:
+        raise StoreError(f"{path}: schema version {version} is newer than this slurm-gpu understands ({schema.SCHEMA_VERSION})",
+                         "upgrade slurm-gpu on the host that runs the report")
+    if not has_table:
+        raise StoreError(f"{path}: no job_gpus table, not a slurm-gpu node database", "give slurm-gpu node databases (usage.db)")
+
+
+def _connect(uri: str, path: str) -> sqlite3.Connection:
+    try:
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as e:
+        raise StoreError(f"{path}: cannot open database ({e})", "check the file and its directory permissions") from None
+    return conn
+
+
+class Source:
+    """One connection over all given databases, with job_gpus reachable as ``self.table``.
+
+    One file: the file itself, aggregated in place (fast path).  Several: the rows that pass the
+    query's window and filters are copied, de-duplicated on the primary key (first file in sorted
+    path order wins), into a private temporary database; files are attached one at a time, so any
+    number of files works despite SQLite's limit on attached databases.
+    """
+
+    def __init__(self, paths: Sequence[str], query: Query):
+        self.files = resolve_paths(paths)
+        self.query = query
+        if len(self.files) == 1:
+            path = self.files[0]
+            self.conn = _connect(readonly_uri(path), path)
+            _check_database(self.conn, path)
+            self.indexed = True
+        else:
+            self.conn = self._merge(self.files, query)
+            self.indexed = False
+        self.table = "main.job_gpus"
+
+    @staticmethod
+    def _merge(files: Sequence[str], query: Query) -> sqlite3.Connection:
+        # "" = an anonymous on-disk temporary database: pages beyond the cache spill to a temp file,
+        # so memory stays flat however many rows are merged.
+        conn = sqlite3.connect("", uri=True, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=OFF")
+        conn.execute("PRAGMA synchronous=OFF")
+        ddl = next(s for s in schema.MIGRATIONS[0] if "TABLE IF NOT EXISTS job_gpus" in s)
+        conn.execute(ddl)
+        cols = ", ".join(schema.JOB_GPU_COLUMNS)
+        where, params = _where(query, use_index=True)
+        for path in files:
+            uri = readonly_uri(path)
+            try:
+                conn.execute("ATTACH DATABASE ? AS src", (uri,))
+            except sqlite3.Error as e:
+                conn.close()
+                raise StoreError(f"{path}: cannot open database ({e})", "check the file and its directory permissions") from None
+            try:
+                _check_database(conn, path, "src")
+                conn.execute(f"INSERT OR IGNORE INTO main.job_gpus ({cols}) SELECT {cols} FROM src.job_gpus WHERE {where}", params)
+            except sqlite3.DatabaseError as e:
+                conn.close()
+                raise StoreError(f"{path}: cannot read job_gpus ({e})", "check that the file is a complete copy") from None
+            except StoreError:
+                conn.close()
+                raise
+            conn.execute("DETACH DATABASE src")
+        return conn
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> "Source":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def single_cluster(self) -> bool:
+        # Both ends of the primary-key index: O(log n), no scan.
+        lo = self.conn.execute(f"SELECT cluster FROM {self.table} ORDER BY cluster LIMIT 1").fetchone()
+        hi = self.conn.execute(f"SELECT cluster FROM {self.table} ORDER BY cluster DESC LIMIT 1").fetchone()
+        return lo == hi
+
+    def end_time_range(self) -> Tuple[Optional[float], Optional[float]]:
+        row = self.conn.execute(f"SELECT MIN(end_time), MAX(end_time) FROM {self.table}").fetchone()
+        return row[0], row[1]
+
+    def use_end_index(self) -> bool:
+        """Use the end_time index only when --since keeps a small part of the data.
+
+        Without statistics SQLite would always take the index for `end_time > ?`, and an index
+        walk with a table lookup per row is several times slower than a plain scan when most
+        rows qualify.  End times are spread roughly evenly, so the time fraction estimates the
+        row fraction.
+        """
+        if self.query.since_s is None or not self.indexed:
+            return False
+        lo, hi = self.end_time_range()
+        if lo is None or hi is None or hi <= lo:
+            return True
+        return (hi - self.query.since_s) / (hi - lo) < 0.25
+
+
+def open_sources(paths: Sequence[str], query: Query) -> Source:
+    return Source(paths, query)
+
+
+# --------------------------------------------------------------------------- SQL building
+
+
+def _where(q: Query, use_index: bool = True) -> Tuple[str, Dict[str, Any]]:
+    conds = ["end_time > start_time"]
+    params: Dict[str, Any] = {}
+    if q.since_s is not None:
+        # The unary + hides the column from the planner: a full scan beats the index for wide windows.
+        conds.append(("end_time" if use_index else "+end_time") + " > :since")
+        params["since"] = q.since_s
+    if q.until_s is not None:
+        conds.append("start_time < :until")
+        params["until"] = q.until_s
+    for col, vals in (("user", q.users), ("account", q.accounts), ("partition", q.partitions),
+                      ("node", q.nodes), ("cluster", q.clusters)):
+        if vals:
+            names = []
+            for i, v in enumerate(vals):
+                params[f"{col}{i}"] = v
+                names.append(f":{col}{i}")
+            conds.append(f"{col} IN ({', '.join(names)})")
+    if q.job_id is not None:
+        conds.append("job_id = :job_id")
+        params["job_id"] = q.job_id
+    return " AND ".join(conds), params
+
+
+def _overlap_sql(q: Query, bucketed: bool = False) -> str:
+    """Seconds of the record inside the window (and inside the calendar bucket when bucketed)."""
+    if bucketed:  # the calendar buckets are already clipped to the window
+        return "(MIN(end_time, b_end) - MAX(start_time, b_start))"
+    hi = "MIN(end_time, :until)" if q.until_s is not None else "end_time"
+    lo = "MAX(start_time, :since)" if q.since_s is not None else "start_time"
+    return f"({hi} - {lo})"
+
+
+def _energy_sql(q: Query, t: str, bucketed: bool) -> str:
+    if not bucketed and q.since_s is None and q.until_s is None:
+        return "energy_j"
+    return f"energy_j * {t} / (end_time - start_time)"
+
+
+def _aggregates_sql(t: str, e: str) -> str:
+    return f"""SUM({t}) AS alloc_s,
+  SUM({t} * gpu_util_mean_pct) AS util_pct_s,
+  SUM(CASE WHEN gpu_util_mean_pct IS NOT NULL THEN {t} END) AS util_known_s,
+  SUM({t} * mem_util_mean_pct) AS mem_pct_s,
+  SUM(CASE WHEN mem_util_mean_pct IS NOT NULL THEN {t} END) AS mem_known_s,
+  MAX(max_memory_bytes) AS peak_bytes,
+  SUM({e}) AS energy_j,
+  SUM(CASE WHEN gpu_util_mean_pct < :thr THEN {t} END) AS idle_s"""
+
+
+def _r(v: Optional[float], nd: int = 3) -> Optional[float]:
+    return None if v is None else round(v, nd)
+
+
+def _figures(row: Dict[str, Any]) -> Dict[str, Any]:
+    """Turn raw sums (seconds, percent-seconds, joules, bytes) into report columns."""
+    alloc = row["alloc_s"] or 0.0
+    known = row["util_known_s"] or 0.0
+    mem_known = row["mem_known_s"] or 0.0
+    return {
+        "gpu_hours_alloc": _r(alloc / 3600),
+        "gpu_hours_used": _r((row["util_pct_s"] or 0.0) / 100 / 3600),
+        "gpu_util_mean_pct": _r(row["util_pct_s"] / known, 2) if known > 0 and row["util_pct_s"] is not None else None,
+        "mem_util_mean_pct": _r(row["mem_pct_s"] / mem_known, 2) if mem_known > 0 and row["mem_pct_s"] is not None else None,
+        "peak_memory_gib": _r(row["peak_bytes"] / GIB) if row["peak_bytes"] is not None else None,
+        "energy_kwh": _r(row["energy_j"] / 3.6e6) if row["energy_j"] is not None else None,
+        "gpu_hours_idle": _r((row["idle_s"] or 0.0) / 3600),
+        "gpu_hours_no_util": _r(max(alloc - known, 0.0) / 3600),
+    }
+
+
+def _dict_rows(cur: sqlite3.Cursor) -> Iterator[Dict[str, Any]]:
+    names = [d[0] for d in cur.description]
+    for tup in cur:
+        yield dict(zip(names, tup))
+
+
+# --------------------------------------------------------------------------- calendar
+
+
+def _bucket_start(ts: float, unit: str, tz: str) -> datetime:
+    zone = _zone(tz)
+    d = datetime.fromtimestamp(ts, zone) if zone else datetime.fromtimestamp(ts).astimezone()
+    if unit == "month":
+        return _at(d.year, d.month, 1, 0, 0, 0, tz)
+    day = _at(d.year, d.month, d.day, 0, 0, 0, tz)
+    if unit == "week":  # ISO weeks start on Monday
+        monday = day.replace(tzinfo=None) - timedelta(days=d.weekday())
+        return _at(monday.year, monday.month, monday.day, 0, 0, 0, tz)
+    return day
+
+
+def _next_bucket(d: datetime, unit: str, tz: str) -> datetime:
+    if unit == "month":
+        y, m = (d.year + 1, 1) if d.month == 12 else (d.year, d.month + 1)
+        return _at(y, m, 1, 0, 0, 0, tz)
+    step = 7 if unit == "week" else 1
+    n = d.replace(tzinfo=None) + timedelta(days=step)  # calendar days: DST-safe in local time
+    return _at(n.year, n.month, n.day, 0, 0, 0, tz)
+
+
+def _label(d: datetime, unit: str) -> str:
+    if unit == "month":
+        return d.strftime("%Y-%m")
+    if unit == "week":
+        iso = d.isocalendar()
+        return f"{iso[0]:04d}-W{iso[1]:02d}"
+    return d.strftime("%Y-%m-%d")
+
+
+MAX_BUCKETS = 100_000
+
+
+def calendar(lo_s: float, hi_s: float, unit: str, tz: str) -> List[Tuple[float, float, str]]:
+    """Buckets (start_s, end_s, label) covering [lo_s, hi_s), the first and last clipped to it."""
+    out: List[Tuple[float, float, str]] = []
+    d = _bucket_start(lo_s, unit, tz)
+    while d.timestamp() < hi_s:
+        n = _next_bucket(d, unit, tz)
+        out.append((max(d.timestamp(), lo_s), min(n.timestamp(), hi_s), _label(d, unit)))
+        if len(out) > MAX_BUCKETS:
+            raise InputError(f"the records span more than {MAX_BUCKETS} {unit}s", "narrow the window with --since/--until")
+        d = n
+    return out
+
+
+def _calendar_for(src: Source, unit: str, where: str, params: Dict[str, Any]) -> List[Tuple[float, float, str]]:
+    """Buckets for the window, or for the data's time range where the window is open."""
+    q = src.query
+    lo, hi = q.since_s, q.until_s
+    if lo is None or hi is None:
+        row = src.conn.execute(f"SELECT MIN(start_time), MAX(end_time) FROM {src.table} WHERE {where}", params).fetchone()
+        if row[0] is None:
+            return []
+        lo = row[0] if lo is None else lo
+        hi = row[1] if hi is None else hi
+    return calendar(lo, hi, unit, q.tz)
+
+
+def _install_calendar(conn: sqlite3.Connection, buckets: Sequence[Tuple[float, float, str]]) -> None:
+    conn.execute("DROP TABLE IF EXISTS temp.cal")
+    conn.execute("CREATE TEMP TABLE cal (b_start REAL NOT NULL, b_end REAL NOT NULL, label TEXT NOT NULL)")
+    conn.executemany("INSERT INTO temp.cal VALUES (?, ?, ?)", buckets)
+    conn.execute("CREATE INDEX temp.cal_start ON cal (b_start)")
+
+
+_PART = "/*partition*/"
+
+
+@dataclass(frozen=True)
+class SummaryPlan:
+    """The aggregation for `report --by`: SQL with parameters, plus the calendar it uses (if any)."""
+
+    sql: str
+    params: Dict[str, Any]
+    buckets: Tuple[Tuple[float, float, str], ...] = ()
+    time_key: Optional[str] = None  # the column holding a bucket index, turned into its label
+
+    def partition(self, k: int, n: int) -> "SummaryPlan":
+        """Only jobs with job_id % n == k: partitions hold disjoint jobs, so results add up exactly."""
+        return SummaryPlan(self.sql.replace(_PART, f" AND job_id % {int(n)} = {int(k)}"), self.params, self.buckets,
+                           self.time_key)
+
+    def run(self, conn: sqlite3.Connection) -> List[Dict[str, Any]]:
+        if self.buckets:
+            _install_calendar(conn, self.buckets)
+        rows = list(_dict_rows(conn.execute(self.sql.replace(_PART, ""), self.params)))
+        if self.time_key:
+            for row in rows:
+                row[self.time_key] = self.buckets[row[self.time_key]][2]
+        return rows
+
+
+def _bucket_tree(col: str, buckets: Sequence[Tuple[float, float, str]], leaf: Callable[[int], str],
+                 lo: int = 0, hi: Optional[int] = None) -> str:
+    """A balanced CASE over the bucket starts: log2(buckets) comparisons per row instead of a join."""
+    hi = len(buckets) if hi is None else hi
+    if hi - lo == 1:
+        return leaf(lo)
+    mid = (lo + hi) // 2
+    return (f"CASE WHEN {col} < {buckets[mid][0]!r} THEN {_bucket_tree(col, buckets, leaf, lo, mid)} "
+            f"ELSE {_bucket_tree(col, buckets, leaf, mid, hi)} END")
+
+
+def summary_plan(src: Source, by: Sequence[str]) -> Optional[SummaryPlan]:
+    """The one SELECT behind `report --by ...` (also what the benchmark runs in the sqlite3 shell).
+
+    None when a calendar grouping finds no records at all.
+    """
+    q = src.query
+    where, params = _where(q, use_index=src.use_end_index())
+    where += _PART
+    params["thr"] = q.idle_threshold_pct
+    unit = next((k for k in by if k in TIME_KEYS), None)
+    # The unary + keeps SQLite from walking the (user, end_time) index to avoid a sort: a table
+    # lookup per row costs more than sorting.
+    group = ", ".join(f"+\"{k}\"" for k in by)
+    jobs = "COUNT(DISTINCT job_id)" if src.single_cluster() else "COUNT(DISTINCT cluster || '/' || job_id)"
+    if unit is None:
+        t = _overlap_sql(q)
+        keys = ", ".join(f"{GROUP_KEYS[k]} AS \"{k}\"" for k in by)
+        sql = (f"SELECT {keys},\n  {jobs} AS jobs,\n  {_aggregates_sql(t, _energy_sql(q, t, False))}\n"
+               f"FROM {src.table}\nWHERE {where}\nGROUP BY {group}\nORDER BY {group}")
+        return SummaryPlan(sql, params)
+    buckets = _calendar_for(src, unit, where.replace(_PART, ""), params)
+    if not buckets:
+        return None
+    maxlen = int(max(b - a for a, b, _ in buckets)) + 1
+    bucket_of_start = _bucket_tree("start_time", buckets, str)
+    end_of_start_bucket = _bucket_tree("start_time", buckets, lambda i: repr(buckets[i][1]))
+    plain = [f"{GROUP_KEYS[k]} AS \"{k}\"" for k in by if k not in TIME_KEYS]
+    cols = ", ".join(plain + ["cluster", "job_id", "gpu_util_mean_pct", "mem_util_mean_pct", "max_memory_bytes"])
+    t_in = _overlap_sql(q)
+    t_cut = _overlap_sql(q, bucketed=True)
+    # Most records lie inside one bucket: their bucket comes from a CASE on start_time (the
+    # calendar is clipped to the window, so t is the window overlap).  Only records crossing a
+    # bucket boundary are joined with the calendar and cut into pieces.  CROSS JOIN keeps
+    # job_gpus as the outer loop; the b_start range touches only the buckets a record overlaps.
+    pieces = (
+        f"SELECT {cols}, {bucket_of_start} AS \"{unit}\", {t_in} AS t, {_energy_sql(q, t_in, True)} AS e\n"
+        f"  FROM {src.table} WHERE {where} AND end_time <= {end_of_start_bucket}\n"
+        f"  UNION ALL\n"
+        f"  SELECT {cols}, cal.rowid - 1, {t_cut}, {_energy_sql(q, t_cut, True)}\n"
+        f"  FROM {src.table} CROSS JOIN temp.cal ON b_start < end_time AND b_start > start_time - {maxlen} "
+        f"AND b_end > start_time\n  WHERE {where} AND end_time > {end_of_start_bucket}"
+    )
+    keys = ", ".join(f"\"{k}\"" for k in by)
+    sql = (f"SELECT {keys},\n  {jobs} AS jobs,\n  {_aggregates_sql('t', 'e')}\n"
+           f"FROM (\n  {pieces}\n)\nGROUP BY {group}\nORDER BY {group}")
+    return SummaryPlan(sql, params, tuple(buckets), unit)
+
+
+_SUM_FIELDS = ("jobs", "alloc_s", "util_pct_s", "util_known_s", "mem_pct_s", "mem_known_s", "energy_j", "idle_s")
+PARALLEL_MIN_ROWS = 200_000
+
+
+def _add(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return b if a is None else a if b is None else a + b
+
+
+def _merge_partials(parts: Sequence[List[Dict[str, Any]]], by: Sequence[str]) -> List[Dict[str, Any]]:
+    merged: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
+    for rows in parts:
+        for row in rows:
+            key = tuple(row[k] for k in by)
+            have = merged.get(key)
+            if have is None:
+                merged[key] = dict(row)
+                continue
+            for f in _SUM_FIELDS:
+                have[f] = _add(have[f], row[f])
+            if row["peak_bytes"] is not None and (have["peak_bytes"] is None or row["peak_bytes"] > have["peak_bytes"]):
+                have["peak_bytes"] = row["peak_bytes"]
+    # SQLite's order: NULL first, then text in byte order (= code point order for UTF-8).
+    return [merged[k] for k in sorted(merged, key=lambda key: tuple((v is not None, v) for v in key))]
+
+
+def _partitions(src: Source) -> int:
+    """How many threads to aggregate a single file with (1: no parallel pass)."""
+    if not src.indexed:  # the merged temp database lives in one connection
+        return 1
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if cpus < 2:
+        return 1
+    rows = src.conn.execute(f"SELECT MAX(rowid) FROM {src.table}").fetchone()[0] or 0
+    return 1 if rows < PARALLEL_MIN_ROWS else min(cpus, 8)
+
+
+def summary_raw(src: Source, by: Sequence[str]) -> List[Dict[str, Any]]:
+    """Raw per-group sums; large single files are split by job_id across threads (sqlite releases the GIL)."""
+    plan = summary_plan(src, by)
+    if plan is None:
+        return []
+    n = _partitions(src)
+    if n == 1:
+        return plan.run(src.conn)
+    from concurrent.futures import ThreadPoolExecutor
+
+    path = src.files[0]
+
+    def run(k: int) -> List[Dict[str, Any]]:
+        conn = _connect(readonly_uri(path), path)
+        try:
+            return plan.partition(k, n).run(conn)
+        finally:
+            conn.close()
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        parts = list(pool.map(run, range(n)))
+    return _merge_partials(parts, by)
+
+
+def _run_partitioned(src: Source, sql: str, params: Dict[str, Any]) -> List[List[Dict[str, Any]]]:
+    """Run a query holding the _PART marker once, or once per job_id partition on its own connection."""
+    n = _partitions(src)
+    if n == 1:
+        return [list(_dict_rows(src.conn.execute(sql.replace(_PART, ""), params)))]
+    from concurrent.futures import ThreadPoolExecutor
+
+    path = src.files[0]
+
+    def run(k: int) -> List[Dict[str, Any]]:
+        conn = _connect(readonly_uri(path), path)
+        try:
+            return list(_dict_rows(conn.execute(sql.replace(_PART, f" AND job_id % {n} = {k}"), params)))
+        finally:
+            conn.close()
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        return list(pool.map(run, range(n)))
+
+
+def summary(src: Source, by: Sequence[str]) -> Table:
+    rows: List[Dict[str, Any]] = []
+    for raw in summary_raw(src, by):
+        row = {k: raw[k] for k in by}
+        row["jobs"] = raw["jobs"]
+        row.update(_figures(raw))
+        rows.append(row)
+    headers = tuple(k.replace("-", " ") for k in by) + SUMMARY_HEADERS
+    title = "GPU usage by " + ", ".join(by)
+    return Table(title, tuple(by) + SUMMARY_COLUMNS, headers, tuple(rows), tuple(by))
+
+
+JOB_SORT_COLUMNS = JOB_LIST_COLUMNS
+
+
+def jobs(src: Source, sort: Optional[str] = None, limit: Optional[int] = None, idle_only: bool = False) -> Table:
+    """One row per job run (cluster, job_id, restart) with its GPUs' figures; `idle_only`: jobs with an idle GPU."""
+    q = src.query
+    where, params = _where(q, use_index=src.use_end_index())
+    params["thr"] = q.idle_threshold_pct
+    t = _overlap_sql(q)
+    e = _energy_sql(q, t, False)
+    descending = True
+    if sort is None:
+        sort = "gpu_hours_idle" if idle_only else "gpu_hours_alloc"
+    elif sort.startswith("-"):
+        sort = sort[1:]
+    elif sort.startswith("+"):
+        sort, descending = sort[1:], False
+    else:
+        descending = False
+    sort = sort.replace("-", "_")
+    sort = {"job": "job_id", "restart_count": "restart"}.get(sort, sort)
+    if sort not in JOB_LIST_COLUMNS:
+        raise InputError(f"unknown --sort column {sort!r}", "choose from " + ", ".join(JOB_LIST_COLUMNS)
+                         + " (prefix with - for largest first)")
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit must be at least 1, got {limit}", "e.g. --limit 20")
+    # Sort in SQL on the raw sums so that --limit never has to pull every job into Python.
+    sort_sql = {
+        "job_id": "job_id", "restart": "restart_count", "start": "start_s", "end": "end_s",
+        "gpu_hours_alloc": "alloc_s", "gpu_hours_used": "util_pct_s", "gpu_hours_idle": "idle_s",
+        "gpu_util_mean_pct": "util_pct_s / util_known_s", "mem_util_mean_pct": "mem_pct_s / mem_known_s",
+        "peak_memory_gib": "peak_bytes", "energy_kwh": "energy_j", "gpu_util_min_pct": "util_min",
+    }.get(sort, f"\"{sort}\"")
+    order = f"_sortkey {'DESC' if descending else 'ASC'}, cluster, job_id, restart_count"
+    having = "HAVING idle_gpus > 0" if idle_only else ""
+    per_job = (f"SELECT cluster, job_id, restart_count, MAX(user) AS user, MAX(account) AS account,\n"
+               f"  MAX(partition) AS partition, MIN(start_time) AS start_s, MAX(end_time) AS end_s,\n"
+               f"  COUNT(DISTINCT node) AS nodes, COUNT(*) AS gpus, MIN(gpu_util_mean_pct) AS util_min,\n"
+               f"  SUM(gpu_util_mean_pct < :thr) AS idle_gpus,\n  {_aggregates_sql(t, e)}\n"
+               f"FROM {src.table}\nWHERE {where}{_PART}\nGROUP BY cluster, job_id, restart_count\n{having}")
+    sql = f"SELECT *, {sort_sql} AS _sortkey FROM (\n{per_job}\n)\nORDER BY {order}"
+    if limit is not None:
+        sql += f"\nLIMIT {int(limit)}"
+    raws = _run_partitioned(src, sql, params)
+    if len(raws) > 1:
+        # Each partition is sorted and limited on its own: merge like ORDER BY would (NULLs first
+        # ascending, last descending), ties by cluster, job id, restart.
+        merged = sorted((r for part in raws for r in part), key=lambda r: (r["cluster"], r["job_id"], r["restart_count"]))
+        merged.sort(key=lambda r: (r["_sortkey"] is not None, r["_sortkey"]), reverse=descending)
+        result = merged[:limit] if limit is not None else merged
+    else:
+        result = raws[0]
+    rows = []
+    for raw in result:
+        row = {
+            "cluster": raw["cluster"], "job_id": raw["job_id"], "restart": raw["restart_count"],
+            "user": raw["user"], "account": raw["account"], "partition": raw["partition"],
+            "start": format_time(raw["start_s"], q.tz), "end": format_time(raw["end_s"], q.tz),
+            "nodes": raw["nodes"], "gpus": raw["gpus"],
+        }
+        fig = _figures(raw)
+        row.update(fig)
+        row["gpu_util_min_pct"] = _r(raw["util_min"], 2)
+        row["idle_gpus"] = raw["idle_gpus"] or 0
+        rows.append(row)
+    title = "Jobs that held GPUs idle" if idle_only else "GPU usage by job"
+    return Table(title, JOB_LIST_COLUMNS, JOB_LIST_HEADERS, tuple(rows), ("cluster", "job_id", "restart"))
+
+
+def job(src: Source) -> Table:
+    """Every record of one job (all restarts, nodes and GPUs), unclipped by any window."""
+    q = src.query
+    if q.job_id is None:
+        raise InputError("no job id given", "slurm-gpu report job JOBID")
+    where, params = _where(q)
+    params["thr"] = q.idle_threshold_pct
+    sql = (f"SELECT *, gpu_util_mean_pct < :thr AS is_idle FROM {src.table} WHERE {where} "
+           f"ORDER BY cluster, restart_count, node, gpu_index, gpu_uuid")
+    rows = []
+    for raw in _dict_rows(src.conn.execute(sql, params)):
+        dur = raw["end_time"] - raw["start_time"]
+        rows.append({
+            "cluster": raw["cluster"], "job_id": raw["job_id"], "restart": raw["restart_count"], "node": raw["node"],
+            "gpu_index": raw["gpu_index"], "gpu_uuid": raw["gpu_uuid"], "gpu_model": raw["gpu_model"],
+            "user": raw["user"], "account": raw["account"], "partition": raw["partition"],
+            "start": format_time(raw["start_time"], q.tz), "end": format_time(raw["end_time"], q.tz),
+            "gpu_hours": _r(dur / 3600), "gpu_util_mean_pct": _r(raw["gpu_util_mean_pct"], 2),
+            "mem_util_mean_pct": _r(raw["mem_util_mean_pct"], 2),
+            "peak_memory_gib": _r(raw["max_memory_bytes"] / GIB) if raw["max_memory_bytes"] is not None else None,
+            "energy_kwh": _r(raw["energy_j"] / 3.6e6) if raw["energy_j"] is not None else None,
+            "idle": None if raw["is_idle"] is None else bool(raw["is_idle"]),
+            "processes": raw["process_count"], "ecc_corrected": raw["ecc_corrected_delta"],
+            "ecc_uncorrected": raw["ecc_uncorrected_delta"], "retired_pages": raw["retired_pages_delta"],
+            "remapped_rows": raw["remapped_rows_delta"], "clock_event_reasons": raw["clock_event_reasons"],
+            "xid_events": raw["xid_events"],
+        })
+    if not rows:
+        raise InputError(f"no GPU records for job {q.job_id} in {_describe_files(src.files)}",
+                         "check the job id, --cluster and --db (jobs without GPUs are not recorded)")
+    return Table(f"Job {q.job_id}: GPUs", JOB_DETAIL_COLUMNS, JOB_DETAIL_HEADERS, tuple(rows),
+                 ("cluster", "job_id", "restart", "node", "gpu_index"))
+
+
+def _describe_files(files: Sequence[str]) -> str:
+    return files[0] if len(files) == 1 else f"{len(files)} databases"
+
+
+# --------------------------------------------------------------------------- chart data (HTML)
+
+UTIL_BINS = 10
+
+
+def utilisation_histogram(src: Source) -> List[Tuple[str, float]]:
+    """GPU-hours by per-GPU mean utilisation, in 10 % bins (plus 'n/a' for records without it)."""
+    q = src.query
+    where, params = _where(q, use_index=src.use_end_index())
+    t = _overlap_sql(q)
+    sql = (f"SELECT CASE WHEN gpu_util_mean_pct IS NULL THEN -1 "
+           f"ELSE MIN(CAST(gpu_util_mean_pct / 10 AS INTEGER), 9) END AS bin, SUM({t}) / 3600.0 "
+           f"FROM {src.table} WHERE {where} GROUP BY bin ORDER BY bin")
+    got = dict(src.conn.execute(sql, params).fetchall())
+    out = [(f"{10 * i}-{10 * i + 10}%", round(got.get(i, 0.0), 3)) for i in range(UTIL_BINS)]
+    if got.get(-1):
+        out.append(("n/a", round(got[-1], 3)))
+    return out
+
+
+def energy_series(src: Source) -> Tuple[str, List[Tuple[str, Optional[float]]]]:
+    """Energy (kWh) per day, week or month (whichever gives a readable number of points)."""
+    q = src.query
+    lo, hi = q.since_s, q.until_s
+    if lo is None or hi is None:
+        where, params = _where(q, use_index=src.use_end_index())
+        row = src.conn.execute(f"SELECT MIN(start_time), MAX(end_time) FROM {src.table} WHERE {where}", params).fetchone()
+        if row[0] is None:
+            return "day", []
+        lo = row[0] if lo is None else lo
+        hi = row[1] if hi is None else hi
+    span_days = (hi - lo) / 86400
+    unit = "day" if span_days <= 120 else "week" if span_days <= 800 else "month"
+    table = summary(src, (unit,))
+    return unit, [(r[unit], r["energy_kwh"]) for r in table.rows]
+
+
+def total_row(table: Table) -> Optional[Dict[str, Any]]:
+    """A TOTAL line for the terminal table: sums of the additive columns (jobs only when groups cannot overlap).
+
+    Means are not averaged over groups (that would weight them wrongly): they are left empty.
+    """
+    if not table.rows:
+        return None
+    first = table.keys[0] if table.keys else None
+    total: Dict[str, Any] = {k: None for k in table.columns}
+    if first is not None:
+        total[first] = "TOTAL"
+    for col in ("gpu_hours_alloc", "gpu_hours_used", "energy_kwh", "gpu_hours_idle", "gpu_hours_no_util"):
+        vals = [r[col] for r in table.rows if r.get(col) is not None]
+        total[col] = round(sum(vals), 3) if vals else None
+    known_h = (total["gpu_hours_alloc"] or 0.0) - (total["gpu_hours_no_util"] or 0.0)
+    if known_h > 0 and total["gpu_hours_used"] is not None:
+        # used = sum(t * util) / 100 over records with a known utilisation: the overall mean follows exactly.
+        total["gpu_util_mean_pct"] = round(100 * total["gpu_hours_used"] / known_h, 2)
+    peaks = [r["peak_memory_gib"] for r in table.rows if r.get("peak_memory_gib") is not None]
+    total["peak_memory_gib"] = max(peaks) if peaks else None
+    # A job appears in several groups when grouping by node, model or time: its count is not additive.
+    if all(k in ("user", "account", "partition", "cluster") for k in table.keys):
+        total["jobs"] = sum(r["jobs"] for r in table.rows)
+    return total

@@ -1,0 +1,194 @@
+"""The HTML report: one self-contained page (inline CSS, JS and SVG charts; no network).
+
+Every user-controlled string (user, account, partition, node, model, XID text...) is escaped:
+the template autoescapes, and the SVG charts drawn here escape their labels themselves.  A
+Content-Security-Policy with a per-page nonce is a second fence: even a string that escaped
+escaping could not run a script.
+"""
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from . import __version__
+from .render import _cell
+from .timespec import format_time
+
+TEMPLATE = "report.html.j2"
+PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759")
+
+
+def _esc(s: Any) -> str:
+    from markupsafe import escape
+    return str(escape("" if s is None else str(s)))
+
+
+def _short(s: str, n: int = 28) -> str:
+    return s if len(s) <= n else s[: n - 1] + "\u2026"
+
+
+def _fmt(v: float) -> str:
+    if v >= 1000:
+        return f"{v:,.0f}"
+    if v >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def bar_chart(title: str, items: Sequence[Tuple[str, Sequence[Optional[float]]]], series: Sequence[str],
+              unit: str = "") -> str:
+    """Horizontal bars, one row per label; several series are drawn overlaid (the first is the widest)."""
+    width, label_w, row_h, top = 760, 200, 22, 34
+    plot_w = width - label_w - 90
+    vmax = max([v for _, vals in items for v in vals if v is not None] or [0.0]) or 1.0
+    height = top + row_h * max(len(items), 1) + 10
+    out = [f'<svg class="chart" role="img" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}"><title>{_esc(title)}</title>']
+    x = label_w
+    for i, name in enumerate(series):
+        out.append(f'<rect x="{x}" y="8" width="12" height="12" fill="{PALETTE[i % len(PALETTE)]}"/>'
+                   f'<text x="{x + 16}" y="18" class="legend">{_esc(name)}</text>')
+        x += 26 + 8 * len(name)
+    for row, (label, vals) in enumerate(items):
+        y = top + row * row_h
+        out.append(f'<text x="{label_w - 6}" y="{y + 15}" text-anchor="end" class="label">{_esc(_short(label))}'
+                   f'<title>{_esc(label)}</title></text>')
+        for i, v in enumerate(vals):
+            if v is None:
+                continue
+            w = max(plot_w * v / vmax, 0.5 if v > 0 else 0)
+            inset = 3 * i
+            out.append(f'<rect class="bar s{i}" x="{label_w}" y="{y + 2 + inset}" width="{w:.1f}" '
+                       f'height="{row_h - 6 - 2 * inset}" fill="{PALETTE[i % len(PALETTE)]}">'
+                       f'<title>{_esc(label)}: {_esc(series[i])} {_fmt(v)} {_esc(unit)}</title></rect>')
+        if vals and vals[0] is not None:
+            out.append(f'<text x="{label_w + plot_w * vals[0] / vmax + 4:.1f}" y="{y + 15}" class="value">'
+                       f'{_fmt(vals[0])}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def column_chart(title: str, items: Sequence[Tuple[str, Optional[float]]], unit: str = "", line: bool = False) -> str:
+    """Vertical columns (histogram) or a line with points (time series)."""
+    width, height, left, bottom, top = 760, 260, 60, 50, 16
+    plot_w, plot_h = width - left - 10, height - bottom - top
+    values = [v or 0.0 for _, v in items]
+    vmax = max(values or [0.0]) or 1.0
+    n = max(len(items), 1)
+    step = plot_w / n
+    out = [f'<svg class="chart" role="img" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}"><title>{_esc(title)}</title>']
+    for frac in (0, 0.5, 1):
+        y = top + plot_h * (1 - frac)
+        out.append(f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
+                   f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end" class="axis">{_fmt(vmax * frac)}</text>')
+    label_every = max(1, math.ceil(n / 16))
+    points = []
+    for i, (label, v) in enumerate(items):
+        v = v or 0.0
+        h = plot_h * v / vmax
+        x = left + i * step
+        if line:
+            points.append(f"{x + step / 2:.1f},{top + plot_h - h:.1f}")
+            out.append(f'<circle class="point" cx="{x + step / 2:.1f}" cy="{top + plot_h - h:.1f}" r="2.5" '
+                       f'fill="{PALETTE[2]}"><title>{_esc(label)}: {_fmt(v)} {_esc(unit)}</title></circle>')
+        else:
+            out.append(f'<rect class="bar" x="{x + 1:.1f}" y="{top + plot_h - h:.1f}" width="{max(step - 2, 1):.1f}" '
+                       f'height="{h:.1f}" fill="{PALETTE[0]}"><title>{_esc(label)}: {_fmt(v)} {_esc(unit)}</title></rect>')
+        if i % label_every == 0:
+            out.append(f'<text x="{x + step / 2:.1f}" y="{top + plot_h + 14}" text-anchor="end" class="axis" '
+                       f'transform="rotate(-35 {x + step / 2:.1f} {top + plot_h + 14})">{_esc(label)}</text>')
+    if line and points:
+        out.insert(1, f'<polyline points="{" ".join(points)}" fill="none" stroke="{PALETTE[2]}" stroke-width="2"/>')
+    out.append(f'<text x="{left}" y="{height - 4}" class="axis">{_esc(unit)}</text></svg>')
+    return "".join(out)
+
+
+def _group_label(row: Dict[str, Any], keys: Sequence[str]) -> str:
+    return " / ".join("-" if row.get(k) is None else str(row.get(k)) for k in keys)
+
+
+def _charts(table: Any, src: Any, kind: str) -> List[Dict[str, str]]:
+    from . import report
+
+    charts: List[Dict[str, str]] = []
+    rows = list(table.rows)
+    if kind == "summary":
+        top = sorted(rows, key=lambda r: -(r["gpu_hours_alloc"] or 0))[:25]
+        charts.append({"title": f"GPU-hours by {', '.join(table.keys)} (top {len(top)})",
+                       "svg": bar_chart("GPU-hours", [(_group_label(r, table.keys), (r["gpu_hours_alloc"], r["gpu_hours_used"],
+                                                                                      r["gpu_hours_idle"])) for r in top],
+                                        ("allocated", "used", "idle"), "GPU-h")})
+        hist = report.utilisation_histogram(src)
+        charts.append({"title": "Utilisation distribution (GPU-hours by per-GPU mean utilisation)",
+                       "svg": column_chart("utilisation", hist, "GPU-h")})
+        unit, series = report.energy_series(src)
+        charts.append({"title": f"Energy per {unit} (kWh)", "svg": column_chart("energy", series, "kWh", line=True)})
+    elif kind == "jobs":
+        top = sorted(rows, key=lambda r: -(r["gpu_hours_alloc"] or 0))[:25]
+        charts.append({"title": f"GPU-hours of the largest jobs (top {len(top)})",
+                       "svg": bar_chart("GPU-hours", [(f"{r['job_id']} {r['user'] or '-'}",
+                                                       (r["gpu_hours_alloc"], r["gpu_hours_used"], r["gpu_hours_idle"]))
+                                                      for r in top], ("allocated", "used", "idle"), "GPU-h")})
+        bins = [0.0] * 10
+        for r in rows:
+            if r["gpu_util_mean_pct"] is not None:
+                bins[min(int(r["gpu_util_mean_pct"] // 10), 9)] += r["gpu_hours_alloc"] or 0.0
+        charts.append({"title": "Utilisation distribution of the listed jobs (GPU-hours by job mean utilisation)",
+                       "svg": column_chart("utilisation", [(f"{10 * i}-{10 * i + 10}%", round(b, 3))
+                                                           for i, b in enumerate(bins)], "GPU-h")})
+    else:
+        charts.append({"title": "Mean utilisation per GPU (%)",
+                       "svg": bar_chart("utilisation", [(f"{r['node']} GPU {r['gpu_index']} (restart {r['restart']})",
+                                                         (r["gpu_util_mean_pct"], r["mem_util_mean_pct"])) for r in rows],
+                                        ("GPU util", "memory util"), "%")})
+    return charts
+
+
+def _env():
+    import jinja2
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = [os.path.join(os.path.dirname(here), "templates")]
+    try:
+        from importlib import resources
+        pkg = str(resources.files("slurm_gpu.templates"))
+        if os.path.isdir(pkg):
+            paths.append(pkg)
+    except (ImportError, ModuleNotFoundError, TypeError):
+        pass
+    return jinja2.Environment(loader=jinja2.FileSystemLoader([p for p in paths if os.path.isdir(p)]),
+                              autoescape=True, undefined=jinja2.StrictUndefined)
+
+
+def render_report(table: Any, src: Any, kind: str, now_s: Optional[float] = None) -> str:
+    """The whole page for a summary ('summary'), job list ('jobs') or one job ('job')."""
+    from markupsafe import Markup
+
+    q = src.query
+    window = "all records"
+    if q.since_s is not None or q.until_s is not None:
+        window = f"{format_time(q.since_s, q.tz) or 'start'} to {format_time(q.until_s, q.tz) or 'now'}"
+    filters = [f"{name}: {', '.join(vals)}" for name, vals in (("users", q.users), ("accounts", q.accounts),
+                                                                   ("partitions", q.partitions), ("nodes", q.nodes),
+                                                                   ("clusters", q.clusters)) if vals]
+    numeric = [all(r.get(c) is None or (isinstance(r.get(c), (int, float)) and not isinstance(r.get(c), bool))
+                   for r in table.rows) for c in table.columns]
+    body = [[{"text": _cell(r.get(c)), "sort": "" if r.get(c) is None else str(r.get(c)), "num": numeric[i]}
+             for i, c in enumerate(table.columns)] for r in table.rows]
+    total = None
+    if kind == "summary":
+        from .report import total_row
+        t = total_row(table)
+        total = [_cell(t.get(c)) if t else "" for c in table.columns]
+    charts = [{"title": c["title"], "svg": Markup(c["svg"])} for c in _charts(table, src, kind)]
+    return _env().get_template(TEMPLATE).render(
+        title=table.title, version=__version__,
+        generated=format_time(time.time() if now_s is None else now_s, q.tz),
+        window=window, filters=filters, sources=len(src.files), threshold=q.idle_threshold_pct,
+        headers=table.headers, columns=table.columns, numeric=numeric, rows=body, total=total,
+        charts=charts, nonce=secrets.token_urlsafe(16), kind=kind,
+    )

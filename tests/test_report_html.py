@@ -1,0 +1,100 @@
+"""The HTML report opened in headless Chromium: charts drawn, no console errors, hostile strings inert.
+
+Skipped when Chromium is not installed, except under CI (env CI set), where it must run.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import tempfile
+from typing import Tuple
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_gpu.cli import main
+from test_report import ROWS, XSS_ACCOUNT, XSS_USER, make_db
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def chromium() -> str:
+    for name in CHROMIUM_NAMES:
+        path = shutil.which(name)
+        if path:
+            return path
+    if os.environ.get("CI"):
+        pytest.fail("Chromium is required under CI: apt-get install -y chromium")
+    pytest.skip("Chromium not installed (apt-get install -y chromium)")
+
+
+def open_in_chromium(page: pathlib.Path) -> Tuple[str, str]:
+    """(DOM after scripts ran, browser log with console messages)."""
+    with tempfile.TemporaryDirectory() as profile:
+        proc = subprocess.run(
+            [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-extensions",
+             f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri()],
+            capture_output=True, text=True, timeout=120,
+        )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout, proc.stderr
+
+
+def console_messages(log: str) -> list:
+    # Chromium prints page console output (errors, CSP violations, uncaught exceptions) as CONSOLE lines.
+    return [line for line in log.splitlines() if ":CONSOLE" in line]
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("html")
+    db = make_db(tmp / "usage.db", ROWS)
+    out = {}
+    for name, args in (("summary", ["--by", "user"]), ("jobs", ["jobs"]), ("job", ["job", "104"])):
+        page = tmp / f"{name}.html"
+        cmd = ["report", "--db", str(db), "--format", "html", "-o", str(page)]
+        if args[0] in ("jobs", "job"):
+            cmd = ["report", args[0], *args[1:], "--db", str(db), "--format", "html", "-o", str(page)]
+        else:
+            cmd += args
+        r = CliRunner().invoke(main, cmd)
+        assert r.exit_code == 0, r.output
+        out[name] = page
+    return out
+
+
+@pytest.mark.parametrize("name,charts", [("summary", 3), ("jobs", 2), ("job", 1)])
+def test_html_report_renders_charts_without_console_errors(pages, name, charts):
+    dom, log = open_in_chromium(pages[name])
+    assert console_messages(log) == []
+    root = re.search(r"<html[^>]*>", dom).group(0)  # the page script records its state on <html>
+    assert 'data-ready="1"' in root, "the page script did not run to its end"
+    assert "data-js-errors" not in root
+    assert f'data-charts="{charts}"' in root
+    assert len(re.findall(r"<svg[^>]*class=\"chart\"", dom)) == charts
+    assert "<rect" in dom or "<circle" in dom
+
+
+def test_html_report_shows_script_in_user_name_as_text(pages):
+    html = pages["summary"].read_text()
+    dom, log = open_in_chromium(pages["summary"])
+    assert console_messages(log) == []  # a blocked inline script would show up here as a CSP violation
+    assert "data-pwned" not in re.search(r"<html[^>]*>", dom).group(0), "a user name was executed as a script"
+    assert "<title>slurm-gpu report:" in dom  # the onerror payload in the account would have replaced it
+    assert "&lt;script&gt;document.documentElement.setAttribute" in dom  # shown as text
+    assert "<img" not in dom
+    # The raw strings never reach the file unescaped, not even inside SVG labels.
+    assert XSS_USER not in html and XSS_ACCOUNT not in html
+
+
+def test_html_report_job_page_escapes_and_loads_nothing_from_the_network(pages):
+    html = pages["job"].read_text()
+    assert XSS_USER not in html
+    # No external resource: the only URL is the SVG namespace identifier.
+    urls = set(re.findall(r"(?:https?:)?//[\w.-]+[^\s\"'<>]*", html))
+    assert urls <= {"http://www.w3.org/2000/svg"}, urls
+    assert "default-src 'none'" in html
