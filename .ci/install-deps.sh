@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Prepare a fresh Debian 12 machine (as root) for the full test suite:
+#   - Slurm 22.05 daemons + clients, munge, slurmdbd, MariaDB (the integration testbed),
+#   - gcc (tests/simnvml builds a fake libnvidia-ml.so.1), procps (ps/pgrep used by tests),
+#   - the project itself with its test extras,
+#   - the unprivileged user `sgtest` that integration-test jobs run as.
+# Idempotent and quick when everything is already there. Starts no service:
+# tests/testbed.py starts its own throwaway daemons and stops them again.
+set -euo pipefail
+
+SGTEST_UID=2501
+APT_PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server build-essential procps)
+
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "install-deps.sh: must run as root (installs Debian packages, creates user sgtest)" >&2
+    exit 1
+fi
+
+# --- Debian packages ----------------------------------------------------------------------
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+    # "install ok installed" is the only status that means the package is really there.
+    if [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" != "install ok installed" ]; then
+        missing+=("$p")
+    fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "install-deps.sh: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    # Package postinst scripts must not start daemons on the CI machine: the testbed
+    # starts its own on its own ports. policy-rc.d exit 101 = "action forbidden".
+    policy=/usr/sbin/policy-rc.d
+    created_policy=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' > "$policy"
+        chmod 755 "$policy"
+        created_policy=1
+    fi
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    if [ "$created_policy" -eq 1 ]; then
+        rm -f "$policy"
+    fi
+else
+    echo "install-deps.sh: Debian packages already installed"
+fi
+
+# --- Python package with test extras -------------------------------------------------------
+PY=${PYTHON:-python3}
+if ! "$PY" -m pip --version >/dev/null 2>&1; then
+    echo "install-deps.sh: installing python3-pip"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-pip
+fi
+# Skip the ~5 s pip run when this checkout is already installed with the same pyproject.toml
+# (-I: the import check must not find the package through the current directory).
+stamp=build/.install-deps.stamp
+want="$("$PY" -c 'import sys; print(sys.executable)') $(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
+   && "$PY" -I -c 'import slurm_gpu, pytest, hypothesis, os, sys; sys.exit(0 if os.path.dirname(os.path.dirname(os.path.abspath(slurm_gpu.__file__))) == sys.argv[1] else 1)' "$PWD" 2>/dev/null; then
+    echo "install-deps.sh: slurm-gpu already installed from this checkout"
+else
+    pip_args=(install -q --root-user-action=ignore -e '.[test]')
+    # Debian's own python3 is "externally managed" (PEP 668); this is a throwaway CI machine.
+    if "$PY" -c 'import sys, sysconfig, os; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["stdlib"], "EXTERNALLY-MANAGED")) else 1)'; then
+        pip_args+=(--break-system-packages)
+    fi
+    "$PY" -m pip "${pip_args[@]}"
+    mkdir -p build && echo "$want" > "$stamp"
+fi
+
+# --- test user --------------------------------------------------------------------------------
+if ! getent passwd sgtest >/dev/null; then
+    if getent passwd "$SGTEST_UID" >/dev/null; then
+        useradd --create-home --shell /bin/bash sgtest   # uid taken: any free uid will do
+    else
+        useradd --create-home --shell /bin/bash --uid "$SGTEST_UID" sgtest
+    fi
+    echo "install-deps.sh: created user sgtest (uid $(id -u sgtest))"
+fi
+
+echo "install-deps.sh: done"

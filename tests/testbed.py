@@ -1,0 +1,887 @@
+"""A throwaway but real Slurm 22.05 cluster on 127.0.0.1 for integration tests.
+
+``SlurmTestbed(workdir)`` starts munged, MariaDB, slurmdbd, slurmctld and one ``slurmd -N``
+per node, all with their configuration, state, sockets and logs under ``workdir``, on free
+ports in 16817-16999.  Every daemon runs in the foreground as a child of this process in its
+own session, so ``stop()`` can end exactly what it started by pid - never by name: the
+daemon, what is left in its session, and every process whose environment names this
+cluster's slurm.conf (slurmstepd and the jobs, which leave slurmd's session).  The pids are
+also recorded in ``RUN_DIR``; a later ``start()`` ends daemons whose owner process died.
+
+See docs/testbed.md for the layout, the observed prolog environment and the GPU index facts.
+"""
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import secrets
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+# Fixed, root-owned directory that outlives a work directory: the registry of live daemons.
+RUN_DIR = Path("/run/slurm-gpu-testbed")
+REGISTRY = RUN_DIR / "daemons"
+PORT_RANGE = (16817, 16999)
+JOB_USER = "sgtest"
+CLUSTER = "sgtest"
+ACCOUNTS = ("physics", "chem")
+DB_USER = "slurm"
+DB_NAME = "slurm_acct_db"
+NVIDIA_MAJOR = 195
+CRED_EXPIRE_S = 10  # job credential lifetime; a requeued job waits CRED_EXPIRE_S + 1 s
+
+BINARIES = ("munged", "mariadb-install-db", "mariadbd", "mariadb", "slurmdbd", "slurmctld",
+            "slurmd", "sbatch", "scontrol", "sinfo", "squeue", "sacct", "sacctmgr", "scancel",
+            "runuser")
+SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+TERMINAL_JOB_STATES = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
+    "DEADLINE", "OUT_OF_MEMORY", "SPECIAL_EXIT",
+})
+
+
+class TestbedUnavailable(Exception):
+    """This machine cannot run the testbed (not root, a package or the job user missing)."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class TestbedError(RuntimeError):
+    """The testbed could run here but something failed; the message carries the log tails."""
+
+    __test__ = False
+
+
+# --------------------------------------------------------------------------- process helpers
+
+def _proc_stat(pid: int) -> Optional[Tuple[int, int]]:
+    """(session id, start time in clock ticks) of a live process, None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # comm (field 2) may contain spaces and parentheses: split after the last ')'.
+    fields = raw[raw.rindex(")") + 2:].split()
+    if fields[0] == "Z":
+        return None
+    return int(fields[3]), int(fields[19])
+
+
+def _session_members(sid: int, not_before: int) -> List[int]:
+    """Live pids in session ``sid`` started at or after tick ``not_before`` (guards pid reuse)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        st = _proc_stat(int(entry))
+        if st and st[0] == sid and st[1] >= not_before:
+            found.append(int(entry))
+    return found
+
+
+def _kill_session(sid: int, start_ticks: int, grace_s: float = 5.0) -> None:
+    """TERM every process of a daemon's session, then KILL what is left after ``grace_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = _session_members(sid, start_ticks)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 2.0)
+        while time.monotonic() < deadline and _session_members(sid, start_ticks):
+            time.sleep(0.05)
+
+
+def _processes_using_conf(conf: Path) -> List[int]:
+    """Pids (other than ours) whose environment names this slurm.conf: the daemons, slurmstepd
+    (which leaves the slurmd session with setsid) and the job processes below it."""
+    needle = b"SLURM_CONF=" + str(conf).encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if needle in env and _proc_stat(int(entry)) is not None:
+            found.append(int(entry))
+    return found
+
+
+def _kill_conf_users(conf: Path, grace_s: float = 3.0) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = _processes_using_conf(conf)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and _processes_using_conf(conf):
+            time.sleep(0.05)
+
+
+_Row = Tuple[int, int, int, int, str, str]
+
+
+class _Registry:
+    """Lines ``owner_pid owner_start daemon_pid daemon_start name slurm_conf`` in RUN_DIR/daemons."""
+
+    def __init__(self) -> None:
+        RUN_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
+        st = _proc_stat(os.getpid())
+        assert st is not None
+        self.me = (os.getpid(), st[1])
+
+    def _read(self) -> List[_Row]:
+        try:
+            text = REGISTRY.read_text()
+        except FileNotFoundError:
+            return []
+        rows = []
+        for line in text.splitlines():
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and all(p.isdigit() for p in parts[:4]):
+                rows.append((int(parts[0]), int(parts[1]), int(parts[2]), int(parts[3]), parts[4], parts[5]))
+        return rows
+
+    def _write(self, rows: Sequence[_Row]) -> None:
+        tmp = REGISTRY.with_name(f"{REGISTRY.name}.{os.getpid()}.tmp")
+        tmp.write_text("".join(" ".join(map(str, r)) + "\n" for r in rows))
+        os.replace(tmp, REGISTRY)
+
+    def add(self, pid: int, start: int, name: str, conf: Path) -> None:
+        self._write(self._read() + [(self.me[0], self.me[1], pid, start, name, str(conf))])
+
+    def remove(self, pid: int) -> None:
+        self._write([r for r in self._read() if not (r[:2] == self.me and r[2] == pid)])
+
+    def reap_orphans(self) -> List[str]:
+        """End daemons (and their jobs) registered by a testbed process that no longer exists."""
+        keep, reaped, confs = [], [], set()
+        for row in self._read():
+            owner = _proc_stat(row[0])
+            if owner is not None and owner[1] == row[1]:
+                keep.append(row)  # its owner still runs (maybe a concurrent session): leave it
+                continue
+            if _session_members(row[2], row[3]):
+                _kill_session(row[2], row[3])
+                reaped.append(f"{row[4]} (pid {row[2]})")
+            confs.add(row[5])
+        for conf in confs:
+            _kill_conf_users(Path(conf))
+        self._write(keep)
+        return reaped
+
+
+class _Daemon:
+    def __init__(self, name: str, proc: "subprocess.Popen[bytes]", start_ticks: int, log: Path):
+        self.name, self.proc, self.start_ticks, self.log = name, proc, start_ticks, log
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+# --------------------------------------------------------------------------- parsing helpers
+
+_KEY_RE = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/.]*)=")
+
+
+def parse_key_values(line: str) -> Dict[str, str]:
+    """Parse one ``scontrol -o show ...`` line; values may contain spaces (Reason=..., Comment=...)."""
+    line = line.strip()
+    matches = list(_KEY_RE.finditer(line))
+    out: Dict[str, str] = {}
+    for i, m in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+        out[m.group(1)] = line[m.end():end].strip()
+    return out
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        return f"({path}: {e.strerror})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _port_free(port: int) -> bool:
+    for family, addr in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET, "127.0.0.1")):
+        s = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            s.bind((addr, port))
+        except OSError:
+            return False
+        finally:
+            s.close()
+    return True
+
+
+def _free_ports(count: int) -> List[int]:
+    # Start at a random place in the range: another cluster on this machine (a developer's,
+    # a second session's) may hold fixed ports near 16817, and a bind check is only a snapshot.
+    lo, hi = PORT_RANGE
+    first = lo + secrets.randbelow(hi - lo + 1)
+    candidates = list(range(first, hi + 1)) + list(range(lo, first))
+    ports = []
+    for p in candidates:
+        if _port_free(p):
+            ports.append(p)
+            if len(ports) == count:
+                break
+    if len(ports) < count:
+        raise TestbedError(f"need {count} free TCP ports in {PORT_RANGE[0]}-{PORT_RANGE[1]}, found {len(ports)}")
+    return ports
+
+
+def _enterable_by_others(path: Path) -> bool:
+    """Can other users reach ``path`` (components still to be created will be made 0755)?"""
+    for p in [path, *path.parents]:
+        try:
+            if not os.stat(p).st_mode & stat.S_IXOTH:
+                return False
+        except FileNotFoundError:
+            continue
+    return True
+
+
+def _slurmd_cpus() -> int:
+    """CPUs as slurmd itself counts them (`slurmd -C`), falling back to os.cpu_count()."""
+    try:
+        out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, timeout=10).stdout
+        m = re.search(r"\bCPUs=(\d+)", out)
+        if m:
+            return int(m.group(1))
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return os.cpu_count() or 1
+
+
+# --------------------------------------------------------------------------- the testbed
+
+def reap_crashed_runs(registry: Optional[_Registry] = None) -> List[str]:
+    """End daemons (and their jobs) whose testbed owner process died; return what was ended."""
+    reaped = (registry or _Registry()).reap_orphans()
+    if reaped:
+        print("testbed: ended daemons left by a crashed run: " + ", ".join(reaped))
+    return reaped
+
+
+def check_available() -> None:
+    """Raise TestbedUnavailable when this machine cannot run the testbed at all."""
+    if os.geteuid() != 0:
+        raise TestbedUnavailable("the Slurm testbed must run as root (slurmd runs prolog/epilog as root)")
+    missing = [b for b in BINARIES if shutil.which(b, path=SBIN_PATH) is None]
+    if missing:
+        raise TestbedUnavailable(
+            "missing programs: " + ", ".join(missing) + " (run .ci/install-deps.sh: "
+            "slurmctld slurmd slurm-client munge slurmdbd mariadb-server)")
+    try:
+        pwd.getpwnam(JOB_USER)
+    except KeyError:
+        raise TestbedUnavailable(f"user {JOB_USER!r} missing (run .ci/install-deps.sh)") from None
+
+
+NodeStateTest = Union[str, Callable[[Dict[str, str]], bool]]
+_OUT_OF_SERVICE = ("DRAIN", "DOWN", "FAIL", "NOT_RESPONDING", "INVAL")
+
+
+def _in_service(info: Mapping[str, str]) -> bool:
+    """IDLE/MIXED/ALLOCATED without a flag that keeps jobs away."""
+    state = info.get("State", "")
+    return bool(state) and not any(flag in state for flag in _OUT_OF_SERVICE)
+
+
+class SlurmTestbed:
+    """A real Slurm cluster (accounting included) on 127.0.0.1; see the module docstring."""
+
+    __test__ = False
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        nodes: Sequence[str] = ("gpu01", "gpu02"),
+        gpus_per_node: int = 4,
+        gpu_type: str = "h100",
+        prolog: Optional[str] = None,
+        epilog: Optional[str] = None,
+        slurm_gpu_config: Optional[str] = None,
+        prolog_epilog_timeout: int = 60,
+        health_check_program: Optional[str] = None,
+        extra_slurm_conf: str = "",
+        extra_node_env: Optional[dict] = None,
+        gres_conf: Optional[str] = None,
+    ):
+        self.workdir = Path(workdir).resolve()
+        self.nodes = tuple(nodes)
+        self.gpus_per_node = gpus_per_node
+        self.gpu_type = gpu_type
+        self.prolog = prolog
+        self.epilog = epilog
+        self.slurm_gpu_config = slurm_gpu_config
+        self.prolog_epilog_timeout = prolog_epilog_timeout
+        self.health_check_program = health_check_program
+        self.extra_slurm_conf = extra_slurm_conf
+        self.extra_node_env = dict(extra_node_env or {})
+        self.gres_conf = gres_conf  # verbatim gres.conf instead of the generated one
+        for hook in (prolog, epilog, health_check_program):
+            if hook is not None and not os.path.isabs(hook):
+                raise ValueError(f"hook path must be absolute (slurmd runs it without PATH): {hook!r}")
+
+        # What the job user must reach (slurm.conf, the munge socket, job scripts and output,
+        # slurmd's spool from which slurmstepd execs the batch script as that user)
+        # lives in the work directory when others can enter it. pytest's tmp_path cannot be
+        # entered (/tmp/pytest-of-root is 0700): then a /tmp/slurm-gpu-testbed-* directory,
+        # removed by stop(), holds those parts and the rest stays in the work directory.
+        if _enterable_by_others(self.workdir):
+            self.public_dir = self.workdir
+        else:
+            self.public_dir = Path(tempfile.mkdtemp(prefix="slurm-gpu-testbed-", dir="/tmp"))
+            os.chmod(self.public_dir, 0o755)
+        self.conf_dir = self.public_dir / "etc"
+        self.slurm_conf = self.conf_dir / "slurm.conf"
+        self.log_dir = self.workdir / "log"
+        self.jobs_dir = self.public_dir / "jobs"
+        self._run_dir = self.workdir / "run"
+        self._munge_dir = self.public_dir / "munge"
+        self._munge_socket = self._munge_dir / "munge.socket"
+        self._db_dir = self.workdir / "mysql"
+        self._db_socket = self._db_dir / "mysqld.sock"
+        self._db_password = secrets.token_hex(12)
+
+        self.ports: Dict[str, int] = {}
+        self.startup_s: Optional[float] = None
+        self._daemons: Dict[str, _Daemon] = {}
+        self._registry: Optional[_Registry] = None
+        self._job_seq = 0
+        self._started = False
+
+    # ----------------------------------------------------------------- context manager
+    def __enter__(self) -> "SlurmTestbed":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ----------------------------------------------------------------- public properties
+    @property
+    def env(self) -> Dict[str, str]:
+        """Environment for Slurm client commands: SLURM_CONF, a PATH with the sbin dirs, no inherited SLURM_*."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SQUEUE_", "SINFO_", "SACCT_"))}
+        env["SLURM_CONF"] = str(self.slurm_conf)
+        env["PATH"] = SBIN_PATH + (":" + env["PATH"] if env.get("PATH") else "")
+        return env
+
+    @property
+    def gpu_minors(self) -> Dict[str, List[int]]:
+        """Device minor numbers (= /dev/nvidiaN) that each node's gres.conf names, in order."""
+        return {n: list(range(i * self.gpus_per_node, (i + 1) * self.gpus_per_node)) for i, n in enumerate(self.nodes)}
+
+    # ----------------------------------------------------------------- lifecycle
+    def check_available(self) -> None:
+        """Raise TestbedUnavailable when this machine cannot run the testbed at all."""
+        check_available()
+
+    def start(self) -> "SlurmTestbed":
+        """Start every daemon and wait until all nodes are IDLE (typically ~10 s)."""
+        if self._started:
+            return self
+        self.check_available()
+        t0 = time.monotonic()
+        self._registry = _Registry()
+        reap_crashed_runs(self._registry)
+        self._started = True
+        try:
+            self._prepare_dirs()
+            self._make_devices()
+            ports = _free_ports(4 + len(self.nodes))
+            self.ports = {"slurmctld": ports[0], "slurmdbd": ports[1], "mariadb": ports[2]}
+            for i, node in enumerate(self.nodes):
+                self.ports[node] = ports[3 + i]
+            self._write_configs()
+            self._start_munged()
+            self._start_mariadb()
+            self._start_slurmdbd()
+            self._setup_accounting()
+            self.start_slurmctld()
+            for node in self.nodes:
+                self._start_slurmd(node)
+            for node in self.nodes:
+                self._wait(f"node {node} to become IDLE",
+                           lambda: self.node_info(node).get("State", "") == "IDLE", 30, f"slurmd-{node}")
+        except TestbedUnavailable:
+            self.stop()
+            raise
+        except BaseException as e:
+            report = self._failure_report(f"testbed start failed: {e}")
+            self.stop()
+            if isinstance(e, Exception):
+                raise TestbedError(report) from e
+            raise
+        self.startup_s = time.monotonic() - t0
+        return self
+
+    def stop(self) -> None:
+        """End every daemon this testbed started (TERM, then KILL), newest first. Idempotent."""
+        if not self._started:
+            return
+        if "slurmctld" in self._daemons:
+            # Cancel jobs first so slurmstepd processes end cleanly with their slurmd.
+            try:
+                ids = self._live_job_ids()
+                if ids:
+                    subprocess.run(["scancel", "--quiet", *map(str, ids)], env=self.env,
+                                   capture_output=True, timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass  # an unresponsive controller: the kills below end the jobs anyway
+        for name in reversed(list(self._daemons)):
+            self._stop_daemon(name)
+        # slurmstepd and job processes left behind (e.g. a job that ignored SIGTERM).
+        _kill_conf_users(self.slurm_conf)
+        if self.public_dir != self.workdir:
+            shutil.rmtree(self.public_dir, ignore_errors=True)
+        self._started = False
+
+    def _live_job_ids(self) -> List[int]:
+        try:
+            out = subprocess.run(["squeue", "-h", "-o", "%A"], env=self.env, capture_output=True,
+                                 text=True, timeout=10).stdout
+        except subprocess.TimeoutExpired:
+            return []
+        return [int(x) for x in out.split() if x.isdigit()]
+
+    # ----------------------------------------------------------------- setup steps
+    def _prepare_dirs(self) -> None:
+        for d in (self.workdir, self.public_dir):
+            d.mkdir(mode=0o755, parents=True, exist_ok=True)
+            os.chmod(d, 0o755)
+        for d in (self.conf_dir, self.log_dir, self._run_dir, self._munge_dir, self._db_dir,
+                  self.workdir / "state", self.public_dir / "spool"):
+            d.mkdir(exist_ok=True)
+            os.chown(d, 0, 0)
+            os.chmod(d, 0o755)
+        self.jobs_dir.mkdir(exist_ok=True)
+        user = pwd.getpwnam(JOB_USER)
+        os.chown(self.jobs_dir, user.pw_uid, user.pw_gid)
+        os.chmod(self.jobs_dir, 0o755)
+
+    def _make_devices(self) -> None:
+        for n in range(self.gpus_per_node * len(self.nodes)):
+            dev = f"/dev/nvidia{n}"
+            if os.path.exists(dev):
+                continue
+            try:
+                os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, n))
+            except OSError as e:
+                raise TestbedUnavailable(f"cannot create GPU device file {dev}: {e.strerror} "
+                                         "(the testbed needs mknod, e.g. a privileged container)") from None
+
+    def _write_file(self, path: Path, text: str, mode: int = 0o644) -> None:
+        path.write_text(text)
+        os.chown(path, 0, 0)
+        os.chmod(path, mode)
+
+    def slurm_conf_text(self) -> str:
+        host = socket.gethostname().split(".")[0]
+        cpus = max(_slurmd_cpus(), self.gpus_per_node)
+        w = self.workdir
+        settings: List[Tuple[str, str]] = [
+            ("ClusterName", CLUSTER),
+            ("SlurmctldHost", f"{host}(127.0.0.1)"),
+            ("SlurmctldPort", str(self.ports["slurmctld"])),
+            ("AuthType", "auth/munge"),
+            # cred_expire also delays a requeued job (e.g. after a prolog failure) by
+            # cred_expire + 1 s; Slurm's default 120 s would make requeue tests crawl.
+            ("AuthInfo", f"socket={self._munge_socket},cred_expire={CRED_EXPIRE_S}"),
+            ("CredType", "cred/munge"),
+            ("SlurmUser", "root"),
+            ("SlurmdUser", "root"),
+            ("StateSaveLocation", str(w / "state")),
+            ("SlurmdSpoolDir", str(self.public_dir / "spool" / "%n")),
+            ("SlurmctldPidFile", str(self._run_dir / "slurmctld.pid")),
+            ("SlurmdPidFile", str(self._run_dir / "slurmd-%n.pid")),
+            ("SlurmctldLogFile", str(self.log_dir / "slurmctld.log")),
+            ("SlurmdLogFile", str(self.log_dir / "slurmd-%n.log")),
+            ("SlurmctldDebug", "info"),
+            ("SlurmdDebug", "info"),
+            ("PlugStackConfig", str(self.conf_dir / "plugstack.conf")),
+            ("MpiDefault", "none"),
+            ("SwitchType", "switch/none"),
+            ("ProctrackType", "proctrack/linuxproc"),
+            ("TaskPlugin", "task/none"),
+            ("SelectType", "select/cons_tres"),
+            ("SelectTypeParameters", "CR_Core"),
+            ("GresTypes", "gpu"),
+            # The nodes share one machine: slurmd reports the configured CPUs, so each node
+            # can run one single-CPU job per GPU even on a 2-core CI runner.
+            ("SlurmdParameters", "config_overrides"),
+            ("AccountingStorageType", "accounting_storage/slurmdbd"),
+            ("AccountingStorageHost", "127.0.0.1"),
+            ("AccountingStoragePort", str(self.ports["slurmdbd"])),
+            # The slurmdbd connection authenticates through AccountingStoragePass (a munge
+            # socket path), not AuthInfo: without it clients look for the system munged.
+            ("AccountingStoragePass", str(self._munge_socket)),
+            ("AccountingStorageTRES", "gres/gpu"),
+            ("JobAcctGatherType", "jobacct_gather/none"),
+            ("JobCompType", "jobcomp/none"),
+            ("SchedulerParameters", "nohold_on_prolog_fail,sched_interval=2,batch_sched_delay=0"),
+            ("ReturnToService", "2"),
+            ("PrologEpilogTimeout", str(self.prolog_epilog_timeout)),
+            ("PrologFlags", "Alloc"),
+            ("SlurmdTimeout", "30"),
+            ("SlurmctldTimeout", "30"),
+            ("MessageTimeout", "5"),
+            ("InactiveLimit", "0"),
+            ("KillWait", "3"),
+            ("MinJobAge", "600"),
+            ("Waittime", "0"),
+        ]
+        if self.prolog:
+            settings.append(("Prolog", self.prolog))
+        if self.epilog:
+            settings.append(("Epilog", self.epilog))
+        if self.health_check_program:
+            settings += [("HealthCheckProgram", self.health_check_program), ("HealthCheckInterval", "60")]
+        # A key repeated in extra_slurm_conf replaces the default (e.g. PrologFlags=, HealthCheckInterval=).
+        overridden = {m.group(1).lower() for m in re.finditer(r"^\s*([A-Za-z]+)\s*=", self.extra_slurm_conf, re.M)}
+        lines = ["# generated by tests/testbed.py"]
+        lines += [f"{k}={v}" for k, v in settings if k.lower() not in overridden]
+        if self.extra_slurm_conf.strip():
+            lines += ["# extra_slurm_conf", self.extra_slurm_conf.strip()]
+        for node in self.nodes:
+            lines.append(f"NodeName={node} NodeAddr=127.0.0.1 NodeHostname={host} Port={self.ports[node]} "
+                         f"CPUs={cpus} RealMemory=1000 Gres=gpu:{self.gpu_type}:{self.gpus_per_node} State=UNKNOWN")
+        lines.append(f"PartitionName=gpu Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP")
+        return "\n".join(lines) + "\n"
+
+    def gres_conf_text(self) -> str:
+        """gres.conf: each node names its own device minors, gpu01 /dev/nvidia[0-3], gpu02 /dev/nvidia[4-7]."""
+        if self.gres_conf is not None:
+            return self.gres_conf
+        gres = []
+        for node, minors in self.gpu_minors.items():
+            files = f"/dev/nvidia[{minors[0]}-{minors[-1]}]" if len(minors) > 1 else f"/dev/nvidia{minors[0]}"
+            gres.append(f"NodeName={node} Name=gpu Type={self.gpu_type} File={files}")
+        return "\n".join(gres) + "\n"
+
+    def _write_configs(self) -> None:
+        self._write_file(self.slurm_conf, self.slurm_conf_text())
+        self._write_file(self.conf_dir / "gres.conf", self.gres_conf_text())
+        # Keep the Debian default /etc/slurm/plugstack.conf (and its includes) out of the testbed.
+        self._write_file(self.conf_dir / "plugstack.conf", "")
+        host = socket.gethostname().split(".")[0]
+        dbd = [
+            "AuthType=auth/munge", f"AuthInfo=socket={self._munge_socket}",
+            f"DbdHost={host}", "DbdAddr=127.0.0.1", f"DbdPort={self.ports['slurmdbd']}",
+            "SlurmUser=root", "DebugLevel=info",
+            f"LogFile={self.log_dir / 'slurmdbd.log'}", f"PidFile={self._run_dir / 'slurmdbd.pid'}",
+            "StorageType=accounting_storage/mysql", "StorageHost=127.0.0.1",
+            f"StoragePort={self.ports['mariadb']}", f"StorageUser={DB_USER}",
+            f"StoragePass={self._db_password}", f"StorageLoc={DB_NAME}",
+        ]
+        self._write_file(self.conf_dir / "slurmdbd.conf", "\n".join(dbd) + "\n", 0o600)
+        if self.slurm_gpu_config is not None:
+            self._write_file(self.conf_dir / "slurm-gpu.toml", self.slurm_gpu_config)
+        key = self._munge_dir / "munge.key"
+        if not key.exists():
+            key.write_bytes(secrets.token_bytes(1024))
+        os.chmod(key, 0o600)
+
+    def _spawn(self, name: str, argv: Sequence[str], env: Optional[Mapping[str, str]] = None) -> _Daemon:
+        log = self.log_dir / f"{name}.out"
+        full_env = self.env
+        if env:
+            full_env.update(env)
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    env=full_env, cwd=str(self.workdir), start_new_session=True)
+        st = _proc_stat(proc.pid)
+        daemon = _Daemon(name, proc, st[1] if st else 0, log)
+        self._daemons[name] = daemon
+        assert self._registry is not None
+        self._registry.add(proc.pid, daemon.start_ticks, name, self.slurm_conf)
+        return daemon
+
+    def _stop_daemon(self, name: str, grace_s: float = 8.0) -> None:
+        daemon = self._daemons.pop(name, None)
+        if daemon is None:
+            return
+        if daemon.proc.poll() is None:
+            daemon.proc.terminate()
+            try:
+                daemon.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                daemon.proc.kill()
+                daemon.proc.wait(timeout=5)
+        # Whatever the daemon left in its session (slurmstepd, job processes) goes too.
+        _kill_session(daemon.pid, daemon.start_ticks, grace_s=2.0)
+        if self._registry is not None:
+            self._registry.remove(daemon.pid)
+
+    def _wait(self, what: str, ready: Callable[[], bool], timeout: float, daemon: Optional[str] = None) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if ready():
+                return
+            if daemon is not None and self._daemons[daemon].proc.poll() is not None:
+                raise TestbedError(f"{daemon} exited with status {self._daemons[daemon].proc.returncode} while waiting for {what}")
+            if time.monotonic() > deadline:
+                raise TestbedError(f"timed out after {timeout:.0f} s waiting for {what}")
+            time.sleep(0.1)
+
+    def _ok(self, argv: Sequence[str], timeout: float = 10) -> bool:
+        try:
+            return subprocess.run(list(argv), env=self.env, capture_output=True, timeout=timeout).returncode == 0
+        except subprocess.TimeoutExpired:
+            return False
+
+    def _start_munged(self) -> None:
+        m = self._munge_dir
+        self._spawn("munged", ["munged", "--foreground", f"--socket={self._munge_socket}",
+                               f"--key-file={m / 'munge.key'}", f"--pid-file={m / 'munged.pid'}",
+                               f"--seed-file={m / 'munged.seed'}", f"--log-file={self.log_dir / 'munged.log'}",
+                               "--num-threads=4"])
+        self._wait("the munge socket", self._munge_socket.exists, 10, "munged")
+
+    def _mariadb_opts(self) -> List[str]:
+        # Durability is worthless for a throwaway database; these make startup and slurmdbd's
+        # schema creation fast on slow CI disks.
+        return ["--innodb-buffer-pool-size=32M", "--innodb-log-file-size=8M",
+                "--innodb-flush-log-at-trx-commit=0", "--innodb-doublewrite=0", "--sync-binlog=0",
+                "--innodb-flush-method=nosync"]
+
+    def _start_mariadb(self) -> None:
+        data = self._db_dir / "data"
+        if not (data / "mysql").exists():
+            r = subprocess.run(["mariadb-install-db", "--no-defaults", "--user=root", f"--datadir={data}",
+                                "--auth-root-authentication-method=socket", "--skip-test-db",
+                                *self._mariadb_opts()],
+                               capture_output=True, text=True, timeout=120)
+            (self.log_dir / "mariadb-install-db.log").write_text(r.stdout + r.stderr)
+            if r.returncode != 0:
+                raise TestbedError(f"mariadb-install-db failed:\n{r.stdout}{r.stderr}")
+        self._spawn("mariadbd", ["mariadbd", "--no-defaults", "--user=root", f"--datadir={data}",
+                                 f"--socket={self._db_socket}", f"--port={self.ports['mariadb']}",
+                                 "--bind-address=127.0.0.1", "--skip-name-resolve", "--skip-log-bin",
+                                 f"--pid-file={self._run_dir / 'mariadbd.pid'}",
+                                 f"--log-error={self.log_dir / 'mariadbd.log'}", *self._mariadb_opts()])
+        self._wait("MariaDB", lambda: self._ok(["mariadb-admin", "--no-defaults", f"--socket={self._db_socket}",
+                                                "ping"]), 60, "mariadbd")
+        sql = (f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{self._db_password}';"
+               f"ALTER USER '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{self._db_password}';"
+               f"GRANT ALL ON *.* TO '{DB_USER}'@'127.0.0.1'; FLUSH PRIVILEGES;")
+        r = subprocess.run(["mariadb", "--no-defaults", f"--socket={self._db_socket}", "-u", "root", "-e", sql],
+                           capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            raise TestbedError(f"creating the MariaDB user for slurmdbd failed: {r.stderr.strip()}")
+
+    def _start_slurmdbd(self) -> None:
+        self._spawn("slurmdbd", ["slurmdbd", "-D"])
+        self._wait("slurmdbd", lambda: self._ok(["sacctmgr", "-n", "-P", "show", "cluster"]), 60, "slurmdbd")
+
+    def _setup_accounting(self) -> None:
+        self.run("sacctmgr", "-i", "add", "cluster", CLUSTER, check=False)
+        self.run("sacctmgr", "-i", "add", "account", *ACCOUNTS, f"cluster={CLUSTER}", check=False)
+        self.run("sacctmgr", "-i", "add", "user", JOB_USER, f"account={ACCOUNTS[0]}",
+                 f"defaultaccount={ACCOUNTS[0]}", f"cluster={CLUSTER}", check=False)
+        out = self.run("sacctmgr", "-n", "-P", "show", "assoc", f"user={JOB_USER}", "format=account").stdout
+        if ACCOUNTS[0] not in out.split():
+            raise TestbedError(f"accounting setup failed: association {JOB_USER}/{ACCOUNTS[0]} missing ({out!r})")
+
+    def start_slurmctld(self) -> None:
+        """Start (or restart after stop_slurmctld) the controller; keeps its saved state."""
+        if "slurmctld" in self._daemons:
+            return
+        self._spawn("slurmctld", ["slurmctld", "-D"])
+        self._wait("slurmctld to answer", lambda: self._ok(["scontrol", "ping"]) and self._ok(["sinfo", "-h"]),
+                   30, "slurmctld")
+
+    def stop_slurmctld(self) -> None:
+        """Stop the controller (TERM: it saves state), e.g. to test 'slurmctld unreachable' paths."""
+        self._stop_daemon("slurmctld")
+
+    def _start_slurmd(self, node: str) -> None:
+        env = {k: v for k, v in self.extra_node_env.items() if not isinstance(v, dict)}
+        env.update(self.extra_node_env.get(node, {}) if isinstance(self.extra_node_env.get(node), dict) else {})
+        (self.public_dir / "spool" / node).mkdir(exist_ok=True)
+        self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node], env=env)
+
+    # ----------------------------------------------------------------- diagnostics
+    def _failure_report(self, headline: str) -> str:
+        parts = [headline]
+        logs = sorted(self.log_dir.glob("*")) if self.log_dir.exists() else []
+        for log in logs:
+            if log.name == "mariadb-install-db.log":  # chatty; its failure is reported directly
+                continue
+            text = _tail(log)
+            if text.strip():
+                parts.append(f"--- {log} (tail) ---\n{text}")
+        return "\n".join(parts)
+
+    def slurmd_log(self, node: str) -> str:
+        return (self.log_dir / f"slurmd-{node}.log").read_text(errors="replace")
+
+    def slurmctld_log(self) -> str:
+        return (self.log_dir / "slurmctld.log").read_text(errors="replace")
+
+    def slurmdbd_log(self) -> str:
+        return (self.log_dir / "slurmdbd.log").read_text(errors="replace")
+
+    # ----------------------------------------------------------------- client commands
+    def run(self, *argv: str, check: bool = True, timeout: float = 30, user: Optional[str] = None,
+            cwd: Optional[Path] = None) -> "subprocess.CompletedProcess[str]":
+        """Run a Slurm client command with this cluster's environment (as ``user`` if given)."""
+        cmd = list(argv)
+        if user and user != "root":
+            cmd = ["runuser", "-u", user, "--"] + cmd
+        r = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout,
+                           cwd=str(cwd) if cwd else None)
+        if check and r.returncode != 0:
+            raise TestbedError(f"{' '.join(cmd)} exited {r.returncode}: {r.stderr.strip() or r.stdout.strip()}")
+        return r
+
+    def sbatch(self, script_body: str, *, user: str = JOB_USER, args: Sequence[str] = ()) -> int:
+        """Submit a batch script as ``user``; output goes to jobs/slurm-<id>.out. Returns the job id."""
+        self._job_seq += 1
+        script = self.jobs_dir / f"job-{self._job_seq}.sh"
+        if not script_body.startswith("#!"):
+            script_body = "#!/bin/bash\n" + script_body
+        script.write_text(script_body)
+        pw = pwd.getpwnam(user)
+        os.chown(script, pw.pw_uid, pw.pw_gid)
+        os.chmod(script, 0o755)
+        r = self.run("sbatch", "--parsable", f"--chdir={self.jobs_dir}",
+                     f"--output={self.jobs_dir / 'slurm-%j.out'}", *args, str(script),
+                     user=user, cwd=self.jobs_dir)
+        return int(r.stdout.strip().split(";")[0])
+
+    def job_output(self, job_id: int) -> str:
+        return (self.jobs_dir / f"slurm-{job_id}.out").read_text(errors="replace")
+
+    def job_info(self, job_id: int) -> Dict[str, str]:
+        """``scontrol -o show job`` as a dict; {} when slurmctld no longer knows the job."""
+        r = self.run("scontrol", "-o", "show", "job", str(job_id), check=False)
+        if r.returncode != 0 or not r.stdout.strip():
+            return {}
+        return parse_key_values(r.stdout.splitlines()[0])
+
+    def sacct_job(self, job_id: int) -> Dict[str, str]:
+        """The allocation line of ``sacct -j`` (State, Account, User, NodeList, ExitCode, AllocTRES, ...)."""
+        fields = "JobID,State,Account,User,Partition,NodeList,ExitCode,AllocTRES"
+        r = self.run("sacct", "-n", "-P", "-X", "-j", str(job_id), f"--format={fields}")
+        for line in r.stdout.splitlines():
+            values = line.split("|")
+            if values and values[0] == str(job_id):
+                return dict(zip(fields.split(","), values))
+        return {}
+
+    def wait_sacct(self, job_id: int, timeout: float = 15) -> Dict[str, str]:
+        """``sacct_job`` once slurmdbd has the job's final state (slurmctld sends it asynchronously)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            row = self.sacct_job(job_id)
+            if row and row.get("State", "").split()[0] in TERMINAL_JOB_STATES:
+                return row
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"sacct has no final record of job {job_id} after {timeout:.0f} s: {row}")
+            time.sleep(0.3)
+
+    def wait_job(self, job_id: int, timeout: float = 60) -> str:
+        """Wait until the job ends (requeues and pending restarts are waited through); return its state."""
+        deadline = time.monotonic() + timeout
+        state = ""
+        while True:
+            info = self.job_info(job_id)
+            state = info.get("JobState", "")
+            if not info:  # slurmctld forgot the job (MinJobAge, restart): ask the database
+                state = (self.sacct_job(job_id).get("State", "").split() or [""])[0]
+            if state in TERMINAL_JOB_STATES:
+                return state
+            if time.monotonic() > deadline:
+                raise TimeoutError(self._failure_report(
+                    f"job {job_id} still {state or 'unknown'} after {timeout:.0f} s: {info}"))
+            time.sleep(0.2)
+
+    def node_info(self, name: str) -> Dict[str, str]:
+        r = self.run("scontrol", "-o", "show", "node", name)
+        return parse_key_values(r.stdout.splitlines()[0])
+
+    def sinfo_reasons(self) -> List[Dict[str, str]]:
+        """One dict per node with a reason: node, state, user, timestamp, reason."""
+        r = self.run("sinfo", "-R", "-N", "-h", "-o", "%N|%T|%u|%H|%E")
+        rows = []
+        for line in r.stdout.splitlines():
+            if line.strip():
+                node, state, user, ts, reason = line.split("|", 4)
+                rows.append({"node": node.strip(), "state": state.strip(), "user": user.strip(),
+                             "timestamp": ts.strip(), "reason": reason.strip()})
+        return rows
+
+    def wait_node_state(self, name: str, test: NodeStateTest, timeout: float = 30) -> Dict[str, str]:
+        """Poll ``scontrol show node`` until ``test`` holds: a substring of State, or a predicate on the info dict."""
+        deadline = time.monotonic() + timeout
+        info: Dict[str, str] = {}
+        while True:
+            try:
+                info = self.node_info(name)
+            except TestbedError:
+                info = {}
+            ok = test(info) if callable(test) else (test in info.get("State", ""))
+            if info and ok:
+                return info
+            if time.monotonic() > deadline:
+                raise TimeoutError(self._failure_report(
+                    f"node {name} not in the expected state after {timeout:.0f} s: State={info.get('State')} "
+                    f"Reason={info.get('Reason')}"))
+            time.sleep(0.2)
+
+    def cancel_all(self, timeout: float = 30) -> None:
+        """Cancel every job and wait until none is left running or pending."""
+        ids = self._live_job_ids()
+        if ids:
+            self.run("scancel", *[str(i) for i in ids], check=False)
+        deadline = time.monotonic() + timeout
+        while self.run("squeue", "-h", "-t", "PD,R,CG,CF,S,RQ,RS,RH,SE,SO,ST", "-o", "%A").stdout.strip():
+            if time.monotonic() > deadline:
+                raise TimeoutError(self._failure_report("jobs did not end after scancel"))
+            time.sleep(0.2)
+
+    def resume_all(self, timeout: float = 30) -> None:
+        """Undrain/resume every node (test isolation) and wait until each is back in service.
+
+        RESUME leaves a node IDLE+NOT_RESPONDING until slurmctld's next contact with its slurmd
+        (~1 s here), and such a node is neither scheduled nor resumable: wait for that too."""
+        for node in self.nodes:
+            state = self.node_info(node).get("State", "")
+            if any(flag in state for flag in ("DRAIN", "DOWN", "FAIL")):
+                self.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+        for node in self.nodes:
+            self.wait_node_state(node, _in_service, timeout=timeout)
+
+    def reset(self) -> None:
+        """Cancel all jobs and resume all nodes: a clean cluster for the next test."""
+        self.cancel_all()
+        self.resume_all()
