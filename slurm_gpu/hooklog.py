@@ -52,20 +52,32 @@ class HookLog:
             prio = {10: self._syslog.LOG_DEBUG, 20: self._syslog.LOG_INFO, 30: self._syslog.LOG_WARNING,
                     40: self._syslog.LOG_ERR}[lv]
             self._syslog.syslog(prio, line)
+        file_failed = False
         if self.path:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
+            data = f"{stamp} pid={os.getpid()} {level.upper()} {line}\n".encode("utf-8", "replace")
             try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-                try:
-                    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
-                    os.write(fd, f"{stamp} pid={os.getpid()} {level.upper()} {line}\n".encode("utf-8", "replace"))
-                finally:
-                    os.close(fd)
+                self._append(data)
             except OSError as e:
-                if self.path not in str(self.problems):
+                file_failed = True
+                if not self.problems:
                     self.problems.append(f"cannot write log file {self.path}: {e.strerror}")
-        if self.stderr or lv >= 40:
+                    print(f"slurm-gpu {self.hook} log-file-error path={self.path} error={_quote(e.strerror)}",
+                          file=sys.stderr)
+        if self.stderr or lv >= 40 or (file_failed and self._syslog is None):
             print(f"slurm-gpu {line}", file=sys.stderr)
         return line
+
+    def _append(self, data: bytes) -> None:
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(self.path) or ".", mode=0o755, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        try:
+            os.write(fd, data)  # one write per line: concurrent hooks never interleave a line
+        finally:
+            os.close(fd)
 
     def info(self, event: str, **f: Any) -> str:
         return self.event(event, "info", **f)

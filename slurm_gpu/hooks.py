@@ -135,9 +135,18 @@ def _drain(deps: HookDeps, job: JobEnv, source: str, fault: str) -> bool:
     ok = False
     if deps.cfg.get("hooks", "drain_on_fault"):
         try:
-            deps.backend().drain(job.node, reason)
+            backend = deps.backend()
+            info = backend.node(job.node)
+            if info.drained:
+                # Keep the first reason: ours from an earlier hook (the epilog after a failed
+                # prolog sees the same fault) is the more precise one, and someone else's drain
+                # (an admin's maintenance) must not become ours and thus resumable.
+                deps.log.warning("already-drained", job=job.job_id, node=job.node, reason=reason,
+                                 existing=info.reason)
+            else:
+                backend.drain(job.node, reason)
+                deps.log.warning("drain", job=job.job_id, node=job.node, reason=reason)
             ok = True
-            deps.log.warning("drain", job=job.job_id, node=job.node, reason=reason)
         except SlurmGpuError as e:
             deps.log.error("drain-failed", job=job.job_id, node=job.node, reason=reason, error=e.message)
     else:
@@ -330,8 +339,11 @@ def epilog(job: JobEnv, deps: HookDeps) -> int:
     snap = r.snapshot(indices)
     results = health.evaluate(snap, cfg, gpus=indices, idle=indices, xid_events=events, xid_problem=problem, now=end)
     starts = deps.store.job_starts(job.cluster, job.job_id, job.restart_count, job.node)
+    ran_here = bool(starts) or any(a is not None and a.ok and a.value for a in acct.values())
     if not starts:
-        log.warning("no-start-record", job=job.job_id, node=job.node)
+        # No prolog record: the prolog failed (the job was requeued and never ran here) or
+        # slurm-gpu was installed while the job ran.  Record usage only if processes ran.
+        log.warning("no-start-record", job=job.job_id, node=job.node, recorded=ran_here)
     gpu_rows = []
     for g in snap.gpus:
         start = starts.get(g.uuid_or_index)
@@ -369,9 +381,12 @@ def epilog(job: JobEnv, deps: HookDeps) -> int:
         if x.status in (health.FAIL, health.WARN):
             log.event("check", "warning" if x.status == health.WARN else "error", job=job.job_id, node=job.node,
                       gpu=x.gpu_uuid or x.where, check=x.check, status=x.status, message=x.message)
-    _write(deps, {"kind": "job_end", "job": job_row, "gpus": gpu_rows,
-                  "events": _results_events(results, job.node, "epilog", job.job_id, end)}, job)
-    for row in gpu_rows:
+    events = _results_events(results, job.node, "epilog", job.job_id, end)
+    if ran_here:
+        _write(deps, {"kind": "job_end", "job": job_row, "gpus": gpu_rows, "events": events}, job)
+    elif events:
+        _write(deps, {"kind": "health", "events": events}, job)
+    for row in gpu_rows if ran_here else []:
         log.info("record", job=job.job_id, node=job.node, gpu=row["gpu_uuid"], energy_j=row["energy_j"],
                  gpu_util=row["gpu_util_mean_pct"], max_mem=row["max_memory_bytes"],
                  xids=len(json.loads(row["xid_events"])) if row["xid_events"] else 0)

@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -24,9 +25,15 @@ from slurm_gpu.store import Store
 
 
 class RecordingSlurm:
-    def __init__(self, fail: bool = False):
+    def __init__(self, fail: bool = False, drained_reason: str = ""):
         self.drains = []
         self.fail = fail
+        self.drained_reason = drained_reason
+
+    def node(self, name):
+        if self.fail:
+            raise SlurmError("slurmctld not reachable: Unable to contact slurm controller", "scontrol ping")
+        return types.SimpleNamespace(name=name, drained=bool(self.drained_reason), reason=self.drained_reason)
 
     def drain(self, node, reason):
         if self.fail:
@@ -294,3 +301,30 @@ def test_gres_index_maps_through_minor_numbers(sim_node):
     deps = deps_for(node)
     ident = deps.reader.identities()
     assert hooks.map_job_gpus((0, 1, 2, 3), ident) == {0: 1, 1: 3, 2: 0, 3: 2}
+
+
+def test_fault_on_already_drained_node_keeps_existing_reason(sim_node):
+    node = sim_node(simgpu.h100_sxm(1))
+    simgpu.set_gpu(node.state, 0, ecc_volatile_uncorrected=1)
+    slurm = RecordingSlurm(drained_reason="maintenance")
+    assert hooks.prolog(from_env(job_env(gpus="0")), deps_for(node, slurm=slurm)) == 1
+    assert slurm.drains == []  # an admin's drain is never replaced by ours
+    assert "already-drained" in node.log_text() and "maintenance" in node.log_text()
+
+
+def test_epilog_after_failed_prolog_records_no_usage(sim_node):
+    node = sim_node(simgpu.h100_sxm(1))
+    simgpu.set_gpu(node.state, 0, ecc_volatile_uncorrected=1)
+    env = job_env(gpus="0")
+    assert hooks.prolog(from_env(env), deps_for(node)) == 1
+    # slurmd runs the epilog even though the prolog failed; the job was requeued elsewhere.
+    assert hooks.epilog(from_env(env), deps_for(node, slurm=RecordingSlurm(drained_reason="slurm-gpu: x"))) == 0
+    assert rows(node.db, "SELECT count(*) AS n FROM job_gpus")[0]["n"] == 0
+    assert rows(node.db, "SELECT count(*) AS n FROM health_events WHERE source='epilog'")[0]["n"] == 1
+
+
+def test_log_file_directory_is_created(tmp_path):
+    log = HookLog("prolog", syslog_on=False, path=str(tmp_path / "new" / "dir" / "hooks.log"))
+    log.info("pass", job=1, gpu="GPU-1", note="two words")
+    text = (tmp_path / "new" / "dir" / "hooks.log").read_text()
+    assert 'INFO prolog pass job=1 gpu=GPU-1 note="two words"' in text and log.problems == []

@@ -1,0 +1,234 @@
+"""The prolog and epilog under real slurmd: real sbatch jobs of an unprivileged user, simulated GPUs.
+
+Each node's hooks see that node's simulated driver: the library is built with a default state
+path containing %n, which it fills from SLURMD_NODENAME (slurmd gives hooks no other environment).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import simgpu
+
+pytestmark = pytest.mark.slurm
+
+
+def _script(name: str) -> str:
+    path = os.path.join(os.path.dirname(sys.executable), name)
+    return path if os.path.exists(path) else shutil.which(name) or pytest.fail(f"{name} is not installed (pip install -e .)")
+
+
+class Site:
+    """Per-node simulated GPUs, databases and logs for the two-node cluster."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        os.chmod(root, 0o755)
+        self.lib = simgpu.build(root / "lib", default_state=str(root / "%n.state"))
+        self.minors = {"gpu01": [0, 1, 2, 3], "gpu02": [4, 5, 6, 7]}
+        self.reset()
+
+    def reset(self) -> None:
+        for node, minors in self.minors.items():
+            shutil.rmtree(self.root / node, ignore_errors=True)  # database, spool and log of the last test
+            prof = simgpu.h100_sxm(4, seed=node)
+            for g, m in zip(prof["gpus"], minors):
+                g["minor"] = m
+            simgpu.write_state(self.state(node), prof)
+            (self.root / f"{node}.kmsg").write_text("")
+
+    def state(self, node: str) -> Path:
+        return self.root / f"{node}.state"
+
+    def db(self, node: str) -> Path:
+        return self.root / node / "usage.db"
+
+    def log(self, node: str) -> str:
+        p = self.root / node / "hooks.log"
+        return p.read_text() if p.exists() else ""
+
+    def rows(self, node: str, sql: str, *args):
+        if not self.db(node).exists():
+            return []
+        conn = sqlite3.connect(str(self.db(node)))
+        conn.row_factory = sqlite3.Row
+        try:
+            return [dict(r) for r in conn.execute(sql, args)]
+        finally:
+            conn.close()
+
+    def config(self) -> str:
+        r = self.root
+        return (f'nvml_library = "{self.lib}"\nnvml_timeout_s = 2.0\nslurm_timeout_s = 10.0\n'
+                f'[store]\ndatabase = "{r}/%n/usage.db"\nspool_dir = "{r}/%n/spool"\nbusy_timeout_s = 1.0\n'
+                f'[log]\nsyslog = false\nfile = "{r}/%n/hooks.log"\n'
+                f'[xid]\nsource = "file:{r}/%n.kmsg"\n'
+                '[hooks]\nprolog_deadline_s = 20\nepilog_deadline_s = 30\nkill_grace_s = 1.0\n')
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Site:
+    root = Path("/tmp") / f"slurm-gpu-hooks-{os.getpid()}"
+    s = Site(root)
+    yield s
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster(site, slurm_testbed_factory):
+    site.reset()
+    bed = slurm_testbed_factory(prolog=_script("slurm-gpu-prolog"), epilog=_script("slurm-gpu-epilog"),
+                                slurm_gpu_config=site.config(), prolog_epilog_timeout=60)
+    return bed
+
+
+def wait_running(bed, site: Site, node: str, job_id: int, timeout: float = 30) -> None:
+    """Until the job's prolog has passed: with PrologFlags=Alloc a job is RUNNING while its prolog runs."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if f"prolog pass job={job_id} " in site.log(node) and bed.job_info(job_id).get("JobState") == "RUNNING":
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} did not start: {bed.job_info(job_id)}\n{site.log(node)}")
+
+
+def test_healthy_job_records_usage_per_gpu_from_driver_counters(cluster, site):
+    job = cluster.sbatch("sleep 4", args=["-p", "gpu", "-w", "gpu01", "--gres=gpu:2"])
+    wait_running(cluster, site, "gpu01", job)
+    # While the job runs the driver counts energy and the job's processes (per-process accounting).
+    now_us = int(time.time() * 1e6)
+    for i in range(4):
+        simgpu.set_gpu(site.state("gpu01"), i, energy_mj=1_000_000_000 + i * 1_000_003 + 12_000_000,
+                       acct=[dict(pid=4000 + i, gpu_util=90, mem_util=40, max_mem_bytes=(10 + i) << 30,
+                                  time_ms=2000, start_time_us=now_us, is_running=0)])
+    assert cluster.wait_job(job, timeout=60) == "COMPLETED"
+    rows = site.rows("gpu01", "SELECT * FROM job_gpus WHERE job_id = ?", job)
+    assert len(rows) == 2, site.log("gpu01")
+    uuids = {g["uuid"] for g in simgpu.h100_sxm(4, seed="gpu01")["gpus"]}
+    for r in rows:
+        assert r["gpu_uuid"] in uuids and r["gpu_index"] in (0, 1)
+        assert (r["user"], r["account"], r["partition"], r["node"], r["cluster"]) == \
+               ("sgtest", "physics", "gpu", "gpu01", "sgtest")
+        assert r["energy_j"] == pytest.approx(12_000.0)
+        assert r["max_memory_bytes"] == (10 + r["gpu_index"]) << 30 and r["process_count"] == 1
+        # 90 % for 2 s of a job of ~4-5 s
+        assert 30 < r["gpu_util_mean_pct"] < 50, r
+    assert {a["function"] for a in simgpu.read_actions(site.state("gpu01"))} >= {
+        "nvmlDeviceResetApplicationsClocks", "nvmlDeviceSetAccountingMode", "nvmlDeviceClearAccountingPids"}
+    assert cluster.node_info("gpu01")["State"] == "IDLE"
+
+
+def test_job_on_gpu_with_uncorrectable_ecc_drains_node_and_finishes_elsewhere(cluster, site):
+    for i in range(4):
+        simgpu.set_gpu(site.state("gpu01"), i, ecc_volatile_uncorrected=2)
+    job = cluster.sbatch("sleep 1", args=["-p", "gpu", "--gres=gpu:2"])
+    assert cluster.wait_job(job, timeout=90) == "COMPLETED"
+    assert cluster.job_info(job)["NodeList"] == "gpu02"
+    reasons = {r["node"]: r["reason"] for r in _reasons(cluster)}
+    assert "gpu01" in reasons and "gpu02" not in reasons
+    ours = site.rows("gpu01", "SELECT reason FROM drains")
+    assert ours and ours[0]["reason"].startswith("slurm-gpu: GPU 0 (GPU-")
+    assert "uncorrectable ECC errors: 2" in ours[0]["reason"] and f"[prolog job {job}]" in ours[0]["reason"]
+    assert reasons["gpu01"] == ours[0]["reason"], reasons  # Slurm kept our reason, not "Prolog error"
+    # The requeued run is recorded on gpu02 with restart count 1.
+    assert [r["restart_count"] for r in site.rows("gpu02", "SELECT DISTINCT restart_count FROM job_gpus WHERE job_id=?", job)] == [1]
+
+
+def test_hung_gpu_drains_within_deadline_and_prolog_does_not_hang(cluster, site):
+    for i in range(4):
+        simgpu.inject_hang(site.state("gpu01"), i, "nvmlDeviceGetTemperature", 600)
+    t0 = time.monotonic()
+    job = cluster.sbatch("true", args=["-p", "gpu", "--gres=gpu:1"])
+    assert cluster.wait_job(job, timeout=90) == "COMPLETED"
+    assert time.monotonic() - t0 < 45
+    ours = site.rows("gpu01", "SELECT reason FROM drains")
+    assert ours and "nvmlDeviceGetTemperature timed out after 2s" in ours[0]["reason"], site.log("gpu01")
+    assert "DRAIN" in cluster.node_info("gpu01")["State"]
+
+
+def test_leftover_process_is_terminated_by_epilog(cluster, site):
+    pidfile = cluster.jobs_dir / "leftover.pid"
+    job = cluster.sbatch(f"setsid -f sh -c 'echo $$ > {pidfile}; exec sleep 300'; sleep 3",
+                         args=["-p", "gpu", "-w", "gpu01", "--gres=gpu:1"])
+    wait_running(cluster, site, "gpu01", job)
+    end = time.monotonic() + 10
+    while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < end:
+        time.sleep(0.1)
+    pid = int(pidfile.read_text())
+    simgpu.set_gpu(site.state("gpu01"), 0, procs=[(pid, 2 << 30)])
+    assert cluster.wait_job(job, timeout=60) == "COMPLETED"
+    _wait_gone(pid)
+    assert "leftover-processes" in site.log("gpu01")
+    assert cluster.node_info("gpu01")["State"] == "IDLE"
+    assert len(site.rows("gpu01", "SELECT * FROM job_gpus WHERE job_id=?", job)) == 1
+
+
+def test_process_surviving_kill_drains_node(cluster, site):
+    # pid 2 is a kernel thread: like a process stuck in the driver, no signal removes it.
+    job = cluster.sbatch("sleep 2", args=["-p", "gpu", "-w", "gpu01", "--gres=gpu:1"])
+    wait_running(cluster, site, "gpu01", job)
+    simgpu.set_gpu(site.state("gpu01"), 0, procs=[(2, 1 << 30)])
+    cluster.wait_job(job, timeout=60)
+    cluster.wait_node_state("gpu01", "DRAIN", timeout=30)
+    reason = {r["node"]: r["reason"] for r in _reasons(cluster)}["gpu01"]
+    assert reason.startswith("slurm-gpu:") and "survived SIGKILL" in reason and f"[epilog job {job}]" in reason
+
+
+def test_jobs_ending_together_on_one_node_all_recorded(cluster, site):
+    jobs = [cluster.sbatch("sleep 3", args=["-p", "gpu", "-w", "gpu02", "--gres=gpu:1"]) for _ in range(4)]
+    for j in jobs:
+        assert cluster.wait_job(j, timeout=90) == "COMPLETED"
+    marks = ",".join("?" * len(jobs))
+    got = site.rows("gpu02", f"SELECT job_id, gpu_uuid FROM job_gpus WHERE job_id IN ({marks})", *jobs)
+    assert sorted(r["job_id"] for r in got) == sorted(jobs)
+    assert len({r["gpu_uuid"] for r in got}) == 4  # four different GPUs, mapped through minors 4-7
+
+
+def test_unwritable_database_spools_record_then_ingests(cluster, site):
+    first = cluster.sbatch("true", args=["-p", "gpu", "-w", "gpu01", "--gres=gpu:1"])
+    assert cluster.wait_job(first, timeout=60) == "COMPLETED"  # creates the database
+    job = cluster.sbatch("sleep 3", args=["-p", "gpu", "-w", "gpu01", "--gres=gpu:1"])
+    wait_running(cluster, site, "gpu01", job)
+    locker = sqlite3.connect(str(site.db("gpu01")), isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")  # held past the epilog's busy timeout
+    try:
+        assert cluster.wait_job(job, timeout=60) == "COMPLETED"
+        spool = site.root / "gpu01" / "spool"
+        assert len(list(spool.glob("*-job_end.json"))) == 1, site.log("gpu01")
+        assert site.rows("gpu01", "SELECT * FROM job_gpus WHERE job_id=?", job) == []
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    nxt = cluster.sbatch("true", args=["-p", "gpu", "-w", "gpu01", "--gres=gpu:1"])
+    assert cluster.wait_job(nxt, timeout=60) == "COMPLETED"
+    assert len(site.rows("gpu01", "SELECT * FROM job_gpus WHERE job_id=?", job)) == 1
+    assert list((site.root / "gpu01" / "spool").glob("*.json")) == []
+    assert cluster.node_info("gpu01")["State"] == "IDLE"
+
+
+def _reasons(bed):
+    out = []
+    for line in bed.run("sinfo", "-h", "-N", "-R", "-o", "%N|%E").stdout.splitlines():
+        node, _, reason = line.partition("|")
+        out.append({"node": node.strip(), "reason": reason.strip()})
+    return out
+
+
+def _wait_gone(pid: int, timeout: float = 10) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] in ("Z", "X"):
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"pid {pid} still alive")
