@@ -9,7 +9,8 @@
 set -euo pipefail
 
 SGTEST_UID=2501
-APT_PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server build-essential procps)
+# chromium: the HTML report is checked in a headless browser (tests/test_report_html.py).
+APT_PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server build-essential procps make chromium)
 
 cd "$(dirname "$0")/.."
 

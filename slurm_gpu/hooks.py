@@ -339,11 +339,13 @@ def epilog(job: JobEnv, deps: HookDeps) -> int:
     snap = r.snapshot(indices)
     results = health.evaluate(snap, cfg, gpus=indices, idle=indices, xid_events=events, xid_problem=problem, now=end)
     starts = deps.store.job_starts(job.cluster, job.job_id, job.restart_count, job.node)
-    ran_here = bool(starts) or any(a is not None and a.ok and a.value for a in acct.values())
+    ran_here = bool(starts)
     if not starts:
         # No prolog record: the prolog failed (the job was requeued and never ran here) or
-        # slurm-gpu was installed while the job ran.  Record usage only if processes ran.
-        log.warning("no-start-record", job=job.job_id, node=job.node, recorded=ran_here)
+        # slurm-gpu was installed while the job ran.  Without the start counters there is no
+        # right number to record — and the driver's accounting may still hold an earlier
+        # job's processes, since a failed prolog does not clear them.
+        log.warning("no-start-record", job=job.job_id, node=job.node)
     gpu_rows = []
     for g in snap.gpus:
         start = starts.get(g.uuid_or_index)

@@ -705,7 +705,8 @@ class SlurmTestbed:
     def _setup_accounting(self) -> None:
         self.run("sacctmgr", "-i", "add", "cluster", CLUSTER, check=False)
         self.run("sacctmgr", "-i", "add", "account", *ACCOUNTS, f"cluster={CLUSTER}", check=False)
-        self.run("sacctmgr", "-i", "add", "user", JOB_USER, f"account={ACCOUNTS[0]}",
+        # Associated with every account, default physics: jobs can charge `-A chem` too.
+        self.run("sacctmgr", "-i", "add", "user", JOB_USER, f"account={','.join(ACCOUNTS)}",
                  f"defaultaccount={ACCOUNTS[0]}", f"cluster={CLUSTER}", check=False)
         out = self.run("sacctmgr", "-n", "-P", "show", "assoc", f"user={JOB_USER}", "format=account").stdout
         if ACCOUNTS[0] not in out.split():

@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""`make demo`: a throwaway two-node Slurm 22.05 cluster with 8 simulated H100s, gated and
+accounted by slurm-gpu.
+
+It starts real munged, MariaDB, slurmdbd, slurmctld and two slurmd on 127.0.0.1 (their own
+ports and directories), points Prolog=/Epilog= at slurm-gpu's hooks, runs a few jobs of the
+unprivileged user `sgtest` while the simulated driver counts energy and utilisation, breaks one
+node's GPUs (uncorrectable ECC errors), shows the drained node with its reason and a per-job GPU
+usage table, and tears everything down.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+BOLD, DIM, RESET = ("\033[1m", "\033[2m", "\033[0m") if sys.stdout.isatty() else ("", "", "")
+
+
+def say(text: str) -> None:
+    print(f"\n{BOLD}== {text}{RESET}", flush=True)
+
+
+def need(cond: bool, what: str, fix: str) -> None:
+    if not cond:
+        print(f"demo: cannot run: {what}\nhint: {fix}", file=sys.stderr)
+        sys.exit(2)
+
+
+def script(name: str) -> str:
+    path = os.path.join(os.path.dirname(sys.executable), name)
+    return path if os.path.exists(path) else (shutil.which(name) or "")
+
+
+def run_cli(*args: str, env: dict) -> None:
+    cp = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", *args], env=env, capture_output=True, text=True)
+    sys.stdout.write(cp.stdout)
+    if cp.returncode not in (0, 1):
+        sys.stdout.write(cp.stderr)
+
+
+def main() -> int:
+    need(os.geteuid() == 0, "it must run as root (slurmd runs prolog/epilog as root, devices are created with mknod)",
+         "run `sudo make demo`")
+    need(shutil.which("apt-get") is not None or shutil.which("slurmctld", path="/usr/sbin:/usr/bin") is not None,
+         "no apt-get and no Slurm installed", "install slurmctld slurmd slurm-client munge slurmdbd mariadb-server")
+    try:
+        import simgpu
+        from testbed import SlurmTestbed, TestbedUnavailable, check_available
+        import slurm_gpu  # noqa: F401
+    except ImportError as e:
+        need(False, f"missing Python module: {e.name}", "run `bash .ci/install-deps.sh` (or `make demo`, which does)")
+    try:
+        check_available()
+    except TestbedUnavailable as e:
+        need(False, e.reason, "run `bash .ci/install-deps.sh` as root (apt installs Slurm, MariaDB and munge)")
+    prolog, epilog = script("slurm-gpu-prolog"), script("slurm-gpu-epilog")
+    need(bool(prolog and epilog), "slurm-gpu-prolog/epilog are not installed", "pip install -e .")
+
+    work = Path(tempfile.mkdtemp(prefix="slurm-gpu-demo-", dir="/tmp"))
+    os.chmod(work, 0o755)
+    site = work / "site"
+    site.mkdir()
+    lib = simgpu.build(site / "lib", default_state=str(site / "%n.state"))
+    for node, minors in (("gpu01", (0, 1, 2, 3)), ("gpu02", (4, 5, 6, 7))):
+        prof = simgpu.h100_sxm(4, seed=node)
+        for g, m in zip(prof["gpus"], minors):
+            g["minor"] = m
+        simgpu.write_state(site / f"{node}.state", prof)
+    config = (f'nvml_library = "{lib}"\nnvml_timeout_s = 2.0\n'
+              f'[store]\ndatabase = "{site}/%n/usage.db"\nspool_dir = "{site}/%n/spool"\n'
+              f'[log]\nsyslog = false\nfile = "{site}/%n/hooks.log"\n[xid]\nsource = "none"\n')
+    bed = SlurmTestbed(work / "cluster", prolog=prolog, epilog=epilog, slurm_gpu_config=config)
+    try:
+        say("Starting a 2-node Slurm 22.05 cluster (munge, MariaDB, slurmdbd, slurmctld, 2x slurmd) on 127.0.0.1")
+        t0 = time.monotonic()
+        bed.start()
+        print(f"up in {time.monotonic() - t0:.1f} s; Prolog={prolog}\n                Epilog={epilog}")
+        env = dict(os.environ, **bed.env, SIMNVML_STATE=str(site / "gpu01.state"))
+        env["SLURM_GPU_CONFIG"] = str(bed.conf_dir / "slurm-gpu.toml")
+        print(bed.run("sinfo", "-N", "-o", "%N %T %G").stdout, end="")
+
+        say("Running three GPU jobs of user sgtest (accounts physics and chem)")
+        jobs = [
+            (bed.sbatch("sleep 4", args=["-p", "gpu", "-w", "gpu01", "-A", "physics", "--gres=gpu:2"]), "gpu01", 85),
+            (bed.sbatch("sleep 4", args=["-p", "gpu", "-w", "gpu02", "-A", "chem", "--gres=gpu:1"]), "gpu02", 40),
+            (bed.sbatch("sleep 4", args=["-p", "gpu", "-w", "gpu02", "-A", "physics", "--gres=gpu:1"]), "gpu02", 0),
+        ]
+        # The simulated driver plays the workload on each job's GPUs: energy and per-process
+        # accounting while the jobs run (job C holds its GPU without using it).
+        _wait_all_running(bed, site, jobs)
+        now_us = int(time.time() * 1e6)
+        for job, node, util in jobs:
+            for i in _job_gpus(bed, job):
+                simgpu.set_gpu(site / f"{node}.state", i, energy_mj=1_000_000_000 + i * 1_000_003 + 300_000 + util * 30_000,
+                               acct=[dict(pid=10000 + job, gpu_util=util, mem_util=util // 2, max_mem_bytes=(20 + i) << 30,
+                                          time_ms=3500, start_time_us=now_us, is_running=0)] if util else [])
+        for job, node, _ in jobs:
+            print(f"job {job} on {node}: {bed.wait_job(job, timeout=90)}")
+
+        say("GPU 0-3 of gpu01 develop uncorrectable ECC errors; a new job lands there first")
+        for i in range(4):
+            simgpu.set_gpu(site / "gpu01.state", i, ecc_volatile_uncorrected=3)
+        job = bed.sbatch("sleep 1", args=["-p", "gpu", "-A", "physics", "--gres=gpu:2"])
+        state = bed.wait_job(job, timeout=120)
+        info = bed.job_info(job)
+        print(f"job {job}: {state} on {info.get('NodeList')} after {info.get('Restarts', '?')} requeue(s)")
+
+        say("Drained nodes (sinfo -R)")
+        print(bed.run("sinfo", "-R", "-o", "%15N %20T %E").stdout, end="")
+        say("slurm-gpu status")
+        run_cli("status", env=env)
+
+        say("Per-job GPU usage recorded by the epilogs (slurm-gpu report jobs)")
+        run_cli("report", "jobs", "--db", str(site / "gpu01" / "usage.db"), "--db", str(site / "gpu02" / "usage.db"),
+                  env=env)
+        say("By account (slurm-gpu report --by account)")
+        run_cli("report", "--by", "account", "--db", str(site / "gpu01" / "usage.db"),
+                  "--db", str(site / "gpu02" / "usage.db"), env=env)
+        say("What the hooks logged on gpu01")
+        log = (site / "gpu01" / "hooks.log").read_text().splitlines()
+        print("\n".join(line for line in log if " drain " in line or " check " in line)[:2000])
+    finally:
+        say("Tearing down")
+        bed.stop()
+        shutil.rmtree(work, ignore_errors=True)
+        print("all daemons stopped, work directory removed")
+    return 0
+
+
+def _wait_all_running(bed, site: Path, jobs, timeout: float = 60) -> None:
+    """Until every job's prolog has passed (with PrologFlags=Alloc a job is RUNNING during its prolog)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        logs = {n: (site / n / "hooks.log").read_text() if (site / n / "hooks.log").exists() else "" for _, n, _ in jobs}
+        if all(f"prolog pass job={j} " in logs[n] for j, n, _ in jobs):
+            return
+        time.sleep(0.2)
+
+
+def _job_gpus(bed, job: int):
+    """The job's GRES indices from `scontrol -d show job` (GRES=gpu:h100:2(IDX:0-1)); on these
+    simulated nodes the k-th GRES GPU is NVML index k (minors in ascending order)."""
+    import re
+    out = bed.run("scontrol", "-d", "show", "job", str(job)).stdout
+    m = re.search(r"\(IDX:([0-9,\-]+)\)", out)
+    idx = []
+    for part in (m.group(1).split(",") if m else []):
+        a, _, b = part.partition("-")
+        idx.extend(range(int(a), int(b or a) + 1))
+    return idx
+
+
+if __name__ == "__main__":
+    sys.exit(main())
