@@ -167,6 +167,19 @@ def tres_gpu_count(tres: Optional[str]) -> Optional[int]:
 
 # ---------------------------------------------------------------- the interface
 
+def select_nodes(infos: List["NodeInfo"], names: Optional[List[str]], source: str = "") -> List["NodeInfo"]:
+    """The requested nodes out of a full listing, in the requested order; unknown names are an error."""
+    if names is None:
+        return infos
+    by_name = {i.name: i for i in infos}
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        where = f": not in {source}" if source else ""
+        raise SlurmError(f"unknown node{'s' if len(missing) > 1 else ''} {', '.join(missing)}{where}",
+                         "list the cluster's nodes with `sinfo -N`")
+    return [by_name[n] for n in names]
+
+
 class SlurmBackend(abc.ABC):
     """What slurm-gpu needs from Slurm.  All methods raise SlurmError on failure."""
 

@@ -23,7 +23,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .errors import SlurmError
-from .slurm import NodeInfo, SlurmBackend, gpu_count, split_state, tres_gpu_count
+from .slurm import NodeInfo, SlurmBackend, gpu_count, select_nodes, split_state, tres_gpu_count
 
 FALLBACK_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin")
 PING_HINT = "check that slurmctld is running and reachable: `scontrol ping` (SLURM_CONF={conf})"
@@ -244,15 +244,7 @@ class CliBackend(SlurmBackend):
             return [self.node(names[0])]
         for n in names or []:
             self._check_name(n)
-        every = self._show_nodes(None)
-        if names is None:
-            return every
-        by_name = {n.name: n for n in every}
-        missing = [n for n in names if n not in by_name]
-        if missing:
-            raise SlurmError(f"unknown node{'s' if len(missing) > 1 else ''} {', '.join(missing)}: not in `scontrol show node`",
-                             "list the cluster's nodes with `sinfo -N`")
-        return [by_name[n] for n in names]
+        return select_nodes(self._show_nodes(None), names, "`scontrol show node`")
 
     def drain(self, name: str, reason: str) -> None:
         self._check_name(name)

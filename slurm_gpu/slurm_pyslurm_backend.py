@@ -22,7 +22,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .errors import SlurmError
-from .slurm import NodeInfo, SlurmBackend, split_state
+from .slurm import NodeInfo, SlurmBackend, select_nodes, split_state
 
 PING_HINT = "check that slurmctld is running and reachable: `scontrol ping`"
 _UNREACHABLE = ("unable to contact slurm controller", "socket timed out", "connection refused",
@@ -151,15 +151,7 @@ class PyslurmBackend(SlurmBackend):
             return [self.node(names[0])]
         coll = self._call("pyslurm.Nodes.load()", lambda: self.ps.Nodes.load())
         items = list(coll.values()) if hasattr(coll, "values") else list(coll)
-        infos = [self._info(n) for n in items]
-        if names is None:
-            return infos
-        by_name = {i.name: i for i in infos}
-        missing = [n for n in names if n not in by_name]
-        if missing:
-            raise SlurmError(f"unknown node{'s' if len(missing) > 1 else ''} {', '.join(missing)}",
-                             "list the cluster's nodes with `sinfo -N`")
-        return [by_name[n] for n in names]
+        return select_nodes([self._info(n) for n in items], names)
 
     def _modify(self, name: str, what: str, **changes: Any) -> None:
         def go() -> None:

@@ -119,14 +119,7 @@ class Store:
         if record.get("kind") not in KINDS:
             raise ValueError(f"unknown record kind {record.get('kind')!r}")
         try:
-            conn = self.connect()
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                _apply(conn, record)
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
+            _apply_in_transaction(self.connect(), record)
         except (sqlite3.Error, OSError, StoreError) as e:
             self.close()  # a broken connection must not be reused
             where = self.spool(record, reason=str(e))
@@ -189,13 +182,7 @@ class Store:
                 problems.append(f"{os.path.basename(path)}: unreadable ({e}); kept as {os.path.basename(bad)}")
                 continue
             try:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    _apply(conn, rec)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
+                _apply_in_transaction(conn, rec)
             except sqlite3.Error as e:
                 os.rename(claimed, path)
                 problems.append(f"{os.path.basename(path)}: {e}")
@@ -231,6 +218,18 @@ class Store:
                 if (s.get("cluster"), s.get("job_id"), s.get("restart_count"), s.get("node")) == (cluster, job_id, restart_count, node):
                     out.setdefault(s["gpu_uuid"], s)
         return out
+
+
+def _apply_in_transaction(conn: sqlite3.Connection, rec: Dict[str, Any]) -> None:
+    """One record, all or nothing; the write lock is taken up front (BEGIN IMMEDIATE) so a busy
+    database makes us wait busy_timeout once instead of failing halfway."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        _apply(conn, rec)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
 
 
 def _apply(conn: sqlite3.Connection, rec: Dict[str, Any]) -> None:
