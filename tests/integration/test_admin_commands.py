@@ -166,7 +166,10 @@ def test_slurmctld_stopped_gives_clear_error_within_the_timeout(tb, cfg_file, tm
             assert "slurm-gpu: error: slurmctld not reachable" in cp.stderr, cp.stderr
             assert "hint: check that slurmctld is running" in cp.stderr
             no_traceback(cp)
-            assert took < 2.0 + 3, (args, took)
+            # Bounded: our 2 s timeout, not scontrol's own retries, ends the wait. The slack covers
+            # interpreter start-up on a loaded 2-core CI machine (one CI run measured 6.0 s; 2.1 s
+            # on an idle machine); a hang would blow well past it.
+            assert took < 2.0 + 8, (args, took)
     finally:
         tb.start_slurmctld()
 
