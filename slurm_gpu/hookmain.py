@@ -59,14 +59,14 @@ def run_hook(name: str, flow: Callable, env=None) -> int:
         log.error("bad-environment", error=e.message, hint=e.hint, job=env.get("SLURM_JOB_ID"), exit=fail_code)
         return fail_code
     try:
-        deps = hooks.HookDeps(cfg=cfg, log=log, env=env)
+        deps = hooks.HookDeps(cfg=cfg, log=log)
         return flow(job, deps)
     except NvmlUnavailable as e:
         # A GPU job on a node whose driver does not answer cannot use its GPUs: that is a node fault.
         log.error("nvml-unavailable", job=job.job_id, node=job.node, error=e.message)
         if not job.gpus:
             return 0
-        deps = hooks.HookDeps(cfg=cfg, log=log, env=env, reader=object())
+        deps = hooks.HookDeps(cfg=cfg, log=log, reader=object())
         drained = hooks._drain(deps, job, name, f"NVML unavailable: {e.message}")
         return 1 if name == "prolog" or not drained else 0
     except SlurmGpuError as e:

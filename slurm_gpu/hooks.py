@@ -8,8 +8,8 @@ import json
 import os
 import signal
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from . import health, xid
 from .config import Config, node_name
@@ -68,7 +68,6 @@ class HookDeps:
     reader: Any = None  # NvmlReader
     store: Any = None  # Store
     slurm: Any = None  # SlurmBackend
-    env: Mapping[str, str] = field(default_factory=dict)
     now: Callable[[], float] = time.time
     kill: Callable[[int, int], None] = None  # type: ignore[assignment]
     pid_alive: Callable[[int], bool] = None  # type: ignore[assignment]
@@ -168,7 +167,7 @@ def _write(deps: HookDeps, record: Dict[str, Any], job: JobEnv) -> None:
         deps.log.warning("record-spooled", job=job.job_id, node=job.node, kind=record["kind"], file=where[6:])
 
 
-def _job_gpu_snapshot(deps: HookDeps, job: JobEnv) -> Tuple[Dict[int, int], NodeSnapshot, List[CheckResult]]:
+def _job_gpu_snapshot(deps: HookDeps, job: JobEnv) -> Tuple[NodeSnapshot, List[CheckResult]]:
     """Map the job's GPUs, read them, and judge them (they must be idle)."""
     ident = deps.reader.identities()
     mapping = map_job_gpus(job.gpus, ident)
@@ -178,7 +177,7 @@ def _job_gpu_snapshot(deps: HookDeps, job: JobEnv) -> Tuple[Dict[int, int], Node
     snap = deps.reader.snapshot(nvml_indices)
     results = health.evaluate(snap, deps.cfg, gpus=nvml_indices, idle=nvml_indices, xid_events=events,
                               xid_problem=problem, now=now)
-    return mapping, snap, results
+    return snap, results
 
 
 def prolog(job: JobEnv, deps: HookDeps) -> int:
@@ -187,7 +186,7 @@ def prolog(job: JobEnv, deps: HookDeps) -> int:
     if not job.gpus:
         log.info("no-gpus", job=job.job_id, node=job.node)
         return PROLOG_OK
-    mapping, snap, results = _job_gpu_snapshot(deps, job)
+    snap, results = _job_gpu_snapshot(deps, job)
     t = deps.now()
     for r in results:
         if r.status in (health.FAIL, health.WARN):
@@ -243,8 +242,13 @@ def _kill_leftovers(deps: HookDeps, job: JobEnv, indices: Sequence[int]) -> Dict
         pids = [p.pid for p in procs if p.pid not in (0, 1, os.getpid())]
         if pids:
             found[i] = pids
-    if not found or not cfg.get("hooks", "kill_leftovers"):
+    if not found:
         return found
+    if not cfg.get("hooks", "kill_leftovers"):
+        # The site kills nothing: the leftover_processes check reports them instead.
+        log.warning("leftover-processes-not-killed", job=job.job_id, node=job.node,
+                    pids=",".join(str(p) for ps in found.values() for p in ps))
+        return {}
     everyone = sorted({p for ps in found.values() for p in ps})
     log.warning("leftover-processes", job=job.job_id, node=job.node, pids=",".join(map(str, everyone)))
     for sig, wait in ((signal.SIGTERM, cfg.get("hooks", "kill_grace_s")), (signal.SIGKILL, 2.0)):
@@ -366,8 +370,9 @@ def epilog(job: JobEnv, deps: HookDeps) -> int:
                "user": job.user, "uid": job.uid, "account": job.account, "partition": job.partition,
                "gpu_count": len(job.gpus), "start_time": min([g["start_time"] for g in gpu_rows], default=end),
                "end_time": end, "exit_code": job.exit_code}
-    # The kill already happened: what the driver lists now are survivors, judged separately.
-    results = [x for x in results if x.check != "leftover_processes"]
+    if cfg.get("hooks", "kill_leftovers"):
+        # The kill already happened: what the driver lists now are survivors, judged separately.
+        results = [x for x in results if x.check != "leftover_processes"]
     fault = ""
     if survivors:
         g_idx = sorted(survivors)[0]

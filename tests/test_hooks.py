@@ -328,3 +328,21 @@ def test_log_file_directory_is_created(tmp_path):
     log.info("pass", job=1, gpu="GPU-1", note="two words")
     text = (tmp_path / "new" / "dir" / "hooks.log").read_text()
     assert 'INFO prolog pass job=1 gpu=GPU-1 note="two words"' in text and log.problems == []
+
+
+def test_epilog_with_killing_disabled_reports_leftovers_as_check_failure(sim_node):
+    node = sim_node(simgpu.h100_sxm(1))
+    node.write_config("[hooks]\nkill_leftovers = false\n")
+    env = job_env(gpus="0")
+    assert hooks.prolog(from_env(env), deps_for(node)) == 0
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        simgpu.set_gpu(node.state, 0, procs=[(proc.pid, 1 << 30)])
+        deps = deps_for(node)
+        assert hooks.epilog(from_env(env), deps) == 0
+        assert proc.poll() is None  # not killed
+        (n, reason), = deps.slurm.drains
+        assert "compute process(es) still on the GPU" in reason and "SIGKILL" not in reason
+    finally:
+        proc.kill()
+        proc.wait()
