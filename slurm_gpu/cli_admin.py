@@ -276,10 +276,16 @@ def status(app, nodes, all_nodes, as_json, fmt, only_drained):
 # ------------------------------------------------------------------ healthcheck
 
 def default_checker(cfg: Any) -> Callable[[Any], list]:
-    """The real GPU check: hooks.check_node, expecting the GPU count Slurm has configured."""
+    """The real GPU check: hooks.check_node, expecting the GPU count Slurm has configured.
+
+    When Slurm has no GPU of the node allocated, every GPU must be idle: leftover processes
+    and leaked memory count (a prolog drain for leaked memory is then not resumed while the
+    memory is still held).  With jobs running, those two checks are left out.
+    """
     def check(info: Any) -> list:
         from . import hooks
-        _snap, results = hooks.check_node(cfg, expected_count=info.gpus_configured or None)
+        idle = True if getattr(info, "gpus_allocated", 1) == 0 else None
+        _snap, results = hooks.check_node(cfg, expected_count=info.gpus_configured or None, idle=idle)
         return results
     return check
 

@@ -262,3 +262,16 @@ def test_severity_off_removes_check(sim_node):
     simgpu.set_gpu(node.state, 0, temperature=110)
     res = check_in_process(node)
     assert by_check(res, "temperature") == [] and health.worst(res) != "FAIL"
+
+
+def test_healthcheck_checks_leftovers_only_when_no_gpu_is_allocated(sim_node):
+    import types
+    from slurm_gpu.cli_admin import default_checker
+    node = sim_node(simgpu.h100_sxm(2))
+    simgpu.set_gpu(node.state, 1, memory_used=8 << 30)
+    os.environ["SIMNVML_STATE"] = str(node.state)
+    check = default_checker(config.load(str(node.config)))
+    idle_node = check(types.SimpleNamespace(gpus_configured=2, gpus_allocated=0))
+    assert [r.status for r in by_check(idle_node, "memory_in_use", 1)] == ["FAIL"]
+    busy_node = check(types.SimpleNamespace(gpus_configured=2, gpus_allocated=1))
+    assert by_check(busy_node, "memory_in_use") == [] and health.worst(busy_node) != "FAIL"
