@@ -216,9 +216,17 @@ class Source:
             self.conn = _connect(readonly_uri(path), path)
             _check_database(self.conn, path)
             self.indexed = True
+            names = {r[0] for r in self.conn.execute(
+                "SELECT name FROM main.sqlite_master WHERE type='index' AND tbl_name='job_gpus'")}
+            # Schema v2's covering indexes (a v1 file read as is has none: the report never migrates).
+            self.covering = frozenset(c for c in schema.REPORT_INDEX_KEYS if f"job_gpus_by_{c}" in names) \
+                if "job_gpus_duration" in names else frozenset()
         else:
+            # The merged temp database has no covering index: building one is a sort of every row,
+            # which is what the plain GROUP BY does anyway.
             self.conn = self._merge(self.files, query)
             self.indexed = False
+            self.covering = frozenset()
         self.table = "main.job_gpus"
 
     @staticmethod
@@ -478,7 +486,9 @@ def _bucket_tree(col: str, buckets: Sequence[Tuple[float, float, str]], leaf: Ca
 
 
 def summary_plan(src: Source, by: Sequence[str]) -> Optional[SummaryPlan]:
-    """The one SELECT behind `report --by ...` (also what the benchmark runs in the sqlite3 shell).
+    """`report --by ...` as one SELECT: used where the covering indexes do not apply (a v1 file,
+    merged files, several plain keys, a filter on another column, a narrow --since), and what the
+    benchmark runs in the sqlite3 shell.
 
     None when a calendar grouping finds no records at all.
     """
@@ -487,9 +497,10 @@ def summary_plan(src: Source, by: Sequence[str]) -> Optional[SummaryPlan]:
     where += _PART
     params["thr"] = q.idle_threshold_pct
     unit = next((k for k in by if k in TIME_KEYS), None)
-    # The unary + keeps SQLite from walking the (user, end_time) index to avoid a sort: a table
-    # lookup per row costs more than sorting.
-    group = ", ".join(f"+\"{k}\"" for k in by)
+    # The unary + keeps SQLite from walking a non-covering index to avoid a sort: a table lookup
+    # per row costs more than sorting.  A covering index (schema v2) is walked: no sort at all.
+    plus = "" if _covering_key(src, by) else "+"
+    group = ", ".join(f"{plus}\"{k}\"" for k in by)
     jobs = "COUNT(DISTINCT job_id)" if src.single_cluster() else "COUNT(DISTINCT cluster || '/' || job_id)"
     if unit is None:
         t = _overlap_sql(q)
@@ -561,8 +572,161 @@ def _partitions(src: Source) -> int:
     return 1 if rows < PARALLEL_MIN_ROWS else min(cpus, 8)
 
 
+def _covering_key(src: Source, by: Sequence[str], with_time: bool = False) -> Optional[str]:
+    """The column whose covering index (schema v2) can answer `--by`, or None.
+
+    It applies to one plain key (plus, with `with_time`, one calendar key), when every filter
+    is on that key or the cluster (another filter's column is not in the index) and no narrow
+    --since makes the end_time index the better start.
+    """
+    plain = [k for k in by if k not in TIME_KEYS]
+    if len(plain) != 1 or (len(by) > 1 and not with_time) or GROUP_KEYS[plain[0]] not in src.covering:
+        return None
+    col = GROUP_KEYS[plain[0]]
+    q = src.query
+    for fcol, vals in (("user", q.users), ("account", q.accounts), ("partition", q.partitions), ("node", q.nodes)):
+        if vals and fcol != col:  # cluster is in the index
+            return None
+    if q.job_id is not None or src.use_end_index():
+        return None
+    return col
+
+
+MAX_INDEX_TASKS = 20_000  # (key, bucket) queries; beyond that the one-pass sort wins
+
+
+def _index_tasks(src: Source, by: Sequence[str], col: str, unit: Optional[str]
+                 ) -> Optional[Tuple[str, Dict[str, Any], List[Tuple[Any, Optional[int]]], Tuple[Tuple[float, float, str], ...]]]:
+    """One aggregate query per group, each an index range: SQL, parameters, (key, bucket) tasks, calendar."""
+    q = src.query
+    where, params = _where(q, use_index=False)
+    params["thr"] = q.idle_threshold_pct
+    idx = f"job_gpus_by_{col}"
+    # The distinct keys, by skipping through the index: O(keys x log rows), not a scan.
+    keys: List[Any] = [v for (v,) in src.conn.execute(
+        f"WITH RECURSIVE k(v) AS (SELECT MIN({col}) FROM {src.table} INDEXED BY {idx} UNION ALL "
+        f"SELECT (SELECT MIN({col}) FROM {src.table} INDEXED BY {idx} WHERE {col} > k.v) FROM k WHERE k.v IS NOT NULL) "
+        f"SELECT v FROM k WHERE v IS NOT NULL")]
+    if src.conn.execute(f"SELECT EXISTS (SELECT 1 FROM {src.table} INDEXED BY {idx} WHERE {col} IS NULL)").fetchone()[0]:
+        keys.insert(0, None)  # SQLite's order: NULL first
+    wanted = {"user": q.users, "account": q.accounts, "partition": q.partitions, "node": q.nodes}.get(col)
+    if wanted:
+        keys = [k for k in keys if k in wanted]
+    jobs = "COUNT(DISTINCT job_id)" if src.single_cluster() else "COUNT(DISTINCT cluster || '/' || job_id)"
+    if unit is None:
+        t = _overlap_sql(q)
+        sql = (f"SELECT {jobs} AS jobs,\n  {_aggregates_sql(t, _energy_sql(q, t, False))}\n"
+               f"FROM {src.table} INDEXED BY {idx}\nWHERE {col} IS :key AND {where}")
+        return sql, params, [(k, None) for k in keys], ()
+    # Buckets over the window, or over a bound of the data's range found in O(log n): no record
+    # ends before MIN(end_time) nor starts before that minus the longest record.  Buckets
+    # without records give no rows.
+    longest = src.conn.execute(f"SELECT MAX(end_time - start_time) FROM {src.table}").fetchone()[0]
+    lo_end, hi_end = src.end_time_range()
+    if longest is None or lo_end is None:
+        return None
+    lo = q.since_s if q.since_s is not None else lo_end - max(longest, 0.0)
+    hi = q.until_s if q.until_s is not None else hi_end
+    if hi <= lo:
+        return None
+    try:
+        buckets = calendar(lo, hi, unit, q.tz)
+    except InputError:
+        return None  # `lo` is only a bound: the one-pass plan decides on the records' real range
+    # A bucket's query walks the records starting up to `longest` before it: give up when that
+    # reads the table more than about twice (day buckets and multi-day jobs).
+    if len(buckets) * max(longest, 0.0) > 2 * (hi - lo) or len(keys) * len(buckets) > MAX_INDEX_TASKS:
+        return None
+    params["longest"] = max(longest, 0.0)
+    t = "(MIN(end_time, :b_end) - MAX(start_time, :b_start))"
+    # Every record overlapping the bucket: start_time is a range in the index; the piece inside the
+    # bucket is t (buckets are clipped to the window), energy prorated by the same fraction.
+    sql = (f"SELECT {jobs} AS jobs,\n  {_aggregates_sql(t, f'energy_j * {t} / (end_time - start_time)')}\n"
+           f"FROM {src.table} INDEXED BY {idx}\nWHERE {col} IS :key AND start_time >= :b_start - :longest "
+           f"AND start_time < :b_end AND end_time > :b_start AND {where}")
+    # Tasks in the order of the output rows: --by month,user sorts by month first.
+    if by.index(unit) < by.index(next(k for k in by if k not in TIME_KEYS)):
+        tasks = [(k, i) for i in range(len(buckets)) for k in keys]
+    else:
+        tasks = [(k, i) for k in keys for i in range(len(buckets))]
+    return sql, params, tasks, tuple(buckets)
+
+
+def _summary_by_index(src: Source, by: Sequence[str]) -> Optional[List[Dict[str, Any]]]:
+    """`--by KEY[,day|week|month]` through KEY's covering index: one query per group, in group order.
+
+    Each query is an index range with no sort; groups are spread over threads (each with its
+    own connection; sqlite releases the GIL) and come back in key, bucket order.  None: this
+    database or grouping cannot use it.
+    """
+    col = _covering_key(src, by, with_time=True)
+    if col is None:
+        return None
+    unit = next((k for k in by if k in TIME_KEYS), None)
+    plan = _index_tasks(src, by, col, unit)
+    if plan is None:
+        return None
+    sql, params, tasks, buckets = plan
+    key = next(k for k in by if k not in TIME_KEYS)
+    results: List[Optional[Dict[str, Any]]] = [None] * len(tasks)
+
+    def work(conn: sqlite3.Connection, mine: Iterator[int]) -> None:
+        p = dict(params)
+        for i in mine:
+            k, b = tasks[i]
+            p["key"] = k
+            if b is not None:
+                p["b_start"], p["b_end"] = buckets[b][0], buckets[b][1]
+            cur = conn.execute(sql, p)
+            got = cur.fetchone()
+            results[i] = dict(zip([d[0] for d in cur.description], got))
+
+    n = min(_partitions(src), max(len(tasks), 1))
+    if n == 1:
+        work(src.conn, iter(range(len(tasks))))
+    else:
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        lock = threading.Lock()
+        counter = iter(range(len(tasks)))
+
+        def shared() -> Iterator[int]:
+            while True:
+                with lock:
+                    i = next(counter, None)
+                if i is None:
+                    return
+                yield i
+
+        path = src.files[0]
+
+        def run(_: int) -> None:
+            conn = _connect(readonly_uri(path), path)
+            try:
+                work(conn, shared())
+            finally:
+                conn.close()
+
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            list(pool.map(run, range(n)))
+    rows: List[Dict[str, Any]] = []
+    for (k, b), res in zip(tasks, results):
+        if res is None or res["alloc_s"] is None:  # no record in this group
+            continue
+        row = {key: k}
+        row.update(res)
+        if unit is not None and b is not None:
+            row[unit] = buckets[b][2]
+        rows.append(row)
+    return rows
+
+
 def summary_raw(src: Source, by: Sequence[str]) -> List[Dict[str, Any]]:
     """Raw per-group sums; large single files are split by job_id across threads (sqlite releases the GIL)."""
+    fast = _summary_by_index(src, by)
+    if fast is not None:
+        return fast
     plan = summary_plan(src, by)
     if plan is None:
         return []

@@ -71,12 +71,14 @@ ROWS: List[Dict[str, Any]] = [
 ]
 
 
-def make_db(path: pathlib.Path, rows: Iterable[Dict[str, Any]], wal: bool = True) -> pathlib.Path:
+def make_db(path: pathlib.Path, rows: Iterable[Dict[str, Any]], wal: bool = True,
+            version: int = schema.SCHEMA_VERSION) -> pathlib.Path:
     """A node database built with the real migrations and plain sqlite3 (as the epilog's store leaves it)."""
     conn = sqlite3.connect(path)
-    for stmt in schema.MIGRATIONS[0]:
-        conn.execute(stmt)
-    conn.execute(f"PRAGMA user_version = {schema.SCHEMA_VERSION}")
+    for migration in schema.MIGRATIONS[:version]:
+        for stmt in migration:
+            conn.execute(stmt)
+    conn.execute(f"PRAGMA user_version = {version}")
     cols = schema.JOB_GPU_COLUMNS
     conn.executemany(f"INSERT INTO job_gpus ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
                      [tuple(r[c] for c in cols) for r in rows])
@@ -256,6 +258,28 @@ def test_parallel_partitions_give_the_single_pass_numbers(db, monkeypatch):
     with report.open_sources([str(db)], report.Query()) as src:
         assert report._partitions(src) == 3
     assert _all_reports(db) == serial
+
+
+@pytest.mark.parametrize("query", [
+    {}, {"since": "2026-11-01T01:00"}, {"since": "2026-11-02T11:00", "until": "2026-12-01T12:00"},
+    {"until": "2026-11-05T03:00"}, {"users": ("alice", "bob")}, {"accounts": ("chem",)}, {"partitions": ("gpu",)},
+    {"clusters": ("c1",)}])
+def test_covering_index_plan_gives_the_v1_scan_numbers(tmp_path, monkeypatch, query):
+    v1 = make_db(tmp_path / "v1.db", ROWS, version=1)
+    v2 = make_db(tmp_path / "v2.db", ROWS)
+    groupings = (["user"], ["account"], ["partition"], ["node"], ["gpu-model"], ["account", "month"],
+                 ["user", "week"], ["node", "day"], ["month", "gpu-model"], ["account", "user"], ["month"])
+    q = {k: (ts(v) if k in ("since", "until") else v) for k, v in query.items()}
+    args = report.Query(since_s=q.pop("since", None), until_s=q.pop("until", None), **q)
+    used = 0
+    for threads in (1, 3):
+        monkeypatch.setattr(report, "_partitions", lambda src, n=threads: n)
+        for by in groupings:
+            with report.open_sources([str(v1)], args) as s1, report.open_sources([str(v2)], args) as s2:
+                assert report._summary_by_index(s1, by) is None  # v1: no covering index
+                used += report._summary_by_index(s2, by) is not None
+                assert report.summary(s2, by).rows == report.summary(s1, by).rows, (by, query, threads)
+    assert used > 0
 
 
 def test_week_and_day_groups_in_local_time_follow_dst(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from slurm_gpu.schema import SCHEMA_VERSION
+from slurm_gpu.schema import MIGRATIONS, REPORT_INDEX_KEYS, SCHEMA_VERSION
 from slurm_gpu.store import Store, integrity_check
 
 
@@ -113,6 +113,43 @@ def test_newer_schema_is_refused_not_downgraded(tmp_path):
     assert st.write(job_end(1)).startswith("spool:")
     spooled = json.load(open(st.spooled()[0]))
     assert "newer than this slurm-gpu" in spooled["_spool_reason"]
+
+
+def test_v1_database_with_rows_migrates_to_v2_on_next_write_and_keeps_its_rows(tmp_path):
+    path = tmp_path / "u.db"
+    c = sqlite3.connect(path, isolation_level=None)
+    for stmt in MIGRATIONS[0]:
+        c.execute(stmt)
+    c.execute("PRAGMA user_version = 1")
+    c.execute("PRAGMA journal_mode = WAL")
+    c.close()
+    # Rows written by a v1 slurm-gpu: the Store of that version only ran migration 0.
+    from slurm_gpu import store as store_mod
+    c = sqlite3.connect(path, isolation_level=None)
+    for j in (1, 2):
+        store_mod._apply_in_transaction(c, job_end(j, gpus=4))
+    before = sorted(c.execute("SELECT * FROM job_gpus").fetchall())
+    c.close()
+    st = Store(str(path), str(tmp_path / "spool"))
+    assert st.write(job_end(3)) == "db"
+    st.close()
+    c = sqlite3.connect(path)
+    try:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        indexes = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+        assert {f"job_gpus_by_{k}" for k in REPORT_INDEX_KEYS} | {"job_gpus_duration"} <= indexes
+        assert "job_gpus_user" not in indexes  # subsumed by job_gpus_by_user
+        rows = sorted(c.execute("SELECT * FROM job_gpus").fetchall())
+        assert [r for r in rows if r[1] != 3] == before and len(rows) == 4 + 4 + 2
+        assert c.execute("SELECT count(*) FROM jobs").fetchone()[0] == 3
+        # The report's aggregate reads the new index alone (no table lookups, no sort).
+        plan = " ".join(r[3] for r in c.execute(
+            "EXPLAIN QUERY PLAN SELECT user, SUM(end_time - start_time), COUNT(DISTINCT job_id) FROM job_gpus "
+            "GROUP BY user ORDER BY user"))
+        assert "COVERING INDEX job_gpus_by_user" in plan and "GROUP BY" not in plan, plan
+    finally:
+        c.close()
+    assert integrity_check(str(path)) == []
 
 
 def test_64_concurrent_writers_lose_nothing(tmp_path):
