@@ -104,6 +104,10 @@ def _pid_alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
+class MissingGpu(InputError):
+    """Slurm's GPU index points past the GPUs the driver shows: a node fault, never fail-open."""
+
+
 def map_job_gpus(job_gpus: Sequence[int], ident: NodeSnapshot) -> Dict[int, int]:
     """Slurm GRES index -> NVML index.
 
@@ -115,8 +119,8 @@ def map_job_gpus(job_gpus: Sequence[int], ident: NodeSnapshot) -> Dict[int, int]
     out: Dict[int, int] = {}
     for k in job_gpus:
         if k >= len(by_minor):
-            raise InputError(f"SLURM_JOB_GPUS names GPU {k} but the driver reports {len(by_minor)} GPUs",
-                             "gres.conf and the hardware disagree (or a GPU fell off the bus): check nvidia-smi")
+            raise MissingGpu(f"Slurm gave the job GPU {k} but the driver shows only {len(by_minor)} GPUs",
+                             "a GPU fell off the bus or gres.conf lists more GPUs than the node has: check nvidia-smi, dmesg")
         out[k] = by_minor[k][1]
     return out
 
@@ -170,7 +174,10 @@ def _write(deps: HookDeps, record: Dict[str, Any], job: JobEnv) -> None:
 def _job_gpu_snapshot(deps: HookDeps, job: JobEnv) -> Tuple[NodeSnapshot, List[CheckResult]]:
     """Map the job's GPUs, read them, and judge them (they must be idle)."""
     ident = deps.reader.identities()
-    mapping = map_job_gpus(job.gpus, ident)
+    try:
+        mapping = map_job_gpus(job.gpus, ident)
+    except MissingGpu as e:
+        return ident, [CheckResult("gpu_count", health.FAIL, None, "", e.message, e.hint)]
     nvml_indices = sorted(set(mapping.values()))
     now = deps.now()
     events, problem = read_xids(deps.cfg, now)
@@ -330,7 +337,11 @@ def epilog(job: JobEnv, deps: HookDeps) -> int:
         log.info("no-gpus", job=job.job_id, node=job.node)
         return 0
     ident = r.identities()
-    mapping = map_job_gpus(job.gpus, ident)
+    try:
+        mapping = map_job_gpus(job.gpus, ident)
+    except MissingGpu as e:
+        log.error("check", job=job.job_id, node=job.node, check="gpu_count", status=health.FAIL, message=e.message)
+        return 0 if _drain(deps, job, "epilog", e.message) else 1
     indices = sorted(set(mapping.values()))
     survivors = _kill_leftovers(deps, job, indices)
     acct = r.accounting_many(indices)

@@ -346,3 +346,15 @@ def test_epilog_with_killing_disabled_reports_leftovers_as_check_failure(sim_nod
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_prolog_drains_when_slurm_gpu_index_is_past_the_gpus_the_driver_shows(sim_node):
+    # GPU 3 fell off the bus: the driver shows 3 GPUs, Slurm still hands out index 3.
+    node = sim_node(simgpu.h100_sxm(4))
+    simgpu.set_node(node.state, gpu_count=3)
+    deps = deps_for(node)
+    assert hooks.prolog(from_env(job_env(gpus="2,3")), deps) == 1  # never fail open on a missing GPU
+    assert "Slurm gave the job GPU 3 but the driver shows only 3 GPUs" in deps.slurm.drains[0][1]
+    deps = deps_for(node, slurm=RecordingSlurm())
+    assert hooks.epilog(from_env(job_env(gpus="2,3")), deps) == 0
+    assert "driver shows only 3 GPUs" in deps.slurm.drains[0][1]
