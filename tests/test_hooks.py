@@ -358,3 +358,16 @@ def test_prolog_drains_when_slurm_gpu_index_is_past_the_gpus_the_driver_shows(si
     deps = deps_for(node, slurm=RecordingSlurm())
     assert hooks.epilog(from_env(job_env(gpus="2,3")), deps) == 0
     assert "driver shows only 3 GPUs" in deps.slurm.drains[0][1]
+
+
+def test_prolog_on_node_whose_driver_does_not_load_fails_the_job_and_tries_to_drain(sim_node):
+    node = sim_node()
+    node.write_config(slurm_timeout_s=2.0)
+    node.state.unlink()  # the simulated driver then answers DRIVER_NOT_LOADED
+    cp = subprocess.run([sys.executable, "-c", "from slurm_gpu.hookmain import prolog_main; prolog_main()"],
+                        env=node.env(**job_env(gpus="0"), SLURM_CONF="/nonexistent/slurm.conf"),
+                        capture_output=True, text=True, timeout=60)
+    log = node.log_text()
+    assert cp.returncode == 1, (cp.stderr, log)  # a GPU job must not start without a working driver
+    assert "nvml-unavailable" in log and "Driver Not Loaded" in log
+    assert "drain" in log and "Traceback" not in cp.stderr
