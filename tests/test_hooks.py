@@ -371,3 +371,16 @@ def test_prolog_on_node_whose_driver_does_not_load_fails_the_job_and_tries_to_dr
     assert cp.returncode == 1, (cp.stderr, log)  # a GPU job must not start without a working driver
     assert "nvml-unavailable" in log and "Driver Not Loaded" in log
     assert "drain" in log and "Traceback" not in cp.stderr
+
+
+def test_hooks_do_not_import_click_jinja2_or_sqlite_utils(sim_node):
+    # Start-up time is part of every job start: the heavy libraries belong to the admin CLI only.
+    node = sim_node(simgpu.h100_sxm(2))
+    for main in ("prolog_main", "epilog_main"):
+        cp = subprocess.run([sys.executable, "-X", "importtime", "-c", f"from slurm_gpu.hookmain import {main}; {main}()"],
+                            env=node.env(**job_env(gpus="0")), capture_output=True, text=True, timeout=60)
+        assert cp.returncode == 0, cp.stderr[-2000:]
+        mods = {line.split("|")[2].strip().split(".")[0] for line in cp.stderr.splitlines()
+                if line.startswith("import time") and line.count("|") == 2}
+        assert not mods & {"click", "jinja2", "sqlite_utils", "rich"}, (main, mods & {"click", "jinja2", "sqlite_utils"})
+        assert "slurm_gpu" in mods and "pynvml" in mods  # the measurement itself works
