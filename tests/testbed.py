@@ -91,10 +91,10 @@ def _session_members(sid: int, not_before: int) -> List[int]:
     return found
 
 
-def _kill_session(sid: int, start_ticks: int, grace_s: float = 5.0) -> None:
-    """TERM every process of a daemon's session, then KILL what is left after ``grace_s``."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = _session_members(sid, start_ticks)
+def _terminate(find_pids: Callable[[], List[int]], grace_s: float, kill_wait_s: float) -> None:
+    """TERM what find_pids() returns, wait up to grace_s, then KILL what is left and wait kill_wait_s."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, kill_wait_s)):
+        pids = find_pids()
         if not pids:
             return
         for pid in pids:
@@ -102,9 +102,14 @@ def _kill_session(sid: int, start_ticks: int, grace_s: float = 5.0) -> None:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 2.0)
-        while time.monotonic() < deadline and _session_members(sid, start_ticks):
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and find_pids():
             time.sleep(0.05)
+
+
+def _kill_session(sid: int, start_ticks: int, grace_s: float = 5.0) -> None:
+    """TERM every process of a daemon's session, then KILL what is left after ``grace_s``."""
+    _terminate(lambda: _session_members(sid, start_ticks), grace_s, 2.0)
 
 
 def _processes_using_conf(conf: Path) -> List[int]:
@@ -126,18 +131,7 @@ def _processes_using_conf(conf: Path) -> List[int]:
 
 
 def _kill_conf_users(conf: Path, grace_s: float = 3.0) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = _processes_using_conf(conf)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and _processes_using_conf(conf):
-            time.sleep(0.05)
+    _terminate(lambda: _processes_using_conf(conf), grace_s, grace_s)
 
 
 _Row = Tuple[int, int, int, int, str, str]
