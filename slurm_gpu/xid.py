@@ -1,8 +1,19 @@
 """NVIDIA XID events from the kernel log.
 
-Sources (config xid.source): '/dev/kmsg', 'journal' (journalctl -k), 'file:/path' or 'none'.
+Sources (config xid.source): 'kmsg' (/dev/kmsg), 'journal' (journalctl -k), 'file:/path' or 'none'.
 Only events inside the time window count, and the caller de-duplicates per GPU and XID: an
 old XID must never keep a node drained forever (DESIGN.md §5).
+
+Dating (docs/config.md, "XID lines"):
+- A reader never returns a time in the future.  A date up to FUTURE_SLACK_S ahead of `now` is
+  clock skew between the log's writer and us: it becomes `now`.  A date further ahead comes
+  from a broken clock: the line is *undated*.
+- A syslog date has no year: it gets the latest year that does not put it more than
+  FUTURE_SLACK_S ahead of `now` (read on 30 November, "Dec  2" is last December).
+- A dmesg uptime (`[  219.470994]`, kmsg records) is turned into a date with the boot time of
+  *this* boot; in a file that holds an older boot's log these dates are wrong.
+- XID lines that cannot be dated are counted (XidReading.undated), never judged: an old XID
+  without a date must not drain a node.
 """
 from __future__ import annotations
 
@@ -10,22 +21,46 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Iterable, List, Optional, Tuple
+from datetime import datetime
+from typing import Callable, Iterable, List, NamedTuple, Optional, Pattern, Tuple
 
-_XID_RE = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+(?:\.[0-9A-Fa-f]+)?)\): (\d+),?\s*(.*)")
-_KMSG_RE = re.compile(r"^\d+,\d+,(\d+),[^;]*;(.*)$")
-_UNIX_RE = re.compile(r"^(\d{9,11}(?:\.\d+)?)\s+(.*)$")
-_ISO_RE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d+)?(Z|[+-]\d\d:?\d\d)?\s+(.*)$")
-_SYSLOG_RE = re.compile(r"^([A-Z][a-z]{2})\s+(\d{1,2}) (\d\d):(\d\d):(\d\d)\s+(.*)$")
+# How far ahead of our clock a log date may be and still count as "now".  One day covers clock
+# skew and a log written in another time zone; a year-less date further ahead is last year's.
+FUTURE_SLACK_S = 86400.0
+
+# The driver prints (NVIDIA/open-gpu-kernel-modules src/nvidia/src/kernel/gpu/rc/kernel_rc.c)
+#   NVRM: Xid (PCI:%04x:%02x:%02x[ GPU-I:%02u[ GPU-CI:%02u]]): %d, [pid=%s, name=%s, ]<message>
+# and older drivers drop the "PCI:" (docs.nvidia.com/deploy/xid-errors).  Anything else inside
+# the parentheses is tolerated.  "NVRM: Xid" and not a bare "Xid": NVSwitch errors read
+# "nvidia-nvswitchN: SXid (...)", and messages say "caused by previous Xid 149".
+_XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+(?:\.[0-9A-Fa-f]+)?)"
+                     r"(?P<attrs>[^)]*)\):\s*(?P<xid>\d+),?\s*(?P<msg>.*)")
+_GPU_INSTANCE_RE = re.compile(r"\bGPU-I:\s*(\d+)")  # decimal (%02u); GPU-CI is the compute instance
+
+# Time prefixes; the last group of each is the rest of the line.
+_KMSG_RE = re.compile(r"^\d+,\d+,(\d+),[^;]*;(.*)$")  # /dev/kmsg: prio,seq,usec since boot,flags[,caller=..];text
+_DMESG_DECODE_RE = re.compile(r"^[a-z0-9]+\s*:\s*(?:emerg|alert|crit|err|warn|notice|info|debug)\s*:\s*")  # dmesg -x
+_UPTIME_RE = re.compile(r"^(?:<\d+>)?\[\s*(\d+(?:\.\d+)?)\]\s?(.*)$")  # dmesg, dmesg -r
+_CTIME_RE = re.compile(r"^\[[A-Z][a-z]{2} ([A-Z][a-z]{2})\s+(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})\]\s?(.*)$")  # dmesg -T
+_UNIX_RE = re.compile(r"^(\d{9,11}(?:\.\d+)?)\s+(.*)$")  # journalctl -o short-unix
+_ISO_RE = re.compile(r"^(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?(Z|[+-]\d\d:?\d\d)?\s+(.*)$")
+_SYSLOG_RE = re.compile(r"^([A-Z][a-z]{2})\s+(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.(\d+))?\s+(.*)$")
 _MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
 
 
 @dataclass(frozen=True)
 class XidEvent:
-    time: Optional[float]  # unix seconds
+    time: Optional[float]  # unix seconds; None: the line carries no usable date
     bus: Tuple[int, int, int]  # (domain, bus, device)
     xid: int
     message: str
+    gpu_instance: Optional[int] = None  # MIG GPU instance id (GPU-I:) the driver attributed it to
+
+
+class XidReading(NamedTuple):
+    events: List[XidEvent]  # dated events inside the window
+    problem: str  # why the source could not be read; "" when it was
+    undated: int  # XID lines without a usable date: counted, never judged
 
 
 def bus_key(bus_id: str) -> Tuple[int, int, int]:
@@ -39,12 +74,12 @@ def bus_key(bus_id: str) -> Tuple[int, int, int]:
         return (-1, -1, -1)
 
 
-def _boot_time() -> float:
+def _boot_time() -> Optional[float]:
     try:
         with open("/proc/uptime") as f:
             return time.time() - float(f.read().split()[0])
     except (OSError, ValueError, IndexError):
-        return 0.0
+        return None  # uptime stamps then stay undated rather than landing in 1970
 
 
 def _tz_offset(s: Optional[str]) -> int:
@@ -55,32 +90,111 @@ def _tz_offset(s: Optional[str]) -> int:
     return sign * (int(digits[:2]) * 3600 + int(digits[2:4]) * 60)
 
 
-def parse_line(line: str, boot_time: float = 0.0, year: Optional[int] = None) -> Optional[XidEvent]:
-    """One log line in kmsg, unix-timestamp (journalctl -o short-unix), ISO-8601 or syslog format."""
-    line = line.rstrip("\n")
-    t: Optional[float] = None
+def _fraction(digits: Optional[str]) -> float:
+    return float("0." + digits) if digits else 0.0
+
+
+def _local_time(y: int, mon: int, day: int, hh: int, mm: int, ss: int) -> Optional[float]:
+    """Unix time of a local wall-clock time, or None for an impossible date (31 Nov, 29 Feb 2025)."""
+    try:
+        return datetime(y, mon, day, hh, mm, ss).timestamp()
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+# --- one converter per time prefix: (match, boot_time, year, now) -> unix time or None ---------
+
+def _from_uptime(m: "re.Match[str]", boot: Optional[float], year: Optional[int], now: float) -> Optional[float]:
+    return None if boot is None else boot + float(m.group(1))
+
+
+def _from_ctime(m: "re.Match[str]", boot: Optional[float], year: Optional[int], now: float) -> Optional[float]:
+    mon = _MONTHS.get(m.group(1))  # dmesg -T prints local time; the weekday adds nothing
+    return None if mon is None else _local_time(int(m.group(6)), mon, *(int(g) for g in m.group(2, 3, 4, 5)))
+
+
+def _from_unix(m: "re.Match[str]", boot: Optional[float], year: Optional[int], now: float) -> Optional[float]:
+    return float(m.group(1))
+
+
+def _from_iso(m: "re.Match[str]", boot: Optional[float], year: Optional[int], now: float) -> Optional[float]:
+    y, mon, day, hh, mm, ss = (int(g) for g in m.group(1, 2, 3, 4, 5, 6))
+    if m.group(8) is None:  # ISO 8601 without an offset is local time
+        t = _local_time(y, mon, day, hh, mm, ss)
+    else:
+        try:
+            t = (datetime(y, mon, day, hh, mm, ss) - datetime(1970, 1, 1)).total_seconds() - _tz_offset(m.group(8))
+        except (ValueError, OverflowError):
+            return None
+    return None if t is None else t + _fraction(m.group(7))
+
+
+def _from_syslog(m: "re.Match[str]", boot: Optional[float], year: Optional[int], now: float) -> Optional[float]:
+    mon = _MONTHS.get(m.group(1))
+    if mon is None:
+        return None
+    clock = tuple(int(g) for g in m.group(2, 3, 4, 5))
+    if year is not None:
+        t = _local_time(year, mon, *clock)  # type: ignore[arg-type]
+        return None if t is None else t + _fraction(m.group(6))
+    # The latest year that does not put the date beyond the slack: next year too, for a line
+    # written just after midnight on 1 January by a clock slightly ahead of ours.  Eight years
+    # back always reach a leap year for 29 February.
+    this_year = time.localtime(now).tm_year
+    for y in range(this_year + 1, this_year - 8, -1):
+        t = _local_time(y, mon, *clock)  # type: ignore[arg-type]
+        if t is not None and t <= now + FUTURE_SLACK_S:
+            return t + _fraction(m.group(6))
+    return None
+
+
+_Converter = Callable[["re.Match[str]", Optional[float], Optional[int], float], Optional[float]]
+_DATED_FORMS: Tuple[Tuple[Pattern[str], _Converter], ...] = (
+    (_UPTIME_RE, _from_uptime), (_CTIME_RE, _from_ctime), (_UNIX_RE, _from_unix),
+    (_ISO_RE, _from_iso), (_SYSLOG_RE, _from_syslog),
+)
+
+
+def _split_time(line: str, boot: Optional[float], year: Optional[int], now: float) -> Tuple[Optional[float], str]:
+    """(unix time or None, the rest of the line) for every prefix form we know."""
     m = _KMSG_RE.match(line)
     if m:
-        t, text = boot_time + int(m.group(1)) / 1e6, m.group(2)
-    elif _UNIX_RE.match(line):
-        m = _UNIX_RE.match(line)
-        t, text = float(m.group(1)), m.group(2)  # type: ignore[union-attr]
-    elif _ISO_RE.match(line):
-        import calendar
-        m = _ISO_RE.match(line)
-        t = calendar.timegm(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) - _tz_offset(m.group(2))  # type: ignore[union-attr]
-        text = m.group(3)  # type: ignore[union-attr]
-    elif _SYSLOG_RE.match(line):
-        m = _SYSLOG_RE.match(line)
-        mon, day, hh, mm, ss, text = m.groups()  # type: ignore[union-attr]
-        y = year or time.localtime().tm_year
-        t = time.mktime((y, _MONTHS.get(mon, 1), int(day), int(hh), int(mm), int(ss), 0, 0, -1))
-    else:
-        text = line
+        return (None if boot is None else boot + int(m.group(1)) / 1e6), m.group(2)
+    line = _DMESG_DECODE_RE.sub("", line, count=1)
+    for regex, convert in _DATED_FORMS:
+        m = regex.match(line)
+        if m:
+            return convert(m, boot, year, now), m.group(m.re.groups)
+    return None, line
+
+
+def _not_future(t: Optional[float], now: float) -> Optional[float]:
+    if t is None or t > now + FUTURE_SLACK_S:
+        return None  # a broken clock: the line is counted as undated, never judged
+    return min(t, now)  # clock skew: it happened just now
+
+
+def parse_line(line: str, boot_time: Optional[float] = None, year: Optional[int] = None,
+               now: Optional[float] = None) -> Optional[XidEvent]:
+    """One log line (kmsg record, dmesg with uptime / -T / -x / --time-format iso, journal
+    short-unix / short / short-iso / short-precise, syslog, rsyslog high precision) -> XidEvent,
+    or None when it is not a GPU XID line.  The event's time is None when the line cannot be
+    dated: no date, an uptime without boot_time, or a date beyond the future slack.
+
+    boot_time: unix time of the boot the uptime stamps count from (None: unknown).
+    year: the year of a syslog date (default: the year rule against `now`).
+    now: the reader's clock (default time.time()); pass it for deterministic results.
+    """
+    if "NVRM: Xid" not in line:  # most kernel lines: skip the date parsing
+        return None
+    now = time.time() if now is None else now
+    t, text = _split_time(line.strip(), boot_time, year, now)
     x = _XID_RE.search(text)
     if not x:
         return None
-    return XidEvent(t, bus_key(x.group(1)), int(x.group(2)), x.group(3).strip())
+    gi = _GPU_INSTANCE_RE.search(x.group("attrs"))
+    return XidEvent(_not_future(t, now), bus_key(x.group("bus")), int(x.group("xid")), x.group("msg").strip(),
+                    int(gi.group(1)) if gi else None)
 
 
 def _read_kmsg(deadline_s: float) -> List[str]:
@@ -105,39 +219,60 @@ def _read_kmsg(deadline_s: float) -> List[str]:
     return lines
 
 
-def read_events(source: str, window_s: int, timeout_s: float = 5.0, now: Optional[float] = None) -> Tuple[List[XidEvent], str]:
-    """Return (events in the window, problem).  A source that cannot be read gives a problem text, never an exception."""
-    now = time.time() if now is None else now
-    if source == "none":
-        return [], ""
+def _source_lines(source: str, window_s: int, timeout_s: float,
+                  boot_time: Optional[float]) -> Tuple[Iterable[str], Optional[float], str]:
+    """(lines, boot time for uptime stamps, problem).  A source that cannot be read gives a problem text."""
     import subprocess  # only the journal source needs it; kept off the default (kmsg) path
     try:
         if source == "kmsg":
-            boot = _boot_time()
-            lines: Iterable[str] = _read_kmsg(timeout_s)
-        elif source == "journal":
-            boot = 0.0
+            return _read_kmsg(timeout_s), (_boot_time() if boot_time is None else boot_time), ""
+        if source == "journal":
             cp = subprocess.run(["journalctl", "-k", "-q", "--no-pager", "-o", "short-unix", "--since", f"-{int(window_s)}s"],
                                 capture_output=True, text=True, timeout=timeout_s)
             if cp.returncode != 0:
-                return [], f"journalctl -k failed: {cp.stderr.strip()[:200]}"
-            lines = cp.stdout.splitlines()
-        else:
-            boot = _boot_time()
-            path = source[len("file:"):]
-            with open(path, encoding="utf-8", errors="replace") as f:
-                lines = f.read().splitlines()
+                return [], None, f"journalctl -k failed: {cp.stderr.strip()[:200]}"
+            return cp.stdout.splitlines(), None, ""  # short-unix: absolute times, no uptime
+        path = source[len("file:"):]
+        with open(path, encoding="utf-8", errors="replace") as f:
+            # Uptime stamps in a file are dated with this boot's start: right only for this boot's log.
+            return f.read().splitlines(), (_boot_time() if boot_time is None else boot_time), ""
     except subprocess.TimeoutExpired:
-        return [], f"reading XIDs from {source} timed out after {timeout_s:g}s"
+        return [], None, f"reading XIDs from {source} timed out after {timeout_s:g}s"
     except FileNotFoundError as e:
-        return [], f"XID source {source} not found: {e.filename or e}"
+        return [], None, f"XID source {source} not found: {e.filename or e}"
     except OSError as e:
-        return [], f"cannot read XID source {source}: {e.strerror or e}"
-    events = []
+        return [], None, f"cannot read XID source {source}: {e.strerror or e}"
+
+
+def read(source: str, window_s: int, timeout_s: float = 5.0, now: Optional[float] = None, *,
+         boot_time: Optional[float] = None) -> XidReading:
+    """XID events of the last window_s seconds, the read problem, and how many XID lines had no usable date.
+
+    Never raises for an unreadable source.  boot_time overrides the boot time read from
+    /proc/uptime (tests; a site replaying a log of this boot).
+    """
+    now = time.time() if now is None else now
+    if source == "none":
+        return XidReading([], "", 0)
+    lines, boot, problem = _source_lines(source, window_s, timeout_s, boot_time)
+    if problem:
+        return XidReading([], problem, 0)
+    events: List[XidEvent] = []
+    undated = 0
     for line in lines:
-        ev = parse_line(line, boot)
-        # Lines without a time cannot be placed in the window: ignoring them is the safe side
-        # (an undated old XID must not drain a node forever).
-        if ev is not None and ev.time is not None and ev.time >= now - window_s:
+        ev = parse_line(line, boot, now=now)
+        if ev is None:
+            continue
+        if ev.time is None:
+            # Cannot be placed in the window: never judged (an undated old XID must not drain a
+            # node forever), but counted so that the check can say the log was not fully read.
+            undated += 1
+        elif ev.time >= now - window_s:
             events.append(ev)
-    return events, ""
+    return XidReading(events, "", undated)
+
+
+def read_events(source: str, window_s: int, timeout_s: float = 5.0, now: Optional[float] = None) -> Tuple[List[XidEvent], str]:
+    """(events in the window, problem): read() without the undated count, for older callers."""
+    reading = read(source, window_s, timeout_s, now)
+    return reading.events, reading.problem

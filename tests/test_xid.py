@@ -1,0 +1,289 @@
+"""The XID reader against the line forms real drivers and log tools print (tests/data/xid_corpus.txt),
+the dating rules (never a future time, year-less syslog dates) and the count of undated lines."""
+from __future__ import annotations
+
+import pathlib
+from datetime import datetime, timezone
+
+import pytest
+
+from slurm_gpu import config, health, xid
+from slurm_gpu.snapshot import GpuSnapshot, NodeSnapshot, value
+from slurm_gpu.xid import XidEvent, bus_key, parse_line
+
+CORPUS = pathlib.Path(__file__).resolve().parent / "data" / "xid_corpus.txt"
+
+# "Now" for every dated test: 30 November 2026, 09:00 local time (the reader's clock).
+NOW = datetime(2026, 11, 30, 9, 0, 0).timestamp()
+
+
+def local(*args: int) -> float:
+    """Unix time of a local wall-clock time, as syslog and `dmesg -T` print it."""
+    return datetime(*args).timestamp()
+
+
+def _corpus():
+    cases = []
+    for n, raw in enumerate(CORPUS.read_text().splitlines(), 1):
+        if not raw.strip() or raw.startswith("#"):
+            continue
+        fields, line = raw.split("\t", 1)
+        cases.append(pytest.param(fields.split(), line, id=f"line{n}"))
+    return cases
+
+
+@pytest.mark.parametrize("expected,line", _corpus())
+def test_xid_corpus(expected, line):
+    want_xid, want_bus, want_gi = expected
+    ev = parse_line(line, boot_time=NOW - 30 * 86400, now=NOW)
+    if want_xid == "-":
+        assert ev is None, f"not a GPU XID, parsed as {ev}"
+        return
+    assert ev is not None, "a GPU XID line was missed"
+    assert (ev.xid, ev.bus) == (int(want_xid), bus_key(want_bus))
+    assert ev.gpu_instance == (None if want_gi == "-" else int(want_gi))
+    assert ev.message and not ev.message.startswith(",")
+    assert ev.time is None or ev.time <= NOW
+
+
+# --- 1. MIG: the GPU instance sits inside the parentheses --------------------------------
+
+def test_mig_xid_with_gpu_instance_is_not_missed():
+    ev = parse_line("NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9). RST: No, D-RST: No",
+                    now=NOW)
+    assert ev is not None
+    assert (ev.xid, ev.bus, ev.gpu_instance) == (94, (0, 1, 0), 5)
+    assert ev.message.startswith("pid=7194, Contained: CE User Channel")
+
+
+def test_mig_xid_with_gpu_and_compute_instance_is_not_missed():
+    ev = parse_line("NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:02): 13, pid=9, name=a, Graphics Exception", now=NOW)
+    assert ev is not None
+    assert (ev.xid, ev.bus, ev.gpu_instance) == (13, (0, 0x3B, 0), 1)
+
+
+def test_xid_event_keeps_positional_construction_and_has_no_gpu_instance_by_default():
+    ev = XidEvent(1.0, (0, 1, 0), 79, "GPU has fallen off the bus")
+    assert ev.gpu_instance is None
+
+
+# --- 2. Older drivers: no "PCI:" prefix ------------------------------------------------------
+
+def test_xid_without_pci_prefix_from_older_drivers_is_not_missed():
+    ev = parse_line("NVRM: Xid (0000:03:00): 14, Channel 00000001", now=NOW)
+    assert ev is not None
+    assert (ev.xid, ev.bus, ev.gpu_instance, ev.message) == (14, (0, 3, 0), None, "Channel 00000001")
+
+
+# --- 3. Year-less syslog dates never land in the future ------------------------------------
+
+SYSLOG_DEC_2 = ("Dec  2 11:38:47 worker4 kernel: [  219.470994] NVRM: Xid (PCI:0000:07:00): 48, pid='<unknown>', "
+                "name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU")
+
+
+def test_yearless_syslog_date_read_on_30_november_is_not_dated_in_the_future():
+    ev = parse_line(SYSLOG_DEC_2, now=NOW)
+    assert ev is not None and ev.time is not None
+    assert ev.time == local(2025, 12, 2, 11, 38, 47), "2 December belongs to the previous year"
+    assert ev.time <= NOW
+
+
+def test_yearless_syslog_date_a_few_minutes_ahead_is_clock_skew_clamped_to_now():
+    # The log writer's clock runs 5 minutes ahead of ours: the event happened just now, this year.
+    ev = parse_line("Nov 30 09:05:00 worker4 kernel: NVRM: Xid (PCI:0000:07:00): 79, GPU has fallen off the bus.", now=NOW)
+    assert ev is not None and ev.time == NOW
+
+
+def test_syslog_line_written_just_after_new_year_read_just_before_is_not_a_year_old():
+    now = local(2026, 12, 31, 23, 59, 59)
+    ev = parse_line("Jan  1 00:00:02 worker4 kernel: NVRM: Xid (PCI:0000:07:00): 79, GPU has fallen off the bus.", now=now)
+    assert ev is not None and ev.time == now, "dated 1 Jan 2027 (3 s of clock skew), clamped to now"
+
+
+def test_yearless_29_february_is_dated_in_the_last_leap_year():
+    ev = parse_line("Feb 29 10:00:00 worker4 kernel: NVRM: Xid (PCI:0000:07:00): 48, DBE", now=NOW)
+    assert ev is not None and ev.time == local(2024, 2, 29, 10, 0, 0)
+
+
+def test_syslog_date_with_microseconds_from_journalctl_short_precise():
+    ev = parse_line("Nov 29 10:00:00.250000 worker4 kernel: NVRM: Xid (PCI:0000:07:00): 79, GPU has fallen off the bus.",
+                    now=NOW)
+    assert ev is not None and ev.time == pytest.approx(local(2026, 11, 29, 10, 0, 0) + 0.25)
+
+
+def test_parse_line_takes_an_explicit_year():
+    ev = parse_line(SYSLOG_DEC_2, year=2024, now=NOW)
+    assert ev is not None and ev.time == local(2024, 12, 2, 11, 38, 47)
+
+
+def test_dated_line_far_in_the_future_is_undated_never_a_future_time():
+    ev = parse_line("2030-01-01T00:00:00+00:00 host kernel: NVRM: Xid (PCI:0000:07:00): 79, GPU has fallen off the bus.",
+                    now=NOW)
+    assert ev is not None and ev.xid == 79
+    assert ev.time is None, "a date years ahead is a broken clock: not judged, counted as undated"
+
+
+def test_dated_line_seconds_in_the_future_is_clamped_to_now():
+    ev = parse_line(f"{NOW + 2:.6f} host kernel: NVRM: Xid (PCI:0000:07:00): 79, GPU has fallen off the bus.", now=NOW)
+    assert ev is not None and ev.time == NOW
+
+
+# --- 4. dmesg uptime, dmesg -T, kmsg, journal, ISO-8601, rsyslog ------------------------------
+
+def test_kmsg_record_is_dated_from_boot_time():
+    ev = parse_line("3,1234,5000000,-;NVRM: Xid (PCI:0000:18:00): 79, pid=0, GPU has fallen off the bus.",
+                    boot_time=NOW - 100, now=NOW)
+    assert ev is not None and ev.time == NOW - 95
+
+
+def test_kmsg_record_with_caller_field_is_dated():
+    ev = parse_line("4,2211,6000000,-,caller=T812;NVRM: Xid (PCI:0000:18:00): 48, DBE", boot_time=NOW - 100, now=NOW)
+    assert ev is not None and ev.time == NOW - 94
+
+
+def test_uptime_line_without_a_known_boot_time_is_undated():
+    ev = parse_line("[  219.470994] NVRM: Xid (PCI:0000:07:00): 48, DBE", now=NOW)
+    assert ev is not None and ev.time is None
+
+
+@pytest.mark.parametrize("line", [
+    "[  219.470994] NVRM: Xid (PCI:0000:07:00): 48, DBE",
+    "<3>[  219.470994] NVRM: Xid (PCI:0000:07:00): 48, DBE",  # dmesg -r
+])
+def test_dmesg_uptime_line_is_dated_with_the_boot_time(line):
+    ev = parse_line(line, boot_time=NOW - 1000, now=NOW)
+    assert ev is not None and ev.time == pytest.approx(NOW - 1000 + 219.470994)
+
+
+def test_dmesg_ctime_line_is_dated_as_local_time():
+    ev = parse_line("[Mon Nov 30 08:38:47 2026] NVRM: Xid (PCI:0000:07:00): 79, GPU has fallen off the bus.", now=NOW)
+    assert ev is not None and ev.time == local(2026, 11, 30, 8, 38, 47)
+
+
+def test_dmesg_ctime_with_single_digit_day_is_dated():
+    ev = parse_line("[Fri Aug  9 13:32:56 2024] NVRM: Xid (PCI:0000:00:08): 94, pid='<unknown>', name=<unknown>, "
+                    "Contained: SM (0x1). RST: No, D-RST: No", now=NOW)
+    assert ev is not None and ev.time == local(2024, 8, 9, 13, 32, 56)
+
+
+UTC_11_38_47 = datetime(2026, 11, 29, 11, 38, 47, tzinfo=timezone.utc).timestamp()
+
+
+@pytest.mark.parametrize("stamp,expected", [
+    ("2026-11-29T11:38:47+00:00", UTC_11_38_47),                       # journalctl -o short-iso
+    ("2026-11-29T11:38:47Z", UTC_11_38_47),
+    ("2026-11-29T12:38:47+0100", UTC_11_38_47),                        # journalctl short-iso (no colon)
+    ("2026-11-29T12:38:47.123456+01:00", UTC_11_38_47 + 0.123456),     # rsyslog high precision, short-iso-precise
+    ("2026-11-29T06:38:47,500000-05:00", UTC_11_38_47 + 0.5),          # dmesg --time-format iso
+    ("2026-11-29T11:38:47", local(2026, 11, 29, 11, 38, 47)),          # no offset: local time
+    ("2026-11-29 11:38:47", local(2026, 11, 29, 11, 38, 47)),
+])
+def test_iso_8601_dates_are_parsed(stamp, expected):
+    ev = parse_line(f"{stamp} host kernel: NVRM: Xid (PCI:0000:07:00): 48, DBE", now=NOW)
+    assert ev is not None and ev.time == pytest.approx(expected)
+
+
+def test_dmesg_decode_prefix_before_an_iso_date_is_skipped():
+    ev = parse_line("kern  :err   : 2026-11-29T11:38:47,000000+00:00 NVRM: Xid (PCI:0000:04:00): 79, GPU has fallen off the bus",
+                    now=NOW)
+    assert ev is not None and ev.time == UTC_11_38_47
+
+
+def test_journal_short_unix_line_is_dated():
+    ev = parse_line(f"{NOW - 60:.6f} host kernel: NVRM: Xid (PCI:0000:2a:00): 48, pid=1, DBE", now=NOW)
+    assert ev is not None and ev.time == pytest.approx(NOW - 60)
+
+
+# --- 5. Undated lines are counted, not dropped silently ---------------------------------------
+
+def test_undated_xid_lines_in_a_file_are_counted_not_dropped(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("kernel: NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001\n"
+                   "NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus\n"
+                   "kernel: usb 1-1: new high-speed USB device\n"
+                   f"{NOW - 10:.6f} host kernel: NVRM: Xid (PCI:0000:2a:00): 48, pid=1, DBE\n")
+    reading = xid.read(f"file:{log}", 600, now=NOW)
+    assert reading.problem == ""
+    assert reading.undated == 2
+    assert [(e.xid, e.bus) for e in reading.events] == [(48, (0, 0x2A, 0))]
+
+
+def test_uptime_and_ctime_lines_read_from_a_file_are_dated_not_dropped(tmp_path):
+    log = tmp_path / "dmesg.txt"
+    log.write_text("[  500.000000] NVRM: Xid (PCI:0000:07:00): 79, GPU has fallen off the bus.\n"
+                   "[Mon Nov 30 08:58:00 2026] NVRM: Xid (PCI:0000:08:00): 48, DBE\n")
+    reading = xid.read(f"file:{log}", 600, now=NOW, boot_time=NOW - 600)
+    assert reading.undated == 0
+    assert [(e.xid, e.time) for e in reading.events] == [(79, NOW - 100), (48, local(2026, 11, 30, 8, 58, 0))]
+
+
+def test_yearless_syslog_file_read_on_30_november_does_not_report_last_decembers_xid(tmp_path):
+    log = tmp_path / "syslog"
+    log.write_text(SYSLOG_DEC_2 + "\n")
+    reading = xid.read(f"file:{log}", 3600, now=NOW)
+    assert reading == xid.XidReading([], "", 0), "a year-old XID must neither be judged nor counted as undated"
+
+
+def test_read_events_keeps_returning_events_and_problem(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text(f"{NOW - 10:.6f} host kernel: NVRM: Xid (PCI:0000:2a:00): 79, GPU has fallen off the bus.\n"
+                   "NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus\n")
+    events, problem = xid.read_events(f"file:{log}", 600, now=NOW)
+    assert problem == "" and [e.xid for e in events] == [79]
+    events, problem = xid.read_events(f"file:{tmp_path}/missing", 600, now=NOW)
+    assert events == [] and "not found" in problem
+
+
+def test_unreadable_source_is_a_problem_not_an_exception(tmp_path):
+    reading = xid.read(f"file:{tmp_path}/missing.log", 600, now=NOW)
+    assert reading.events == [] and reading.undated == 0 and "not found" in reading.problem
+
+
+def test_disabled_source_reads_nothing():
+    assert xid.read("none", 600, now=NOW) == xid.XidReading([], "", 0)
+
+
+# --- 6. NVSwitch SXids are not GPU XIDs -------------------------------------------------------
+
+@pytest.mark.parametrize("line", [
+    "NVRM: SXid (PCI:0000:05:00.0): 24007, Fatal, Link 00 sourcetrack timeout error",
+    "kernel: nvidia-nvswitch1: SXid (PCI:0000:84:00.0): 12028, Data {0x000001c0, 0x00bd5c8a}",
+    "[ 1843.308145] nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error (First)",
+])
+def test_nvswitch_sxid_is_not_parsed_as_a_gpu_xid(line):
+    assert parse_line(line, boot_time=NOW - 5000, now=NOW) is None
+
+
+# --- health: the undated count is said, never judged -----------------------------------------
+
+def _snapshot() -> NodeSnapshot:
+    gpu = GpuSnapshot(0, uuid=value("GPU-8f2c1a2b-0000-0000-0000-000000000000"), pci_bus_id=value("00000000:07:00.0"))
+    return NodeSnapshot("n1", NOW, gpus=(gpu,))
+
+
+def _xid_results(**kw):
+    return [r for r in health.evaluate(_snapshot(), config.defaults(), now=NOW, **kw) if r.check == "xid"]
+
+
+def test_undated_xid_lines_are_mentioned_but_never_fail():
+    res = _xid_results(xid_undated=3)
+    assert [r.status for r in res] == ["PASS"]
+    assert "3 XID lines in the log could not be dated and were not judged" in res[0].message
+
+
+def test_one_undated_xid_line_is_mentioned_in_the_singular():
+    res = _xid_results(xid_undated=1)
+    assert "1 XID line in the log could not be dated and was not judged" in res[0].message
+
+
+def test_undated_note_stays_out_of_the_drain_reason_of_a_dated_critical_xid():
+    ev = XidEvent(NOW - 5, (0, 7, 0), 79, "GPU has fallen off the bus.")
+    res = _xid_results(xid_events=[ev], xid_undated=2)
+    assert sorted(r.status for r in res) == ["FAIL", "PASS"]
+    assert "could not be dated" not in health.drain_fault(res)
+    assert any("2 XID lines in the log could not be dated" in r.message for r in res if r.status == "PASS")
+
+
+def test_no_undated_lines_no_note():
+    res = _xid_results()
+    assert [r.status for r in res] == ["PASS"] and "dated" not in res[0].message
