@@ -9,6 +9,7 @@ host name), so a site can keep per-node databases on shared storage.
 """
 from __future__ import annotations
 
+import math
 import os
 import stat
 import sys
@@ -84,8 +85,10 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "nvml_library": Key(str, "", "Absolute path of libnvidia-ml.so.1 for non-standard driver installs; empty: the system loader finds it."),
         "nvml_timeout_s": Key(float, 5.0, "Deadline for each NVML call made for a check; a call that takes longer makes that GPU FAIL.", _rng(0.1, 300)),
         "slurm_backend": Key(str, "auto", "How to talk to Slurm: 'cli' (scontrol/sinfo/sacct), 'pyslurm', or 'auto' (pyslurm when importable and matching, else cli).", _choice("auto", "cli", "pyslurm")),
+        "slurm_conf": Key(str, "/etc/slurm/slurm.conf", "slurm.conf (with gres.conf beside it) that maps Slurm's GPU indices to devices when SLURM_CONF is not set; slurmd always sets it for the hooks."),
         "slurm_bin_dir": Key(str, "", "Directory holding scontrol/sinfo/sacct; empty: search PATH, /usr/bin, /usr/local/bin, /opt/slurm/bin (hooks run without PATH)."),
         "slurm_timeout_s": Key(float, 10.0, "Timeout for every Slurm command or RPC.", _rng(1, 600)),
+        "slurm_max_nodes": Key(int, 1024, "Most nodes one `slurm-gpu drain` or `resume` may name (hostlists counted as written, before they are expanded); more is refused before Slurm is contacted. `--max-nodes N` raises it for one run.", _rng(1, 1 << 20)),
     },
     "health": {
         "expected_gpu_count": Key(int, 0, "Number of GPUs this node must show; 0: take it from the GPUs Slurm configured (gres), else do not check.", _rng(0, 64)),
@@ -204,30 +207,86 @@ def _type_ok(v: Any, t: Any) -> bool:
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "a list", dict: "a table"}
 
 
-def validate(data: Mapping[str, Any], path: str) -> Config:
+def validate(data: Mapping[str, Any], path: str, errors: Optional[List[ConfigError]] = None) -> Config:
+    """Check every key against SCHEMA.
+
+    Strict (``errors`` is None, every command): the first problem raises ConfigError.
+    Lenient (a list, the hooks only): each problem is appended and that key keeps its default,
+    so a typo in one key does not switch gating and accounting off.
+    """
     cfg = defaults().as_dict()
+    for section, key, val in _entries(data, path, errors):
+        try:
+            cfg[section][key] = _checked(section, key, val, path, errors)
+        except ConfigError as e:
+            _report(e, errors)
+    return Config(cfg, path)
+
+
+_UNKNOWN_HINT = "see docs/config.md for the keys this version knows"
+
+
+def _report(e: ConfigError, errors: Optional[List[ConfigError]]) -> None:
+    if errors is None:
+        raise e
+    errors.append(e)
+
+
+def _entries(data: Mapping[str, Any], path: str, errors: Optional[List[ConfigError]]):
+    """(section, key, value) of every known key, in file order; unknown keys are reported."""
     for name, v in data.items():
         if name in SCHEMA and name != "" and isinstance(v, dict):
             section, items = name, v
         elif name in SCHEMA[""]:
             section, items = "", {name: v}
         else:
-            raise ConfigError(f"{path}: unknown key '{name}'", "see docs/config.md for the keys this version knows")
+            _report(ConfigError(f"{path}: unknown key '{name}'", _UNKNOWN_HINT), errors)
+            continue
         for key, val in items.items():
-            dotted = f"{section}.{key}" if section else key
-            spec = SCHEMA[section].get(key)
-            if spec is None:
-                raise ConfigError(f"{path}: unknown key '{dotted}'", "see docs/config.md for the keys this version knows")
-            if not _type_ok(val, spec.type):
-                raise ConfigError(f"{path}: key '{dotted}' must be {_TYPE_NAMES.get(spec.type, spec.type)}, got {val!r}",
-                                  f"default is {spec.default!r}")
-            if spec.type is float:
-                val = float(val)
-            problem = spec.check(val) if spec.check else None
-            if problem:
-                raise ConfigError(f"{path}: key '{dotted}' {problem} (got {val!r})", f"default is {spec.default!r}")
-            cfg[section][key] = val
-    return Config(cfg, path)
+            if key in SCHEMA[section]:
+                yield section, key, val
+            else:
+                dotted = f"{section}.{key}" if section else key
+                _report(ConfigError(f"{path}: unknown key '{dotted}'", _UNKNOWN_HINT), errors)
+
+
+def _checked(section: str, key: str, val: Any, path: str, errors: Optional[List[ConfigError]]) -> Any:
+    spec = SCHEMA[section][key]
+    dotted = f"{section}.{key}" if section else key
+    if not _type_ok(val, spec.type):
+        raise ConfigError(f"{path}: key '{dotted}' must be {_TYPE_NAMES.get(spec.type, spec.type)}, got {val!r}",
+                          f"default is {spec.default!r}")
+    if spec.type is float:
+        number = _finite(val)
+        if number is None:  # nan passes every range check (all comparisons are false)
+            raise ConfigError(f"{path}: key '{dotted}' must be a finite number (got {val!r})", f"default is {spec.default!r}")
+        val = number
+    problem = spec.check(val) if spec.check else None
+    if problem and errors is not None and isinstance(val, dict):
+        return _good_entries(spec, val, dotted, path, errors)
+    if problem:
+        raise ConfigError(f"{path}: key '{dotted}' {problem} (got {val!r})", f"default is {spec.default!r}")
+    return val
+
+
+def _finite(val: Any) -> Optional[float]:
+    try:
+        f = float(val)
+    except OverflowError:  # a TOML integer with hundreds of digits
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _good_entries(spec: Key, table: Dict[str, Any], dotted: str, path: str, errors: List[ConfigError]) -> Dict[str, Any]:
+    """Lenient tables keep their valid entries: one misspelt check must not undo the other overrides."""
+    kept = {}
+    for k, v in table.items():
+        problem = spec.check({k: v})
+        if problem:
+            errors.append(ConfigError(f"{path}: key '{dotted}' {problem} (got {{{k!r}: {v!r}}})", "that entry is ignored"))
+        else:
+            kept[k] = v
+    return kept
 
 
 def _check_ownership(path: str, st: os.stat_result) -> None:
@@ -263,31 +322,74 @@ def _toml_loads(text: str) -> Dict[str, Any]:
     return tomllib.loads(text)
 
 
-def load(explicit: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> Config:
+_MAX_BYTES = 1 << 20  # a config is a few KiB; anything this big is not ours
+
+
+def load(explicit: Optional[str] = None, env: Optional[Mapping[str, str]] = None, *, lenient: bool = False) -> Any:
+    """The validated Config; ConfigError names the file and the key.
+
+    ``lenient=True`` (the prolog/epilog only) returns ``(Config, [ConfigError, ...])``: a file
+    that parses as TOML but has bad keys gives their defaults plus the list of errors. A file
+    that cannot be read or parsed still raises.
+    """
     path, must_exist = resolve_path(explicit, env)
     assert path is not None
+    raw = _read(path, must_exist)
+    if raw is None:
+        return (defaults(), []) if lenient else defaults()
+    data = _parse(raw, path)
+    if not lenient:
+        return validate(data, path)
+    errors: List[ConfigError] = []
+    return validate(data, path, errors), errors
+
+
+def _read(path: str, must_exist: bool) -> Optional[bytes]:
+    """The file's bytes; None for a missing default file."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        # O_NONBLOCK: opening a FIFO must not wait for a writer (the hook would hang); it is
+        # refused below like any other file that is not a regular one.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         if must_exist:
             raise ConfigError(f"config file {path} does not exist", "create it or drop --config / SLURM_GPU_CONFIG") from None
-        return defaults()
+        return None
     except OSError as e:
         raise ConfigError(f"config file {path} cannot be read: {e.strerror}", "check its permissions") from None
     try:
         st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"config file {path} is not a regular file", "point it at a TOML file")
         _check_ownership(path, st)
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            raw = f.read()
+        raw = _read_all(fd)
+    except OSError as e:
+        raise ConfigError(f"config file {path} cannot be read: {e.strerror}", "check the file and its disk") from None
     finally:
         os.close(fd)
+    if len(raw) > _MAX_BYTES:
+        raise ConfigError(f"config file {path} is larger than {_MAX_BYTES} bytes", "point it at the TOML config file")
+    return raw
+
+
+def _read_all(fd: int) -> bytes:
+    chunks: List[bytes] = []
+    size = 0
+    while size <= _MAX_BYTES:
+        chunk = os.read(fd, _MAX_BYTES + 1 - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _parse(raw: bytes, path: str) -> Dict[str, Any]:
     try:
-        data = _toml_loads(raw.decode("utf-8"))
+        return _toml_loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text", "save the file as UTF-8") from None
-    except Exception as e:  # tomllib.TOMLDecodeError, tomli's equivalent
+    except Exception as e:  # tomllib.TOMLDecodeError, tomli's equivalent, int-digit limits
         raise ConfigError(f"{path}: invalid TOML: {e}", "check the syntax at the line named") from None
-    return validate(data, path)
 
 
 def reference_markdown() -> str:

@@ -37,6 +37,9 @@ class SimNode:
     def write_config(self, extra: str = "", **top: Any) -> pathlib.Path:
         top.setdefault("nvml_timeout_s", 2.0)
         top.setdefault("nvml_library", str(self.lib))
+        # Never the machine's /etc/slurm: a test that wants Slurm's GPU numbering writes
+        # slurm.conf and gres.conf here (without them the hooks fall back to minor order).
+        top.setdefault("slurm_conf", str(self.tmp / "slurm.conf"))
         lines = [f"{k} = {_toml(v)}" for k, v in top.items()]
         body = "\n".join(lines) + "\n"
         body += f'[store]\ndatabase = "{self.db}"\nspool_dir = "{self.spool}"\nbusy_timeout_s = 1.0\n'
@@ -65,6 +68,12 @@ def _toml(v: Any) -> str:
     if isinstance(v, str):
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return repr(v)
+
+
+@pytest.fixture(autouse=True)
+def _fallback_log(tmp_path, monkeypatch):
+    """Hooks write config errors to a fixed root-only log; tests keep theirs in tmp_path."""
+    monkeypatch.setenv("SLURM_GPU_FALLBACK_LOG", str(tmp_path / "fallback" / "hooks-error.log"))
 
 
 @pytest.fixture

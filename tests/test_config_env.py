@@ -48,6 +48,47 @@ def test_bad_config_is_one_line_naming_key_and_file(tmp_path, text, needle):
     assert needle in e.value.message and path in e.value.message and "\n" not in e.value.message
 
 
+@pytest.mark.parametrize("text", [
+    "[hooks]\nprolog_deadline_s = nan\n", "nvml_timeout_s = inf\n", "[report]\nidle_threshold_pct = -nan\n",
+    "[store]\nbusy_timeout_s = " + "9" * 400 + "\n",
+], ids=["nan", "inf", "-nan", "400-digits"])
+def test_nan_and_inf_are_refused_for_float_keys(tmp_path, text):
+    # nan passes every range check (all comparisons are false): a nan deadline ended hooks at once.
+    with pytest.raises(ConfigError, match="must be a finite number"):
+        config.load(write(tmp_path, text))
+
+
+def test_config_path_that_is_a_directory_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="is not a regular file"):
+        config.load(str(tmp_path))
+
+
+def test_lenient_load_collects_every_error_and_keeps_defaults_for_those_keys_only(tmp_path):
+    path = write(tmp_path, "colour = 1\nnvml_timeout_s = 3\n[health]\nmax_temperature_c = 500\nmax_retired_pages = 7\n"
+                           "[helth]\nx = 1\n[hooks]\nprolog_deadline_s = nan\n")
+    cfg, errors = config.load(path, lenient=True)
+    assert [e.message.split(": ", 1)[1] for e in errors] == [
+        "unknown key 'colour'", "key 'health.max_temperature_c' must be <= 120 (got 500)", "unknown key 'helth'",
+        "key 'hooks.prolog_deadline_s' must be a finite number (got nan)"]
+    assert (cfg.nvml_timeout_s, cfg.health.max_retired_pages) == (3.0, 7)  # the good keys count
+    assert (cfg.health.max_temperature_c, cfg.hooks.prolog_deadline_s) == (87, 30.0)  # the bad ones: defaults
+    with pytest.raises(ConfigError, match="unknown key 'colour'"):
+        config.load(path)  # commands stay strict
+
+
+def test_lenient_load_keeps_the_valid_entries_of_a_table(tmp_path):
+    path = write(tmp_path, '[health.severity]\npcie_link = "warn"\ntempurature = "off"\n')
+    cfg, errors = config.load(path, lenient=True)
+    assert cfg.health.severity == {"pcie_link": "warn"}
+    (e,) = errors
+    assert "unknown check 'tempurature'" in e.message
+
+
+def test_lenient_load_still_raises_when_the_file_is_not_toml(tmp_path):
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        config.load(write(tmp_path, "[health\n"), lenient=True)
+
+
 def test_explicit_missing_config_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         config.load(str(tmp_path / "nope.toml"))
@@ -107,6 +148,38 @@ def test_malformed_environment_names_the_variable(env, needle):
     with pytest.raises(InputError) as e:
         from_env(env)
     assert needle in e.value.message
+
+
+@pytest.mark.parametrize("var,value", [
+    ("SLURM_JOB_ID", "\u0664\u0665"), ("SLURM_JOB_ID", "1_000"), ("SLURM_JOB_ID", "+45"), ("SLURM_JOB_ID", "\uff14\uff15"),
+    ("SLURM_JOB_UID", "1_000"), ("SLURM_JOB_RESTART_COUNT", "\u0661"), ("SLURM_JOB_ID", "9" * 10_000),
+], ids=["arabic-indic", "underscore", "plus", "full-width", "uid-underscore", "restart-arabic-indic", "10000-digits"])
+def test_only_ascii_digits_make_a_job_number(var, value):
+    # int() takes Arabic-Indic or full-width digits and underscores; Slurm never writes them.
+    env = {"SLURM_JOB_ID": "5", "SLURMD_NODENAME": "n1", var: value}
+    with pytest.raises(InputError, match=var) as e:
+        from_env(env)
+    assert len(e.value.message) < 200
+
+
+@pytest.mark.parametrize("raw,needle", [("\u0663", "not a GPU index"), ("0,1_0", "not a GPU index"),
+                                        ("4096", "out of range"), ("1" * 10_000, "out of range"),
+                                        ("0-99999", "out of range")],
+                         ids=["arabic-indic", "underscore", "4096", "10000-digits", "huge-range"])
+def test_gpu_indices_are_small_ascii_numbers(raw, needle):
+    with pytest.raises(InputError, match=needle) as e:
+        parse_job_gpus(raw)
+    assert len(e.value.message) < 200
+    assert parse_job_gpus("4095") == (4095,)
+
+
+def test_non_utf8_node_name_is_refused_and_other_text_is_escaped():
+    env = {"SLURM_JOB_ID": "5", "SLURMD_NODENAME": "gpu\udcff", "SLURM_CLUSTER_NAME": "c"}
+    with pytest.raises(InputError, match="SLURMD_NODENAME"):
+        from_env(env)
+    j = from_env(dict(env, SLURMD_NODENAME="gpu01", SLURM_JOB_USER="al\udcffice"))
+    assert j.user == "al\\udcffice"
+    j.user.encode("utf-8")  # storable
 
 
 def test_full_environment():
