@@ -11,12 +11,13 @@ import getpass
 import os
 import sys
 import time
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Set, Tuple
 
 import click
 
 from .cli import fail
 from .errors import ExitCode, InputError, SlurmError, SlurmGpuError
+from .slurm import BatchResult
 
 HEALTHCHECK_DEADLINE_S = 45.0  # Slurm kills HealthCheckProgram after 60 s
 
@@ -41,23 +42,65 @@ def this_node(explicit: Optional[str]) -> str:
     return explicit or node_name()
 
 
-def expand_nodes(args: Sequence[str], backend: Any = None) -> List[str]:
-    """Hostlist expressions (gpu[01-04,07], a,b) -> unique node names in the order given."""
+DEFAULT_MAX_NODES = 1024  # config slurm_max_nodes
+
+
+def _hostlist_size(expr: str) -> Optional[int]:
+    """hostlist.count as a command's input error."""
+    from . import hostlist
+    try:
+        return hostlist.count(expr)
+    except ValueError as e:
+        raise InputError(str(e),
+                         f"check the range for a typo, or split it into ranges of at most {hostlist.SLURM_MAX_RANGE} hosts") from None
+
+
+def _apply(todo: List[str], dry_run: bool, change: Callable[[List[str]], Any]) -> Any:
+    """One batched change of the nodes to change (nothing with --dry-run: reported as done)."""
+    if dry_run or not todo:
+        return BatchResult(done=list(todo) if dry_run else [])
+    return change(todo)
+
+
+def expand_nodes(args: Sequence[str], backend: Any = None, *, limit: Optional[int] = None,
+                 command: str = "drain") -> List[str]:
+    """Hostlist expressions (gpu[01-04,07], a,b) -> unique node names in the order given.
+
+    With `limit`: more names than that (counted before anything is expanded) is an InputError
+    whose hint says how to raise the limit.
+    """
+    from .hostlist import expand
+    sizes = [_hostlist_size(a) for a in args]
+    if limit is not None and all(n is not None for n in sizes):
+        total = sum(n for n in sizes if n is not None)
+        if total > limit:
+            shown = " ".join(args)
+            if len(shown) > 80:
+                shown = shown[:79] + "\u2026"
+            raise InputError(f"{shown} names {total} nodes; one {command} may change at most {limit} (slurm_max_nodes)",
+                             f"split the list, or raise the cap: --max-nodes {total} for this run, "
+                             f"or slurm_max_nodes = {total} in the slurm-gpu config file")
     out: List[str] = []
+    seen = set()
     for arg in args:
         try:
-            from .hostlist import expand
-        except ImportError:  # pragma: no cover - hostlist.py ships with the package
-            names = backend.hostnames(arg)
-        else:
-            try:
-                names = expand(arg)
-            except ValueError as e:
-                raise InputError(f"invalid node list {arg!r}: {e}", "use a Slurm hostlist such as gpu[01-04,07] or gpu01,gpu02") from None
+            names = expand(arg)
+        except ValueError as e:
+            raise InputError(f"invalid node list {arg!r}: {e}", "use a Slurm hostlist such as gpu[01-04,07] or gpu01,gpu02") from None
         for n in names:
-            if n not in out:
+            if n not in seen:
+                seen.add(n)
                 out.append(n)
+        if limit is not None and len(out) > limit:  # only where a list did not parse for counting
+            raise InputError(f"the node list names more than {limit} nodes; one {command} may change at most {limit} "
+                             f"(slurm_max_nodes)", "split the list, or raise the cap with --max-nodes N or slurm_max_nodes")
     return out
+
+
+def _max_nodes(app: Any, override: Optional[int]) -> int:
+    if override:
+        return int(override)
+    return int(getattr(app.config, "slurm_max_nodes", DEFAULT_MAX_NODES))
 
 
 def _log(app: Any, what: str):
@@ -92,11 +135,17 @@ def _err_line(e: SlurmGpuError) -> None:
         click.echo(f"hint: {e.hint}", err=True)
 
 
-def _is_unreachable(e: SlurmError) -> bool:
-    return e.message.startswith(("slurmctld not reachable", "no usable Slurm configuration")) or "not found (looked in" in e.message
-
-
 # ------------------------------------------------------------------ drain
+
+MAX_NODES_HELP = (f"Allow up to N nodes in this run (default: slurm_max_nodes from the config, {DEFAULT_MAX_NODES} "
+                  "if unset); more is refused before Slurm is asked.")
+
+
+def _summary(total: int, parts: Sequence[Tuple[int, str]], dry_run: bool) -> None:
+    if total > 1:
+        said = ", ".join(f"{n} {what}" for n, what in parts if n)
+        click.echo(f"summary{' (dry run)' if dry_run else ''}: {total} nodes: {said or 'nothing to do'}")
+
 
 @click.command()
 @click.argument("nodes", nargs=-1, metavar="[NODE]...")
@@ -107,20 +156,26 @@ def _is_unreachable(e: SlurmError) -> bool:
 @click.option("--node", "node_name", metavar="NAME",
               help="With --unhealthy: this node's Slurm name (default: $SLURMD_NODENAME, else the short host name).")
 @click.option("--dry-run", "-n", is_flag=True, help="Print what would change; change nothing.")
+@click.option("--max-nodes", type=click.IntRange(1, 1 << 20), metavar="N", help=MAX_NODES_HELP)
 @click.pass_obj
-def drain(app, nodes, reason, unhealthy, node_name, dry_run):
+def drain(app, nodes, reason, unhealthy, node_name, dry_run, max_nodes):
     """Drain nodes with a slurm-gpu reason, so that `slurm-gpu resume` may lift it later.
 
     NODE accepts Slurm hostlists: gpu[01-04,07]. A node already drained by someone else keeps
     its reason (it is not overwritten, and so never becomes resumable by slurm-gpu).
 
+    All named nodes are read with one `scontrol show node` and drained with one
+    `scontrol update NodeName=<hostlist>`; one line per node, then a summary. More than
+    slurm_max_nodes nodes (default 1024) is refused before Slurm is asked (--max-nodes N).
+
     \b
     Examples:
       slurm-gpu drain gpu07 --reason "GPU 3 replaced, burn-in pending"
+      slurm-gpu drain 'gpu[001-128]' --reason "rack 7 power work" --dry-run
       slurm-gpu drain --unhealthy          # on a node: drain it if its GPUs FAIL
     \b
-    Exit codes: 0 done (or nothing to do), 1 --unhealthy found a FAIL, 2 usage/config error,
-    4 Slurm error (unknown node, slurmctld unreachable).
+    Exit codes: 0 done (or nothing to do), 1 --unhealthy found a FAIL, 2 usage/config error
+    (also: too many nodes), 4 Slurm error (unknown node, slurmctld unreachable).
     """
     if unhealthy:
         if nodes or reason:
@@ -136,32 +191,53 @@ def drain(app, nodes, reason, unhealthy, node_name, dry_run):
     from .reason import MANUAL, format_reason, sanitize
     if not reason or not sanitize(reason):
         raise fail(InputError("a drain needs a reason (--reason TEXT)", "say why, e.g. --reason \"GPU 3 ECC errors, RMA opened\""))
-    text = format_reason(reason, f"{MANUAL} by {_admin_name()}")
+    admin = _admin_name()
+    text = format_reason(reason, f"{MANUAL} by {admin}")
     try:
+        names = expand_nodes(nodes, limit=_max_nodes(app, max_nodes), command="drain")
         backend = _backend(app)
-        names = expand_nodes(nodes, backend)
+        look = backend.lookup_nodes(names)
     except SlurmGpuError as e:
         raise fail(e)
     log = _log(app, "drain")
-    code = ExitCode.OK
+    skip: Set[str] = set()
+    todo: List[str] = []
     for name in names:
-        try:
-            info = backend.node(name)
+        if name in look.found:
+            info = look.found[name]
             if info.drained and not info.drained_by_us:
-                click.echo(f"{name}: already {info.state} {_who(info)}: {info.reason!r} - not ours, reason left as is")
-                continue
-            verb = "re-drain" if info.drained else "drain"
-            if dry_run:
-                click.echo(f"{name}: would {verb} ({info.state}): {text}")
-                continue
-            backend.drain(name, text)
-            log.info("drain", node=name, reason=text, by=_admin_name(), was=info.state)
+                skip.add(name)
+            else:
+                todo.append(name)
+    result = _apply(todo, dry_run, lambda names: backend.drain_many(names, text))
+    done = set(result.done)
+    for name in names:
+        if name in look.failed:
+            _err_line(look.failed[name])
+            continue
+        info = look.found[name]
+        if name in skip:
+            click.echo(f"{name}: already {info.state} {_who(info)}: {info.reason!r} - not ours, reason left as is")
+            continue
+        verb = "re-drain" if info.drained else "drain"
+        if dry_run:
+            click.echo(f"{name}: would {verb} ({info.state}): {text}")
+        elif name in done:
+            log.info("drain", node=name, reason=text, by=admin, was=info.state)
             click.echo(f"{name}: {verb}ed: {text}")
-        except SlurmError as e:
-            _err_line(e)
-            code = ExitCode.SLURM_ERROR
-            if _is_unreachable(e):
-                break
+        elif name in result.failed:
+            _err_line(result.failed[name])
+    if result.stopped is not None:
+        _err_line(result.stopped)
+    failed = len(look.failed) + len(result.failed)
+    not_tried = len(todo) - len(done) - len(result.failed)
+    _summary(len(names), [(len(done), "would be drained" if dry_run else "drained"),
+                          (len(skip), "left alone (drained by someone else)"), (failed, "failed"),
+                          (not_tried, "not tried")], dry_run)
+    if not dry_run and todo:
+        log.info("drain-batch", nodes=len(todo), drained=len(done), failed=len(result.failed), requests=result.requests,
+                 stopped=result.stopped.message if result.stopped else None)
+    code = ExitCode.SLURM_ERROR if (failed or result.stopped is not None) else ExitCode.OK
     sys.exit(int(code))
 
 
@@ -172,48 +248,74 @@ def drain(app, nodes, reason, unhealthy, node_name, dry_run):
 @click.option("--force", is_flag=True,
               help="Also resume nodes drained or downed by someone else (an admin, Slurm itself). Think twice.")
 @click.option("--dry-run", "-n", is_flag=True, help="Print what would change; change nothing.")
+@click.option("--max-nodes", type=click.IntRange(1, 1 << 20), metavar="N", help=MAX_NODES_HELP)
 @click.pass_obj
-def resume(app, nodes, force, dry_run):
+def resume(app, nodes, force, dry_run, max_nodes):
     """Resume nodes that slurm-gpu drained.
 
     A node drained for another reason (an admin's 'maintenance', Slurm's 'Prolog error' or
     'Not responding', a reboot) is refused unless --force: one line per refused node names
     the reason and who set it. A node that is not drained is left as it is.
 
+    All named nodes are read with one `scontrol show node` and resumed with one
+    `scontrol update NodeName=<hostlist> State=RESUME`; one line per node, then a summary.
+    More than slurm_max_nodes nodes (default 1024) is refused before Slurm is asked.
+
     \b
-    Exit codes: 0 done (or nothing to do), 2 usage/config error, 4 Slurm error,
-    6 at least one node refused.
+    Exit codes: 0 done (or nothing to do), 2 usage/config error (also: too many nodes),
+    4 Slurm error, 6 at least one node refused.
     """
     try:
+        names = expand_nodes(nodes, limit=_max_nodes(app, max_nodes), command="resume")
         backend = _backend(app)
-        names = expand_nodes(nodes, backend)
+        look = backend.lookup_nodes(names)
     except SlurmGpuError as e:
         raise fail(e)
     log = _log(app, "resume")
-    refused = slurm_failed = False
+    admin = _admin_name()
+    idle: Set[str] = set()
+    refused: Set[str] = set()
+    todo: List[str] = []
     for name in names:
-        try:
-            info = backend.node(name)
+        if name in look.found:
+            info = look.found[name]
             if not (info.drained or info.down):
-                click.echo(f"{name}: not drained ({info.state}), nothing to do")
-                continue
-            if not info.drained_by_us and not force:
-                refused = True
-                click.echo(f"{name}: refused: {info.state} {_who(info)} with reason {info.reason or '(none)'!r}, "
-                           f"not set by slurm-gpu (use --force to resume anyway)", err=True)
-                continue
-            if dry_run:
-                click.echo(f"{name}: would resume ({info.state}, reason: {info.reason or '(none)'})")
-                continue
-            backend.resume(name)
-            log.info("resume", node=name, was=info.state, reason=info.reason, by=_admin_name(),
+                idle.add(name)
+            elif not info.drained_by_us and not force:
+                refused.add(name)
+            else:
+                todo.append(name)
+    result = _apply(todo, dry_run, backend.resume_many)
+    done = set(result.done)
+    for name in names:
+        if name in look.failed:
+            _err_line(look.failed[name])
+            continue
+        info = look.found[name]
+        if name in idle:
+            click.echo(f"{name}: not drained ({info.state}), nothing to do")
+        elif name in refused:
+            click.echo(f"{name}: refused: {info.state} {_who(info)} with reason {info.reason or '(none)'!r}, "
+                       f"not set by slurm-gpu (use --force to resume anyway)", err=True)
+        elif dry_run:
+            click.echo(f"{name}: would resume ({info.state}, reason: {info.reason or '(none)'})")
+        elif name in done:
+            log.info("resume", node=name, was=info.state, reason=info.reason, by=admin,
                      forced=force and not info.drained_by_us)
             click.echo(f"{name}: resumed (was {info.state}: {info.reason or 'no reason'})")
-        except SlurmError as e:
-            _err_line(e)
-            slurm_failed = True
-            if _is_unreachable(e):
-                break
+        elif name in result.failed:
+            _err_line(result.failed[name])
+    if result.stopped is not None:
+        _err_line(result.stopped)
+    failed = len(look.failed) + len(result.failed)
+    not_tried = len(todo) - len(done) - len(result.failed)
+    _summary(len(names), [(len(done), "would be resumed" if dry_run else "resumed"), (len(idle), "not drained"),
+                          (len(refused), "refused (not drained by slurm-gpu)"), (failed, "failed"),
+                          (not_tried, "not tried")], dry_run)
+    if not dry_run and todo:
+        log.info("resume-batch", nodes=len(todo), resumed=len(done), failed=len(result.failed),
+                 requests=result.requests, stopped=result.stopped.message if result.stopped else None)
+    slurm_failed = failed or result.stopped is not None
     sys.exit(int(ExitCode.SLURM_ERROR if slurm_failed else ExitCode.REFUSED if refused else ExitCode.OK))
 
 
@@ -284,19 +386,49 @@ def default_checker(cfg: Any) -> Callable[[Any], list]:
     """
     def check(info: Any) -> list:
         from . import hooks
+        from .gpumap import configured_gpus
         idle = True if getattr(info, "gpus_allocated", 1) == 0 else None
-        _snap, results = hooks.check_node(cfg, expected_count=info.gpus_configured or None, idle=idle)
+        # Slurm counts MIG slices as GPUs; the driver counts physical GPUs: take the number of
+        # GPUs gres.conf names when it can be read.
+        conf = os.environ.get("SLURM_CONF") or cfg.get("", "slurm_conf")
+        expected = configured_gpus(conf, info.name) or info.gpus_configured or None
+        _snap, results = hooks.check_node(cfg, expected_count=expected, idle=idle)
         return results
     return check
 
 
 def _run_health(app, node_name: Optional[str], *, allow_resume: bool, dry_run: bool, deadline_s: float,
                 context: str = "healthcheck", checker: Optional[Callable] = None) -> None:
+    from .errors import ConfigError
     from .reason import HEALTHCHECK
     from .slurm import node_health_cycle
     name = this_node(node_name)
+    reason_context = HEALTHCHECK if context == "healthcheck" else context
+
+    def config_broken(e: ConfigError) -> None:
+        """One line for the admin; a drain only while the hooks here run ungated (docs/hooks.md, "Configuration errors")."""
+        from .config import defaults
+        from .health import CheckResult
+        from .hooklog import fallback_path, write_fallback
+        from .hookmain import config_problem
+        from .slurm import get_backend
+        line, fault = config_problem(app.config_path, e)
+        click.echo(f"slurm-gpu: error: {line}", err=True)
+        write_fallback(fallback_path(), "healthcheck", "config-error", node=name, error=e.message, hint=e.hint)
+        if fault:
+            try:  # the file is unusable: reach Slurm with the default settings
+                outcome = node_health_cycle(get_backend(defaults()), name, lambda info: [CheckResult("config", "FAIL", None, "", fault)],
+                                            allow_resume=False, dry_run=dry_run, deadline_s=deadline_s, context=reason_context)
+                click.echo(outcome.message)
+            except SlurmGpuError as se:
+                click.echo(f"slurm-gpu: error: could not drain: {se.message}", err=True)
+        sys.exit(int(e.exit_code))
+
     try:
         cfg = app.config
+    except ConfigError as e:
+        config_broken(e)
+    try:
         backend = _backend(app)
     except SlurmGpuError as e:
         raise fail(e)
@@ -304,7 +436,7 @@ def _run_health(app, node_name: Optional[str], *, allow_resume: bool, dry_run: b
     try:
         outcome = node_health_cycle(backend, name, checker or default_checker(cfg), allow_resume=allow_resume,
                                     dry_run=dry_run, deadline_s=deadline_s,
-                                    context=HEALTHCHECK if context == "healthcheck" else context)
+                                    context=reason_context)
     except SlurmGpuError as e:
         log.error("slurm-error", node=name, error=e.message)
         raise fail(e)

@@ -41,6 +41,39 @@ def _split_top(expr: str) -> List[str]:
     return parts
 
 
+SLURM_MAX_RANGE = 65536  # Slurm refuses one bracket range of more hosts (src/common/hostlist.c MAX_RANGE)
+_BRACKET = re.compile(r"\[([^\[\]]*)\]")
+
+
+def count(expr: str) -> Optional[int]:
+    """How many names ``expand`` would give (duplicates counted), without expanding.
+
+    None when it does not parse (``expand`` then says why).  A bracket range of more than
+    SLURM_MAX_RANGE hosts is a ValueError, as Slurm refuses it ("Too many hosts in range").
+    """
+    try:
+        parts = _split_top(expr.strip())
+    except ValueError:
+        return None
+    total = 0
+    for part in parts:
+        n_part = 1
+        for body in _BRACKET.findall(part):
+            n = 0
+            for item in body.split(","):
+                m = _RANGE.match(item.strip())
+                if not m:
+                    return None
+                lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+                if hi - lo + 1 > SLURM_MAX_RANGE:
+                    raise ValueError(f"invalid node list {expr!r}: range {item.strip()!r} has {hi - lo + 1} hosts; "
+                                     f"Slurm refuses more than {SLURM_MAX_RANGE} in one range")
+                n += max(hi - lo + 1, 0)
+            n_part *= n
+        total += n_part
+    return total
+
+
 def _expand_ranges(body: str, expr: str) -> List[str]:
     out: List[str] = []
     for item in body.split(","):

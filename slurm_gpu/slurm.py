@@ -18,7 +18,7 @@ import re
 import threading
 import time as _time
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, List, Optional, Tuple
+from typing import Any, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import reason as _reason
 from .errors import ExitCode, NvmlUnavailable, SlurmError, SlurmGpuError
@@ -180,11 +180,67 @@ def select_nodes(infos: List["NodeInfo"], names: Optional[List[str]], source: st
     return [by_name[n] for n in names]
 
 
+# ---------------------------------------------------------------- many nodes at once
+
+UPDATE_MAX_NODES = 65536  # Slurm refuses a hostlist range of more hosts (src/common/hostlist.c MAX_RANGE)
+UPDATE_MAX_CHARS = 60 * 1024  # one hostlist argument stays well below Linux's 128 KiB per argv element
+
+
+def hostlist_batches(names: Sequence[str], max_nodes: int = UPDATE_MAX_NODES,
+                     max_chars: int = UPDATE_MAX_CHARS) -> List[List[str]]:
+    """`names` (unique) in natural order, cut into batches that each fit ONE hostlist argument:
+    at most ``max_nodes`` names and a compressed hostlist of at most ``max_chars`` characters
+    (a batch too long when compressed is halved until it fits).  gpu[0001-9999] is one batch."""
+    from .hostlist import compress, sort_key
+    ordered = sorted(names, key=sort_key)
+    batches: List[List[str]] = []
+
+    def add(chunk: List[str]) -> None:
+        if len(chunk) > 1 and len(compress(chunk)) > max_chars:
+            mid = len(chunk) // 2
+            add(chunk[:mid])
+            add(chunk[mid:])
+        elif chunk:
+            batches.append(chunk)
+
+    for i in range(0, len(ordered), max_nodes):
+        add(ordered[i:i + max_nodes])
+    return batches
+
+
+def ends_batch(e: SlurmGpuError) -> bool:
+    """An error that every other node of a batch would meet too: slurmctld unreachable, no
+    usable configuration, no Slurm commands, no administrator rights.  Anything else (an
+    unknown node, a node in a state the change does not apply to) concerns single nodes."""
+    m = e.message
+    return (m.startswith(("slurmctld not reachable", "no usable Slurm configuration", "cannot run "))
+            or "not found (looked in" in m or ": permission denied:" in m)
+
+
+class NodeLookup(NamedTuple):
+    """The state of named nodes, read in as few requests as the backend can."""
+
+    found: Dict[str, NodeInfo]  # name -> state, in the order asked
+    failed: Dict[str, SlurmError]  # name -> why not (unknown node, invalid name)
+
+
+@dataclass
+class BatchResult:
+    """What ``drain_many`` / ``resume_many`` did."""
+
+    done: List[str] = field(default_factory=list)  # now in the state asked for
+    failed: Dict[str, SlurmError] = field(default_factory=dict)  # name -> why not
+    stopped: Optional[SlurmError] = None  # ended the run early (see ends_batch): names in neither list were not tried
+    requests: int = 0  # update requests sent to slurmctld
+
+
 class SlurmBackend(abc.ABC):
     """What slurm-gpu needs from Slurm.  All methods raise SlurmError on failure."""
 
     name = "abstract"
     why = ""  # how get_backend chose it (shown by `slurm-gpu status -v` and in logs)
+    # True: _update_nodes sends ONE request for a whole hostlist; False: drain/resume per node.
+    batch_updates = False
 
     @abc.abstractmethod
     def node(self, name: str) -> NodeInfo:
@@ -206,6 +262,103 @@ class SlurmBackend(abc.ABC):
     def job(self, job_id: int) -> Dict[str, Any]:
         """Job facts: job_id, user, account, partition, state, nodes, gres, tres,
         start_time, end_time (unix or None), source ('slurmctld' or 'slurmdbd')."""
+
+    # ------------------------------------------------------------ many nodes
+    def lookup_nodes(self, names: Sequence[str]) -> NodeLookup:
+        """The state of every named node; unknown names are reported, not raised.  Raises
+        SlurmError only for what ends the whole lookup (see ends_batch).  This default asks
+        node by node; the real backends override it with one request."""
+        found: Dict[str, NodeInfo] = {}
+        failed: Dict[str, SlurmError] = {}
+        for n in names:
+            try:
+                found[n] = self.node(n)
+            except SlurmError as e:
+                if ends_batch(e):
+                    raise
+                failed[n] = e
+        return NodeLookup(found, failed)
+
+    def _update_nodes(self, names: List[str], state: str, reason: Optional[str] = None) -> None:
+        """ONE update request setting State=state (and Reason) on every node of `names` (a
+        hostlist's worth, see hostlist_batches).  Only backends with batch_updates implement it."""
+        raise NotImplementedError
+
+    def drain_many(self, names: Sequence[str], reason: str) -> BatchResult:
+        """Drain every named node with one reason: one update request per hostlist batch."""
+        if not reason or not reason.strip():
+            raise SlurmError("a drain needs a reason", "pass the text formatted by slurm_gpu.reason.format_reason")
+        return self._change_many(list(names), "DRAIN", reason)
+
+    def resume_many(self, names: Sequence[str]) -> BatchResult:
+        """State=RESUME on every named node (the caller checked they are drained or down)."""
+        return self._change_many(list(names), "RESUME", None)
+
+    def _change_one(self, name: str, state: str, reason: Optional[str]) -> None:
+        if state == "DRAIN":
+            self.drain(name, reason or "")
+        else:
+            self.resume(name)
+
+    def _change_many(self, names: List[str], state: str, reason: Optional[str]) -> BatchResult:
+        res = BatchResult()
+        if not self.batch_updates:
+            self._one_by_one(names, state, reason, res)
+            return res
+        for batch in hostlist_batches(names):
+            res.requests += 1
+            try:
+                self._update_nodes(batch, state, reason)
+            except SlurmError as e:
+                if ends_batch(e):
+                    res.stopped = e
+                    return res
+                # Slurm (22.05.8, observed) fails the whole request for one unknown name or one
+                # node in a state the change does not apply to, yet applies it to all the others.
+                self._settle(batch, state, reason, e, res)
+                if res.stopped is not None:
+                    return res
+            else:
+                res.done.extend(batch)
+        return res
+
+    def _one_by_one(self, names: Sequence[str], state: str, reason: Optional[str], res: BatchResult) -> None:
+        for n in names:
+            res.requests += 1
+            try:
+                self._change_one(n, state, reason)
+            except SlurmError as e:
+                if ends_batch(e):
+                    res.stopped = e
+                    return
+                res.failed[n] = e
+            else:
+                res.done.append(n)
+
+    def _settle(self, batch: List[str], state: str, reason: Optional[str], err: SlurmError, res: BatchResult) -> None:
+        """After a failed batch request: read the batch once, keep what got there, redo the rest
+        node by node.  When no node got there and none is unknown, Slurm refused the request
+        itself (not one node of it): every node gets that error, without a request per node."""
+        try:
+            look = self.lookup_nodes(batch)
+        except SlurmError as e:
+            res.stopped = e
+            return
+        res.failed.update((n, look.failed[n]) for n in batch if n in look.failed)
+        todo = []
+        for n in batch:
+            info = look.found.get(n)
+            if info is None:
+                continue
+            there = (info.drained and info.reason == reason) if state == "DRAIN" else not (info.drained or info.down)
+            if there:
+                res.done.append(n)
+            else:
+                todo.append(n)
+        if len(todo) == len(batch):
+            res.failed.update((n, err) for n in todo)
+            return
+        self._one_by_one(todo, state, reason, res)
 
     def expand_hostlist(self, expr: str) -> List[str]:
         """Expand a Slurm hostlist expression (gpu[01-04,07])."""

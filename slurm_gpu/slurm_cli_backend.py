@@ -4,6 +4,9 @@
   22.05 has no ``scontrol --json``; the one-line format is stable across versions.
 * Drain / resume: ``scontrol update NodeName=X State=DRAIN Reason=<text>`` / ``State=RESUME``.
   The reason is ONE argv element, never passed through a shell.
+* Many nodes: ONE ``scontrol -d -o show node <hostlist>`` reads them all (an unknown name is a
+  ``Node X not found`` line and exit 1, the others are still printed), ONE
+  ``scontrol update NodeName=<hostlist> ...`` changes them all (see SlurmBackend.drain_many).
 * Jobs: ``scontrol -o show job`` while slurmctld knows the job, then ``sacct --json``,
   falling back to ``sacct -P`` where ``--json`` is missing or its schema is not understood.
 
@@ -23,7 +26,9 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .errors import SlurmError
-from .slurm import NodeInfo, SlurmBackend, gpu_count, select_nodes, split_state, tres_gpu_count
+from .hostlist import compress
+from .slurm import (NodeInfo, NodeLookup, SlurmBackend, gpu_count, hostlist_batches, select_nodes, split_state,
+                    tres_gpu_count)
 
 FALLBACK_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin")
 PING_HINT = "check that slurmctld is running and reachable: `scontrol ping` (SLURM_CONF={conf})"
@@ -38,6 +43,7 @@ _DENIED = ("access/permission denied", "permission denied", "invalid user id", "
 _KEY = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/]*)=")
 _REASON_TAIL = re.compile(r" \[([^\[\]@\s]*)@(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\](?=$|\s+[A-Z][A-Za-z_]*=)")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
+_NOT_FOUND = re.compile(r"^Node (\S+) not found$")  # scontrol show node, per unknown name (on stdout in 22.05)
 
 
 def parse_time(text: Optional[str]) -> Optional[float]:
@@ -126,6 +132,7 @@ def split_records(out: str) -> List[str]:
 
 class CliBackend(SlurmBackend):
     name = "cli"
+    batch_updates = True
 
     def __init__(self, cfg: Any = None, *, bin_dir: Optional[str] = None, timeout_s: Optional[float] = None,
                  env: Optional[Dict[str, str]] = None):
@@ -259,6 +266,61 @@ class CliBackend(SlurmBackend):
         rc, out, err = self.run("scontrol", ["update", f"NodeName={name}", "State=RESUME"])
         if rc != 0:
             self._raise(rc, out, err, f"resume {name}", node=name)
+
+    def lookup_nodes(self, names: Sequence[str]) -> NodeLookup:
+        """One ``scontrol -d -o show node <hostlist>`` per hostlist batch (one for up to 64k
+        nodes with short names).  scontrol prints every known node, a ``Node X not found`` line
+        per unknown one and exits 1 when there was one: that exit is not an error here."""
+        found: Dict[str, NodeInfo] = {}
+        failed: Dict[str, SlurmError] = {}
+        good = []
+        for n in names:
+            try:
+                self._check_name(n)
+            except SlurmError as e:
+                failed[n] = e
+            else:
+                good.append(n)
+        got: Dict[str, NodeInfo] = {}
+        for batch in hostlist_batches(good):
+            expr = compress(batch)
+            rc, out, err = self.run("scontrol", ["-d", "-o", "show", "node", expr])
+            not_found: Dict[str, str] = {}
+            rest = []
+            for line in out.splitlines():
+                m = _NOT_FOUND.match(line.strip())
+                if m:
+                    not_found[m.group(1)] = line.strip()
+                else:
+                    rest.append(line)
+            for line in err.splitlines():
+                m = _NOT_FOUND.match(line.strip())
+                if m:
+                    not_found[m.group(1)] = line.strip()
+            if rc != 0 and not not_found:
+                self._raise(rc, out, err, "scontrol show node", node=expr if len(batch) == 1 else "")
+            wanted = set(batch)
+            for rec in split_records("\n".join(rest)):
+                info = node_from_fields(parse_show_line(rec))
+                if info.name in wanted:
+                    got[info.name] = info
+            for n in batch:
+                if n not in got:
+                    failed[n] = SlurmError(f"unknown node {n!r}: {not_found.get(n, 'scontrol returned no such node')}",
+                                           "list the cluster's nodes with `sinfo -N`")
+        for n in names:
+            if n in got:
+                found[n] = got[n]
+        return NodeLookup(found, {n: failed[n] for n in names if n in failed})
+
+    def _update_nodes(self, names: List[str], state: str, reason: Optional[str] = None) -> None:
+        for n in names:
+            self._check_name(n)
+        expr = compress(names)
+        args = ["update", f"NodeName={expr}", f"State={state}"] + ([f"Reason={reason}"] if reason is not None else [])
+        rc, out, err = self.run("scontrol", args)
+        if rc != 0:
+            self._raise(rc, out, err, f"{state.lower()} {expr}", node=expr if len(names) == 1 else "")
 
     def hostnames(self, expr: str) -> List[str]:
         """``scontrol show hostnames EXPR``: Slurm's own hostlist expansion."""

@@ -7,6 +7,8 @@ documented API:
 
 * ``pyslurm.Node.load(name)`` -> Node; ``pyslurm.Nodes.load()`` -> collection of Node
 * ``Node.modify(pyslurm.Node(state="DRAIN", reason=...))``; state "RESUME" lifts a drain
+* ``pyslurm.Nodes(["gpu01", "gpu02"]).modify(pyslurm.Node(...))``: ONE slurm_update_node for
+  the whole collection (pyslurm sends the names as one hostlist), used by drain_many/resume_many
 * Node attributes ``name``, ``state`` ("IDLE+DRAIN"), ``reason``, ``reason_user``,
   ``reason_time`` (unix or None), ``configured_gres`` / ``allocated_gres`` (dicts such as
   ``{"gpu:h100": 4}`` / ``{"gpu:h100": {"count": "2", "indexes": "0-1"}}``)
@@ -19,10 +21,10 @@ waiting after ``slurm_timeout_s`` (the thread is abandoned; the process exits so
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .errors import SlurmError
-from .slurm import NodeInfo, SlurmBackend, select_nodes, split_state
+from .slurm import NodeInfo, NodeLookup, SlurmBackend, select_nodes, split_state
 
 PING_HINT = "check that slurmctld is running and reachable: `scontrol ping`"
 _UNREACHABLE = ("unable to contact slurm controller", "socket timed out", "connection refused",
@@ -76,6 +78,7 @@ def gres_dict_gpus(d: Any) -> int:
 
 class PyslurmBackend(SlurmBackend):
     name = "pyslurm"
+    batch_updates = True
 
     def __init__(self, module: Any, timeout_s: float = 10.0):
         self.ps = module
@@ -152,6 +155,29 @@ class PyslurmBackend(SlurmBackend):
         coll = self._call("pyslurm.Nodes.load()", lambda: self.ps.Nodes.load())
         items = list(coll.values()) if hasattr(coll, "values") else list(coll)
         return select_nodes([self._info(n) for n in items], names)
+
+    def lookup_nodes(self, names: Sequence[str]) -> NodeLookup:
+        """One node: pyslurm.Node.load; more: one pyslurm.Nodes.load() for all of them."""
+        if len(names) <= 1:
+            return super().lookup_nodes(names)
+        coll = self._call("pyslurm.Nodes.load()", lambda: self.ps.Nodes.load())
+        items = list(coll.values()) if hasattr(coll, "values") else list(coll)
+        wanted = set(names)
+        by_name = {str(n.name): self._info(n) for n in items if str(getattr(n, "name", "")) in wanted}
+        return NodeLookup({n: by_name[n] for n in names if n in by_name},
+                          {n: SlurmError(f"unknown node {n!r}: Node '{n}' does not exist",
+                                         "list the cluster's nodes with `sinfo -N`") for n in names if n not in by_name})
+
+    def _update_nodes(self, names: List[str], state: str, reason: Optional[str] = None) -> None:
+        from .hostlist import compress
+        changes: Dict[str, Any] = {"state": state}
+        if reason is not None:
+            changes["reason"] = reason
+        expr = compress(names)
+
+        def go() -> None:
+            self.ps.Nodes(list(names)).modify(self.ps.Node(**changes))
+        self._call(f"{state.lower()} {expr}", go, node=expr if len(names) == 1 else "")
 
     def _modify(self, name: str, what: str, **changes: Any) -> None:
         def go() -> None:

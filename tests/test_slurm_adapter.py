@@ -552,3 +552,328 @@ def test_usage_errors_are_one_line_with_a_hint_and_exit_2(args, needle, tmp_path
     assert r.exit_code == 2, r.output
     assert f"slurm-gpu: error: {needle}" in r.output and "hint:" in r.output
     assert calls(tmp_path) == []  # nothing reached Slurm
+
+
+# ------------------------------------------------------------------ many nodes: a cap, one read, one update
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_slurm(bin_dir: Path, nodes: Dict[str, Dict[str, Any]], *, before_update: Optional[Dict[str, Any]] = None) -> Path:
+    """A stateful stand-in `scontrol` that behaves like Slurm 22.05.8 as observed on the testbed:
+
+    * ``-d -o show node [HOSTLIST]``: one line per known node; ``Node X not found`` (stdout) per
+      unknown name and exit 1 when there was one.
+    * ``update NodeName=HOSTLIST State=DRAIN Reason=R`` / ``State=RESUME``: applied to every node
+      it can be applied to; an unknown name or a RESUME of a node that is not drained fails the
+      call (exit 1, ``slurm_update error: Invalid node name|state specified``) without undoing the rest.
+
+    nodes: name -> {"state": "IDLE", "reason": "..."}.  before_update: name -> new record (None
+    removes the node), applied once just before the first update (another admin racing us).
+    Every call is logged like make_tool's.  State lives in <bin_dir>/slurm.json.
+    """
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / "slurm.json").write_text(json.dumps({"nodes": nodes, "before_update": before_update or {}}))
+    log = bin_dir / "scontrol.calls"
+    script = bin_dir / "scontrol"
+    script.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import json, sys
+        sys.path.insert(0, {str(REPO)!r})
+        from slurm_gpu.hostlist import expand
+        STATE = {str(bin_dir / "slurm.json")!r}
+        LINE = {LINE_IDLE!r}
+        argv = sys.argv[1:]
+        with open({str(log)!r}, "a") as f:
+            f.write(json.dumps({{"argv": argv}}) + "\\n")
+        with open(STATE) as f:
+            st = json.load(f)
+        nodes = st["nodes"]
+
+        def line(name, rec):
+            out = LINE.replace("NodeName=gpu01", "NodeName=" + name).replace("State=IDLE", "State=" + rec["state"])
+            if rec.get("reason"):
+                out += " Reason=" + rec["reason"] + " [" + rec.get("user", "root") + "@2026-11-29T20:08:08]"
+            return out
+
+        if argv[:4] == ["-d", "-o", "show", "node"]:
+            names = expand(argv[4]) if len(argv) > 4 else list(nodes)
+            rc = 0
+            for n in names:
+                if n in nodes:
+                    print(line(n, nodes[n]))
+                else:
+                    print("Node %s not found" % n)
+                    rc = 1
+            sys.exit(rc)
+        if argv[:1] == ["update"]:
+            kv = dict(a.split("=", 1) for a in argv[1:])
+            for n, rec in st.pop("before_update", {{}}).items():
+                if rec is None:
+                    nodes.pop(n, None)
+                else:
+                    nodes[n] = rec
+            err = ""
+            for n in expand(kv["NodeName"]):
+                rec = nodes.get(n)
+                if rec is None:
+                    err = err or "Invalid node name specified"
+                    continue
+                flags = rec["state"].split("+")
+                if kv["State"] == "DRAIN":
+                    if "DRAIN" not in flags:
+                        flags.append("DRAIN")
+                    rec["reason"] = kv["Reason"]
+                elif kv["State"] == "RESUME":
+                    if "DRAIN" not in flags and flags[0] != "DOWN":
+                        err = err or "Invalid node state specified"
+                        continue
+                    flags = ["IDLE"] + [x for x in flags[1:] if x != "DRAIN"]
+                    rec.pop("reason", None)
+                rec["state"] = "+".join(flags)
+            with open(STATE, "w") as f:
+                json.dump(st, f)
+            if err:
+                sys.stderr.write("slurm_update error: " + err + "\\n")
+                sys.exit(1)
+            sys.exit(0)
+        sys.stderr.write("fake scontrol: unexpected arguments %r\\n" % argv)
+        sys.exit(2)
+        """))
+    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return script
+
+
+def slurm_state(bin_dir: Path) -> Dict[str, Dict[str, Any]]:
+    return json.loads((bin_dir / "slurm.json").read_text())["nodes"]
+
+
+def run_admin(tmp_path: Path, *args: str, extra_config: str = ""):
+    from click.testing import CliRunner
+    from slurm_gpu.cli import main
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'slurm_backend = "cli"\nslurm_bin_dir = "{tmp_path}"\n{extra_config}[log]\nsyslog = false\n')
+    try:
+        runner = CliRunner(mix_stderr=False)  # click < 8.2: stderr apart only when asked
+    except TypeError:
+        runner = CliRunner()  # click >= 8.2: result.stderr always apart
+    return runner.invoke(main, ["--config", str(cfg), *args])
+
+
+OURS = format_reason("GPU 2 lost", "healthcheck")
+
+
+def test_drain_of_huge_hostlist_is_refused_before_contacting_slurm(tmp_path):
+    make_tool(tmp_path, "scontrol")
+    t0 = time.monotonic()
+    r = run_admin(tmp_path, "drain", "gpu[1-100000]", "--reason", "rack work")
+    assert time.monotonic() - t0 < 5
+    assert r.exit_code == 2, r.output
+    err = r.stderr.splitlines()
+    assert err[0].startswith("slurm-gpu: error: invalid node list 'gpu[1-100000]': ") and "65536" in err[0]
+    assert err[1].startswith("hint: ") and len(err) == 2
+    assert calls(tmp_path) == []
+
+
+def test_drain_beyond_the_node_cap_is_refused_with_a_hint_how_to_raise_it(tmp_path):
+    make_tool(tmp_path, "scontrol")
+    r = run_admin(tmp_path, "drain", "gpu[0001-2000]", "gpu[3000-3024]", "--reason", "rack work")
+    assert r.exit_code == 2, r.output
+    err = r.stderr.splitlines()
+    assert len(err) == 2 and r.stdout == ""
+    assert err[0] == ("slurm-gpu: error: gpu[0001-2000] gpu[3000-3024] names 2025 nodes; "
+                      "one drain may change at most 1024 (slurm_max_nodes)")
+    assert err[1].startswith("hint: ") and "--max-nodes 2025" in err[1] and "slurm_max_nodes = 2025" in err[1]
+    r = run_admin(tmp_path, "resume", "gpu[1-20]", extra_config="slurm_max_nodes = 16\n")
+    assert r.exit_code == 2 and "names 20 nodes; one resume may change at most 16" in r.stderr
+    assert calls(tmp_path) == []
+
+
+def test_max_nodes_flag_raises_the_cap_for_one_run(tmp_path):
+    make_slurm(tmp_path, {f"gpu{i:02d}": {"state": "IDLE"} for i in range(1, 21)})
+    r = run_admin(tmp_path, "drain", "gpu[01-20]", "--reason", "x", extra_config="slurm_max_nodes = 16\n")
+    assert r.exit_code == 2 and calls(tmp_path) == []
+    r = run_admin(tmp_path, "drain", "gpu[01-20]", "--reason", "x", "--max-nodes", "20",
+                  extra_config="slurm_max_nodes = 16\n")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.count(": drained: ") == 20
+
+
+def test_drain_many_nodes_uses_one_scontrol_update(tmp_path):
+    nodes = {f"gpu{i:03d}": {"state": "IDLE"} for i in range(1, 201)}
+    nodes["gpu007"] = {"state": "IDLE+DRAIN", "reason": "maintenance", "user": "alice"}
+    nodes["gpu008"] = {"state": "MIXED+DRAIN", "reason": OURS}
+    make_slurm(tmp_path, nodes)
+    r = run_admin(tmp_path, "drain", "gpu[001-200]", "--reason", "rack 7 power work")
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+    argvs = [c["argv"] for c in calls(tmp_path)]
+    assert argvs[0] == ["-d", "-o", "show", "node", "gpu[001-200]"]
+    (update,) = argvs[1:]
+    assert update[:3] == ["update", "NodeName=gpu[001-006,008-200]", "State=DRAIN"]
+    assert update[3].startswith("Reason=slurm-gpu: rack 7 power work [manual by ")
+    out = r.stdout.splitlines()
+    assert out[0].startswith("gpu001: drained: slurm-gpu: rack 7 power work [manual by ")
+    assert out[6] == "gpu007: already IDLE+DRAIN by alice since " + out[6].split(" since ")[1]
+    assert out[6].endswith("'maintenance' - not ours, reason left as is")
+    assert out[7].startswith("gpu008: re-drained: ")
+    assert len(out) == 201 and out[200] == "summary: 200 nodes: 199 drained, 1 left alone (drained by someone else)"
+    st = slurm_state(tmp_path)
+    assert st["gpu007"]["reason"] == "maintenance"
+    assert all(st[n]["reason"].startswith("slurm-gpu: rack 7") for n in st if n != "gpu007")
+
+
+def test_resume_many_nodes_uses_one_scontrol_update(tmp_path):
+    nodes = {f"gpu{i:02d}": {"state": "IDLE+DRAIN", "reason": OURS} for i in range(1, 41)}
+    nodes["gpu03"] = {"state": "IDLE"}
+    nodes["gpu04"] = {"state": "DOWN+DRAIN", "reason": "Not responding", "user": "slurm"}
+    make_slurm(tmp_path, nodes)
+    r = run_admin(tmp_path, "resume", "gpu[01-40]")
+    assert r.exit_code == 6, (r.stdout, r.stderr)
+    argvs = [c["argv"] for c in calls(tmp_path)]
+    assert argvs == [["-d", "-o", "show", "node", "gpu[01-40]"],
+                     ["update", "NodeName=gpu[01-02,05-40]", "State=RESUME"]]
+    assert "gpu03: not drained (IDLE), nothing to do" in r.stdout
+    assert r.stderr.startswith("gpu04: refused: DOWN+DRAIN by slurm since ")
+    assert r.stdout.count(": resumed (was IDLE+DRAIN: slurm-gpu: GPU 2 lost [healthcheck])") == 38
+    assert r.stdout.splitlines()[-1] == "summary: 40 nodes: 38 resumed, 1 not drained, 1 refused (not drained by slurm-gpu)"
+    st = slurm_state(tmp_path)
+    assert st["gpu04"]["state"] == "DOWN+DRAIN" and sum(s["state"] == "IDLE" for s in st.values()) == 39
+
+    # --force takes the refused one too, still in one update
+    (tmp_path / "scontrol.calls").unlink()
+    r = run_admin(tmp_path, "resume", "gpu[01-40]", "--force")
+    assert r.exit_code == 0, r.stderr
+    assert [c["argv"] for c in calls(tmp_path)][1] == ["update", "NodeName=gpu04", "State=RESUME"]
+
+
+def test_unknown_nodes_are_reported_from_the_one_read_and_left_out_of_the_update(tmp_path):
+    make_slurm(tmp_path, {"gpu01": {"state": "IDLE"}, "gpu02": {"state": "IDLE"}})
+    r = run_admin(tmp_path, "drain", "nope", "gpu[01-02]", "--reason", "x")
+    assert r.exit_code == 4
+    assert "slurm-gpu: error: unknown node 'nope': Node nope not found" in r.stderr and "hint:" in r.stderr
+    argvs = [c["argv"] for c in calls(tmp_path)]
+    assert argvs[0] == ["-d", "-o", "show", "node", "gpu[01-02],nope"]
+    assert argvs[1][:2] == ["update", "NodeName=gpu[01-02]"] and len(argvs) == 2
+    assert r.stdout.splitlines()[-1] == "summary: 3 nodes: 2 drained, 1 failed"
+
+
+def test_a_node_that_changes_under_a_batch_resume_is_settled_one_by_one(tmp_path):
+    """Between our read and our update another admin resumes gpu02 and deletes gpu03: Slurm fails
+    the whole update (Invalid node state/name) but applies it to the rest.  We re-read once and
+    retry nothing that already got there."""
+    make_slurm(tmp_path, {n: {"state": "IDLE+DRAIN", "reason": OURS} for n in ("gpu01", "gpu02", "gpu03", "gpu04")},
+               before_update={"gpu02": {"state": "IDLE"}, "gpu03": None})
+    r = run_admin(tmp_path, "resume", "gpu[01-04]")
+    assert r.exit_code == 4, (r.stdout, r.stderr)
+    argvs = [c["argv"] for c in calls(tmp_path)]
+    assert argvs == [["-d", "-o", "show", "node", "gpu[01-04]"],
+                     ["update", "NodeName=gpu[01-04]", "State=RESUME"],
+                     ["-d", "-o", "show", "node", "gpu[01-04]"]]
+    assert "gpu01: resumed" in r.stdout and "gpu02: resumed" in r.stdout and "gpu04: resumed" in r.stdout
+    assert "slurm-gpu: error: unknown node 'gpu03': Node gpu03 not found" in r.stderr
+
+
+def test_a_drain_batch_that_slurm_half_applied_is_completed_node_by_node(tmp_path):
+    b = CliBackend(bin_dir=str(tmp_path), timeout_s=5)
+    make_slurm(tmp_path, {"gpu01": {"state": "IDLE"}, "gpu02": {"state": "IDLE"}},
+               before_update={"gpu02": None})
+    res = b.drain_many(["gpu01", "gpu02"], OURS)
+    assert res.done == ["gpu01"] and list(res.failed) == ["gpu02"] and res.stopped is None
+    assert res.failed["gpu02"].message == "unknown node 'gpu02': Node gpu02 not found"
+    assert [c["argv"][0] for c in calls(tmp_path)] == ["update", "-d"]
+
+
+def test_unreachable_slurmctld_stops_the_batch_with_one_error(tmp_path):
+    make_tool(tmp_path, "scontrol", stderr="slurm_load_node error: Unable to contact slurm controller (connect failure)\n", rc=1)
+    r = run_admin(tmp_path, "drain", "gpu[01-50]", "--reason", "x")
+    assert r.exit_code == 4
+    assert r.stderr.count("slurm-gpu: error: slurmctld not reachable") == 1
+    assert len(calls(tmp_path)) == 1
+
+
+def test_hostlist_batches_keep_every_argument_short_and_every_range_within_slurms_limit():
+    from slurm_gpu.hostlist import compress, expand
+    from slurm_gpu.slurm import hostlist_batches
+    names = [f"n{i}" for i in range(1, 70001)]
+    batches = hostlist_batches(names)
+    assert [len(b) for b in batches] == [65536, 70000 - 65536]
+    scattered = [f"rack{i}-node{j}" for i in range(300) for j in range(0, 40, 3)]
+    batches = hostlist_batches(scattered, max_chars=4096)
+    assert len(batches) > 1 and all(len(compress(b)) <= 4096 for b in batches)
+    assert sorted(n for b in batches for n in expand(compress(b))) == sorted(scattered)
+
+
+def test_pyslurm_backend_drains_and_resumes_many_nodes_in_one_rpc(fake_pyslurm):
+    from slurm_gpu.slurm_pyslurm_backend import PyslurmBackend
+    for i in range(1, 11):
+        fake_pyslurm._add_node(f"gpu{i:02d}")
+    b = PyslurmBackend(fake_pyslurm, timeout_s=5)
+    names = [f"gpu{i:02d}" for i in range(1, 11)]
+    look = b.lookup_nodes(names + ["nope"])
+    assert list(look.found) == names and list(look.failed) == ["nope"]
+    assert "Node 'nope' does not exist" in look.failed["nope"].message
+    fake_pyslurm._CALLS.clear()
+    res = b.drain_many(names, OURS)
+    assert res.done == names and not res.failed and res.requests == 1
+    assert [c.split(" ")[0] for c in fake_pyslurm._CALLS] == ["Nodes.modify"]
+    assert all(i.drained_by_us for i in b.nodes(names))
+    fake_pyslurm._CALLS.clear()
+    res = b.resume_many(names)
+    assert res.done == names and [c.split(" ")[0] for c in fake_pyslurm._CALLS] == ["Nodes.modify"]
+    assert not any(i.drained for i in b.nodes(names))
+
+
+def test_pyslurm_batch_with_a_vanished_node_is_settled_one_by_one(fake_pyslurm):
+    from slurm_gpu.slurm_pyslurm_backend import PyslurmBackend
+    for n in ("gpu01", "gpu02", "gpu03"):
+        fake_pyslurm._add_node(n, flags=["DRAIN"], reason=OURS)
+    fake_pyslurm._add_node("gpu04")  # not drained: RESUME is an invalid state for it
+    b = PyslurmBackend(fake_pyslurm, timeout_s=5)
+    res = b.resume_many(["gpu01", "gpu02", "gpu03", "gpu04", "gone"])
+    assert sorted(res.done) == ["gpu01", "gpu02", "gpu03", "gpu04"] and list(res.failed) == ["gone"]
+    assert not any(i.drained for i in b.nodes(["gpu01", "gpu02", "gpu03"]))
+
+
+def test_memory_backend_without_hostlist_updates_still_gets_the_batch_interface():
+    b = MemBackend(gpu01=node(), gpu02=node())
+    res = b.drain_many(["gpu01", "gpu02"], OURS)
+    assert res.done == ["gpu01", "gpu02"] and res.requests == 2
+    assert b.actions == [("drain", "gpu01", OURS), ("drain", "gpu02", OURS)]
+
+
+@pytest.mark.parametrize("expr", ["gpu[001-064,066]", "n[8-10]", "a[1-2],b[7],login", "rack[1-2]-gpu[01-02]",
+                                  "n[1-2]x", "node5", " gpu[1-2] ", "r[1-3]n[1-4096]", "gpu[1-65536]"])
+def test_hostlist_size_counts_what_expand_gives_without_expanding(expr):
+    from slurm_gpu.cli_admin import _hostlist_size
+    from slurm_gpu.hostlist import expand
+    assert _hostlist_size(expr) == len(expand(expr))
+
+
+def test_dry_run_of_many_nodes_reads_once_and_changes_nothing(tmp_path):
+    make_slurm(tmp_path, {f"gpu{i:02d}": {"state": "IDLE"} for i in range(1, 31)})
+    r = run_admin(tmp_path, "drain", "gpu[01-30]", "--reason", "x", "--dry-run")
+    assert r.exit_code == 0, r.stderr
+    assert [c["argv"][0] for c in calls(tmp_path)] == ["-d"]
+    assert r.stdout.count(": would drain (IDLE): ") == 30
+    assert r.stdout.splitlines()[-1] == "summary (dry run): 30 nodes: 30 would be drained"
+    assert not any("DRAIN" in n["state"] for n in slurm_state(tmp_path).values())
+
+
+def test_a_batch_slurm_refuses_as_a_whole_is_not_retried_node_by_node(tmp_path):
+    make_slurm(tmp_path, {f"gpu{i:02d}": {"state": "IDLE"} for i in range(1, 51)})
+    (tmp_path / "scontrol").rename(tmp_path / "scontrol.real")
+    wrapper = tmp_path / "scontrol"  # every update fails before touching anything; the rest is the stateful one
+    wrapper.write_text("\n".join([
+        f"#!{sys.executable}",
+        "import os, sys",
+        "if sys.argv[1:2] == ['update']:",
+        f"    open({str(tmp_path / 'scontrol.calls')!r}, 'a').write('{{\"argv\": [\"update\"]}}' + chr(10))",
+        "    sys.stderr.write('slurm_update error: Invalid argument' + chr(10))",
+        "    sys.exit(1)",
+        f"os.execv({str(tmp_path / 'scontrol.real')!r}, [sys.argv[0]] + sys.argv[1:])",
+        ""]))
+    wrapper.chmod(0o755)
+    res = CliBackend(bin_dir=str(tmp_path), timeout_s=5).drain_many([f"gpu{i:02d}" for i in range(1, 51)], OURS)
+    assert res.done == [] and len(res.failed) == 50 and res.requests == 1
+    assert res.failed["gpu01"].message == "drain gpu[01-50] failed: slurm_update error: Invalid argument"
+    assert [c["argv"][0] for c in calls(tmp_path)] == ["update", "-d"]

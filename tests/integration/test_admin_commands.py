@@ -89,6 +89,74 @@ def test_hostlist_expression_drains_every_node_and_dry_run_changes_nothing(tb, c
         assert reason_of(tb, n).startswith("slurm-gpu: rack 7 power work")
 
 
+def logged_scontrol(tb, tmp_path: Path) -> Path:
+    """A bin dir whose `scontrol` logs its argv (one JSON list a line) and execs the real one."""
+    import shutil
+    real = shutil.which("scontrol", path=tb.env["PATH"])
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "scontrol"
+    wrapper.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                       f"with open({str(bin_dir / 'calls')!r}, 'a') as f:\n"
+                       f"    f.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+                       f"os.execv({real!r}, [{real!r}] + sys.argv[1:])\n")
+    wrapper.chmod(0o755)
+    return bin_dir
+
+
+def scontrol_calls(bin_dir: Path):
+    import json
+    p = bin_dir / "calls"
+    return [json.loads(l) for l in p.read_text().splitlines()] if p.exists() else []
+
+
+def test_drain_and_resume_of_both_nodes_take_one_scontrol_update_each(tb, tmp_path):
+    bin_dir = logged_scontrol(tb, tmp_path)
+    cfg = tmp_path / "batch.toml"
+    cfg.write_text(f'slurm_backend = "cli"\nslurm_bin_dir = "{bin_dir}"\nslurm_timeout_s = 5.0\n[log]\nsyslog = false\n')
+    cp = run_cli(tb, cfg, "drain", "gpu[01-02]", "--reason", "rack 7 power work")
+    assert cp.returncode == 0, cp.stderr
+    calls = scontrol_calls(bin_dir)
+    assert calls[0] == ["-d", "-o", "show", "node", "gpu[01-02]"]
+    assert calls[1][:3] == ["update", "NodeName=gpu[01-02]", "State=DRAIN"] and len(calls) == 2, calls
+    for n in ("gpu01", "gpu02"):
+        assert "DRAIN" in tb.node_info(n)["State"]
+        assert reason_of(tb, n).startswith("slurm-gpu: rack 7 power work [manual by ")
+        assert f"{n}: drained: slurm-gpu: rack 7 power work" in cp.stdout
+    assert cp.stdout.splitlines()[-1] == "summary: 2 nodes: 2 drained"
+
+    (bin_dir / "calls").unlink()
+    cp = run_cli(tb, cfg, "resume", "gpu[01-02]")
+    assert cp.returncode == 0, cp.stderr
+    assert scontrol_calls(bin_dir) == [["-d", "-o", "show", "node", "gpu[01-02]"],
+                                       ["update", "NodeName=gpu[01-02]", "State=RESUME"]]
+    assert cp.stdout.splitlines()[-1] == "summary: 2 nodes: 2 resumed"
+    for n in ("gpu01", "gpu02"):
+        tb.wait_node_state(n, lambda i: "DRAIN" not in i.get("State", "DRAIN"))
+
+
+def test_a_batch_update_slurm_half_refuses_is_settled_without_redoing_what_it_applied(tb):
+    """Slurm 22.05.8 answers `scontrol update NodeName=gpu[01-02],nope State=DRAIN` with
+    'Invalid node name specified' (exit 1) yet drains gpu01 and gpu02; a RESUME of a list with a
+    node that is not drained fails with 'Invalid node state specified' yet resumes the others.
+    The backend re-reads the batch once and redoes only what did not happen."""
+    from slurm_gpu.reason import format_reason
+    from slurm_gpu.slurm_cli_backend import CliBackend
+    b = CliBackend(env=tb.env, timeout_s=10)
+    text = format_reason("batch probe", "manual by test")
+    res = b.drain_many(["gpu01", "nope", "gpu02"], text)
+    assert sorted(res.done) == ["gpu01", "gpu02"] and list(res.failed) == ["nope"] and res.stopped is None
+    assert res.failed["nope"].message == "unknown node 'nope': Node nope not found"
+    assert res.requests == 1  # Slurm had applied it to both known nodes: nothing redone
+    assert reason_of(tb, "gpu01") == text and reason_of(tb, "gpu02") == text
+
+    tb.run("scontrol", "update", "NodeName=gpu02", "State=RESUME")
+    tb.wait_node_state("gpu02", lambda i: "DRAIN" not in i.get("State", "DRAIN"))
+    res = b.resume_many(["gpu01", "gpu02"])
+    assert sorted(res.done) == ["gpu01", "gpu02"] and not res.failed and res.requests == 1
+    tb.wait_node_state("gpu01", lambda i: "DRAIN" not in i.get("State", "DRAIN"))
+
+
 def test_resume_refuses_admin_drain_without_force(tb, cfg_file):
     tb.run("scontrol", "update", "NodeName=gpu02", "State=DRAIN", "Reason=maintenance")
     cp = run_cli(tb, cfg_file, "resume", "gpu02")

@@ -6,6 +6,10 @@ follows the documented pyslurm 25.11 API for the part slurm-gpu uses:
 
 * ``pyslurm.Node.load(name)`` -> Node, raising ``RPCError`` "Node 'x' does not exist"
 * ``pyslurm.Nodes.load()`` -> a dict-like collection name -> Node
+* ``pyslurm.Nodes(["a", "b"])`` (names or Node objects) and ``Nodes.modify(changes: Node)``:
+  ONE slurm_update_node for every node of the collection.  Like slurmctld (22.05.8, observed),
+  an unknown name or an invalid state change fails the call but the change is still applied
+  to every other node.
 * ``Node(name=None, **changes)`` / ``node.modify(changes: Node)`` (slurm_update_node);
   states "DRAIN" (a reason is mandatory), "RESUME", "UNDRAIN", "DOWN"
 * Node attributes ``name``, ``state`` ("IDLE+DRAIN"), ``reason``, ``reason_user``,
@@ -137,31 +141,7 @@ class Node:
 
     def modify(self, changes: "Node") -> None:
         _rpc(f"Node.modify {self._name} {changes._changes}")
-        rec = _NODES.get(self._name)
-        if rec is None:
-            raise RPCError(_ERRNO_INVALID_NODE, "Invalid node name specified")
-        state = str(changes._changes.get("state", "")).upper()
-        reason = changes._changes.get("reason")
-        if state in ("DRAIN", "DOWN"):
-            if not reason:
-                raise RPCError(SLURM_ERROR, "You must specify a reason when DOWNING or DRAINING a node. Request denied")
-            if state == "DRAIN" and "DRAIN" not in rec["flags"]:
-                rec["flags"].append("DRAIN")
-            if state == "DOWN":
-                rec["base"] = "DOWN"
-            rec.update(reason=reason, reason_user=_CONTROLLER["uid_name"], reason_time=int(_time.time()))
-        elif state in ("RESUME", "UNDRAIN"):
-            if "DRAIN" not in rec["flags"] and rec["base"] != "DOWN":
-                raise RPCError(_ERRNO_INVALID_STATE, "Invalid node state specified")
-            rec["flags"] = [f for f in rec["flags"] if f != "DRAIN"]
-            if state == "RESUME" and rec["base"] == "DOWN":
-                rec["base"] = "IDLE"
-            if rec["base"] != "DOWN":
-                rec.update(reason=None, reason_user=None, reason_time=None)
-        elif state:
-            raise ValueError(f"Invalid Node state: {state}")
-        elif reason is not None:
-            rec.update(reason=reason, reason_user=_CONTROLLER["uid_name"], reason_time=int(_time.time()))
+        _apply(self._name, changes)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in _WRITABLE:
@@ -172,8 +152,56 @@ class Node:
         return f"pyslurm.Node('{self._name}')"
 
 
+def _apply(name: Optional[str], changes: "Node") -> None:
+    rec = _NODES.get(name)
+    if rec is None:
+        raise RPCError(_ERRNO_INVALID_NODE, "Invalid node name specified")
+    state = str(changes._changes.get("state", "")).upper()
+    reason = changes._changes.get("reason")
+    if state in ("DRAIN", "DOWN"):
+        if not reason:
+            raise RPCError(SLURM_ERROR, "You must specify a reason when DOWNING or DRAINING a node. Request denied")
+        if state == "DRAIN" and "DRAIN" not in rec["flags"]:
+            rec["flags"].append("DRAIN")
+        if state == "DOWN":
+            rec["base"] = "DOWN"
+        rec.update(reason=reason, reason_user=_CONTROLLER["uid_name"], reason_time=int(_time.time()))
+    elif state in ("RESUME", "UNDRAIN"):
+        if "DRAIN" not in rec["flags"] and rec["base"] != "DOWN":
+            raise RPCError(_ERRNO_INVALID_STATE, "Invalid node state specified")
+        rec["flags"] = [f for f in rec["flags"] if f != "DRAIN"]
+        if state == "RESUME" and rec["base"] == "DOWN":
+            rec["base"] = "IDLE"
+        if rec["base"] != "DOWN":
+            rec.update(reason=None, reason_user=None, reason_time=None)
+    elif state:
+        raise ValueError(f"Invalid Node state: {state}")
+    elif reason is not None:
+        rec.update(reason=reason, reason_user=_CONTROLLER["uid_name"], reason_time=int(_time.time()))
+
+
 class Nodes(dict):
     """Collection name -> Node (pyslurm 25.11: a MultiClusterMap; dict-like for the local cluster)."""
+
+    def __init__(self, nodes: Any = None):
+        super().__init__()
+        if isinstance(nodes, str):
+            nodes = nodes.split(",")
+        for item in nodes or []:
+            n = item if isinstance(item, Node) else Node(str(item))
+            self[n.name] = n
+
+    def modify(self, changes: Node) -> None:
+        names = list(self.keys())
+        _rpc(f"Nodes.modify {','.join(names)} {changes._changes}")
+        first: Optional[RPCError] = None
+        for name in names:
+            try:
+                _apply(name, changes)
+            except RPCError as e:
+                first = first or e
+        if first is not None:
+            raise first
 
     @staticmethod
     def load(preload_passwd_info: bool = False) -> "Nodes":
