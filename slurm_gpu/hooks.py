@@ -4,16 +4,19 @@ Kept light to import: the prolog/epilog path must not pay for click, jinja2 or s
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from . import health, xid
+from . import health, snapshot as S, xid
 from .config import Config, node_name
-from .errors import InputError, NvmlWriteError, SlurmGpuError
+from .errors import NvmlWriteError, SlurmGpuError
+from .gpumap import JobGpu, JobGpuMap, MissingGpu, map_job_gpus  # noqa: F401  (MissingGpu: re-exported)
 from .health import CheckResult
 from .jobenv import JobEnv
 from .snapshot import GpuSnapshot, NodeSnapshot
@@ -25,9 +28,25 @@ def make_reader(cfg: Config, library: Optional[str] = None):
                       timeout_s=cfg.get("", "nvml_timeout_s"))
 
 
-def read_xids(cfg: Config, now: Optional[float] = None) -> Tuple[List[xid.XidEvent], str]:
+def read_xids(cfg: Config, now: Optional[float] = None) -> xid.XidReading:
     source = cfg.get("xid", "source").replace("%n", node_name())
-    return xid.read_events(source, cfg.get("xid", "window_s"), timeout_s=cfg.get("", "nvml_timeout_s"), now=now)
+    return xid.read(source, cfg.get("xid", "window_s"), timeout_s=cfg.get("", "nvml_timeout_s"), now=now)
+
+
+def scope_xids(events: Sequence[xid.XidEvent], snap: NodeSnapshot,
+               instances: Mapping[int, FrozenSet[int]]) -> List[xid.XidEvent]:
+    """On a GPU the job holds only MIG slices of, an XID the driver tagged with another GPU
+    instance (a contained error: GPU-I in the line) is that slice's business, not this job's."""
+    if not instances:
+        return list(events)
+    other: set = set()
+    for g in snap.gpus:
+        mine = instances.get(g.index)
+        if mine is not None:
+            bus = xid.bus_key(g.pci_bus_id.get(""))
+            other |= {(bus, e.gpu_instance) for e in events
+                      if e.bus == bus and e.gpu_instance is not None and e.gpu_instance not in mine}
+    return [e for e in events if (e.bus, e.gpu_instance) not in other]
 
 
 def check_node(
@@ -45,11 +64,11 @@ def check_node(
     if snapshot is None:
         reader = reader or make_reader(cfg)
         snapshot = reader.snapshot(indices)
-        events, problem = read_xids(cfg, now)
+        events, problem, undated = read_xids(cfg, now)
     else:
-        events, problem = [], ""  # offline evaluation of a saved snapshot: no live kernel log
+        events, problem, undated = [], "", 0  # offline evaluation of a saved snapshot: no live kernel log
     results = health.evaluate(snapshot, cfg, gpus=indices, idle=idle, expected_count=expected_count,
-                              xid_events=events, xid_problem=problem, now=now)
+                              xid_events=events, xid_problem=problem, xid_undated=undated, now=now)
     return snapshot, results
 
 
@@ -71,6 +90,9 @@ class HookDeps:
     now: Callable[[], float] = time.time
     kill: Callable[[int, int], None] = None  # type: ignore[assignment]
     pid_alive: Callable[[int], bool] = None  # type: ignore[assignment]
+    # (pid, job) -> does the process belong to the job?  Only those are ever killed.
+    owns: Callable[[int, JobEnv], bool] = None  # type: ignore[assignment]
+    slurm_conf: str = ""  # default: $SLURM_CONF (slurmd sets it), else the config's slurm_conf
 
     def __post_init__(self) -> None:
         if self.reader is None:
@@ -82,6 +104,10 @@ class HookDeps:
             self.kill = os.kill
         if self.pid_alive is None:
             self.pid_alive = _pid_alive
+        if self.owns is None:
+            self.owns = process_belongs_to_job
+        if not self.slurm_conf:
+            self.slurm_conf = os.environ.get("SLURM_CONF") or self.cfg.get("", "slurm_conf")
 
     def backend(self):
         if self.slurm is None:
@@ -104,25 +130,81 @@ def _pid_alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
-class MissingGpu(InputError):
-    """Slurm's GPU index points past the GPUs the driver shows: a node fault, never fail-open."""
+_JOB_CGROUP = re.compile(rb"/job_(\d+)(?:/|$)", re.M)
 
 
-def map_job_gpus(job_gpus: Sequence[int], ident: NodeSnapshot) -> Dict[int, int]:
-    """Slurm GRES index -> NVML index.
+def process_identity(pid: int) -> Tuple[Optional[int], Optional[int]]:
+    """(real uid, Slurm job id) of a live process; None where the system does not show it.
 
-    Slurm numbers a node's GPUs in gres.conf order, i.e. by device file /dev/nvidia<minor>.
-    So the k-th GRES index is the GPU with the k-th smallest minor number — which is the NVML
-    index on a node whose minors are 0..n-1 in PCI order, but not always (docs/hooks.md).
-    """
-    by_minor = sorted((g.minor_number.get(g.index), g.index) for g in ident.gpus)
-    out: Dict[int, int] = {}
-    for k in job_gpus:
-        if k >= len(by_minor):
-            raise MissingGpu(f"Slurm gave the job GPU {k} but the driver shows only {len(by_minor)} GPUs",
-                             "a GPU fell off the bus or gres.conf lists more GPUs than the node has: check nvidia-smi, dmesg")
-        out[k] = by_minor[k][1]
-    return out
+    The job id comes from the process's cgroup (task/cgroup puts it under .../job_<id>/) or,
+    without one, from its SLURM_JOB_ID (root may read every environment)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            uid = next((int(line.split()[1]) for line in f if line.startswith(b"Uid:")), None)
+    except (OSError, ValueError, IndexError):
+        return None, None
+    try:
+        with open(f"/proc/{pid}/cgroup", "rb") as f:
+            m = _JOB_CGROUP.search(f.read())
+        if m:
+            return uid, int(m.group(1))
+    except OSError:
+        pass
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for item in f.read().split(b"\0"):
+                if item.startswith(b"SLURM_JOB_ID=") and item[13:].isdigit():
+                    return uid, int(item[13:])
+    except OSError:
+        pass
+    return uid, None
+
+
+def process_belongs_to_job(pid: int, job: JobEnv) -> bool:
+    """The job's own process: the job's uid, and no other job id where the system shows one.
+
+    A process of another uid (a job sharing the GPU through shards/MPS, a system agent) or of
+    another job of the same user is never ours to kill."""
+    uid, job_id = process_identity(pid)
+    if uid is None or job.uid is None or uid != job.uid:
+        return False
+    return job_id is None or job_id == job.job_id
+
+
+def map_gpus(deps: "HookDeps", job: JobEnv) -> JobGpuMap:
+    """Slurm's GPU indices of the job -> GPUs (and MIG instances) through the node's Slurm config."""
+    return map_job_gpus(job.gpus, deps.reader.identities(), deps.cfg, job.node, deps.slurm_conf, deps.log)
+
+
+def scope_to_instances(snap: NodeSnapshot, instances: Mapping[int, FrozenSet[int]]) -> NodeSnapshot:
+    """On a GPU the job holds only MIG slices of, judge only those slices: other jobs may run on
+    the rest.  Processes of other GPU instances are dropped; memory in use is the job's slices'."""
+    if not instances:
+        return snap
+    gpus = []
+    for g in snap.gpus:
+        mine = instances.get(g.index)
+        if mine is None:
+            gpus.append(g)
+            continue
+        procs = g.processes
+        if procs.ok:
+            procs = S.value(tuple(p for p in procs.value if p.gpu_instance_id in mine))
+        migs = [m for m in (g.mig_devices.get(()) or ()) if m.gpu_instance_id in mine]
+        used = [m.memory_used_bytes for m in migs]
+        mem = S.value(sum(used)) if migs and None not in used else S.unsupported(
+            "nvmlDeviceGetMemoryInfo", "memory in use of a MIG instance not reported")
+        gpus.append(dataclasses.replace(g, processes=procs, memory_used_bytes=mem))
+    return dataclasses.replace(snap, gpus=tuple(gpus))
+
+
+def _without_pids(snap: NodeSnapshot, pids: Iterable[int]) -> NodeSnapshot:
+    drop = set(pids)
+    if not drop:
+        return snap
+    gpus = tuple(dataclasses.replace(g, processes=S.value(tuple(p for p in g.processes.value if p.pid not in drop)))
+                 if g.processes.ok else g for g in snap.gpus)
+    return dataclasses.replace(snap, gpus=gpus)
 
 
 def _results_events(results: Sequence[CheckResult], node: str, source: str, job_id: Optional[int], t: float) -> List[Dict[str, Any]]:
@@ -171,20 +253,26 @@ def _write(deps: HookDeps, record: Dict[str, Any], job: JobEnv) -> None:
         deps.log.warning("record-spooled", job=job.job_id, node=job.node, kind=record["kind"], file=where[6:])
 
 
-def _job_gpu_snapshot(deps: HookDeps, job: JobEnv) -> Tuple[NodeSnapshot, List[CheckResult]]:
+def _job_gpu_snapshot(deps: HookDeps, job: JobEnv) -> Tuple[Optional[JobGpuMap], NodeSnapshot, List[CheckResult]]:
     """Map the job's GPUs, read them, and judge them (they must be idle)."""
-    ident = deps.reader.identities()
     try:
-        mapping = map_job_gpus(job.gpus, ident)
+        gmap = map_gpus(deps, job)
     except MissingGpu as e:
-        return ident, [CheckResult("gpu_count", health.FAIL, None, "", e.message, e.hint)]
-    nvml_indices = sorted(set(mapping.values()))
+        return None, NodeSnapshot(node_name(), deps.now()), [CheckResult("gpu_count", health.FAIL, None, "", e.message, e.hint)]
+    nvml_indices = gmap.nvml_indices
     now = deps.now()
-    events, problem = read_xids(deps.cfg, now)
+    events, problem, undated = read_xids(deps.cfg, now)
     snap = deps.reader.snapshot(nvml_indices)
-    results = health.evaluate(snap, deps.cfg, gpus=nvml_indices, idle=nvml_indices, xid_events=events,
-                              xid_problem=problem, now=now)
-    return snap, results
+    results = health.evaluate(scope_to_instances(snap, gmap.instances()), deps.cfg, gpus=nvml_indices,
+                              idle=nvml_indices, expected_count=gmap.configured,
+                              xid_events=scope_xids(events, snap, gmap.instances()), xid_problem=problem,
+                              xid_undated=undated, now=now)
+    return gmap, snap, results
+
+
+def _record_key(g: GpuSnapshot, jg: JobGpu) -> str:
+    """What a record is keyed by: the MIG device's UUID for a slice, else the GPU's."""
+    return jg.mig.uuid if jg.mig is not None else g.uuid_or_index
 
 
 def prolog(job: JobEnv, deps: HookDeps) -> int:
@@ -193,7 +281,7 @@ def prolog(job: JobEnv, deps: HookDeps) -> int:
     if not job.gpus:
         log.info("no-gpus", job=job.job_id, node=job.node)
         return PROLOG_OK
-    snap, results = _job_gpu_snapshot(deps, job)
+    gmap, snap, results = _job_gpu_snapshot(deps, job)
     t = deps.now()
     for r in results:
         if r.status in (health.FAIL, health.WARN):
@@ -203,13 +291,12 @@ def prolog(job: JobEnv, deps: HookDeps) -> int:
         _drain(deps, job, "prolog", health.drain_fault(results))
         _write(deps, {"kind": "health", "events": _results_events(results, job.node, "prolog", job.job_id, t)}, job)
         return PROLOG_FAULT
-    prepared = deps.reader.prepare([g.index for g in snap.gpus],
-                                   persistence=cfg.get("hooks", "persistence_mode"),
-                                   reset_clocks=cfg.get("hooks", "reset_clocks"),
-                                   accounting=cfg.get("hooks", "accounting_mode"))
+    assert gmap is not None  # a mapping failure is a FAIL above
+    prepared = _prepare(deps, job, gmap)
     starts = []
-    for g in snap.gpus:
-        uuid = g.uuid_or_index
+    for jg in gmap.gpus:
+        g = snap.gpu(jg.nvml_index)
+        uuid = _record_key(g, jg)
         outcome = prepared.get(g.index)
         if isinstance(outcome, NvmlWriteError):
             # A GPU that stops answering while we reset it is a fault; other write errors
@@ -220,12 +307,14 @@ def prolog(job: JobEnv, deps: HookDeps) -> int:
             log.error("reset-failed", job=job.job_id, node=job.node, gpu=uuid, error=outcome.message)
         starts.append({
             "cluster": job.cluster, "job_id": job.job_id, "restart_count": job.restart_count, "node": job.node,
-            "gpu_uuid": uuid, "gpu_index": g.index, "start_time": t, "energy_mj": g.energy_mj.get(),
+            "gpu_uuid": uuid, "gpu_index": g.index, "start_time": t,
+            # The energy counter is the whole GPU's: a MIG slice's share of it is unknown.
+            "energy_mj": None if jg.mig is not None else g.energy_mj.get(),
             "ecc_corrected": g.ecc_volatile_corrected.get(), "ecc_uncorrected": g.ecc_volatile_uncorrected.get(),
             "retired_pages": _sum(g.retired_pages_sbe, g.retired_pages_dbe),
             "remapped_rows": _sum(g.remapped_rows_corrected, g.remapped_rows_uncorrected),
         })
-        log.info("pass", job=job.job_id, node=job.node, gpu=uuid, index=g.index)
+        log.info("pass", job=job.job_id, node=job.node, gpu=uuid, index=g.index, slurm_index=jg.slurm_index)
     _write(deps, {"kind": "job_start", "starts": starts}, job)
     warn = _results_events(results, job.node, "prolog", job.job_id, t)
     if warn:
@@ -233,33 +322,72 @@ def prolog(job: JobEnv, deps: HookDeps) -> int:
     return PROLOG_OK
 
 
+def _prepare(deps: HookDeps, job: JobEnv, gmap: JobGpuMap) -> Dict[int, Any]:
+    """Persistence, clock reset and accounting on the job's whole GPUs.
+
+    A GPU the job holds MIG slices of is shared with whoever holds the others: resetting its
+    clocks or clearing its accounting would change their job, so only persistence is set."""
+    cfg = deps.cfg
+    sliced = set(gmap.instances())
+    whole = [i for i in gmap.nvml_indices if i not in sliced]
+    out = deps.reader.prepare(whole, persistence=cfg.get("hooks", "persistence_mode"),
+                              reset_clocks=cfg.get("hooks", "reset_clocks"),
+                              accounting=cfg.get("hooks", "accounting_mode")) if whole else {}
+    if sliced:
+        deps.log.info("mig-gpu-shared", job=job.job_id, node=job.node, gpus=",".join(map(str, sorted(sliced))),
+                      note="clocks and accounting of a GPU with MIG slices are left alone")
+        if cfg.get("hooks", "persistence_mode"):
+            out.update(deps.reader.prepare(sorted(sliced), persistence=True))
+    return out
+
+
 def _sum(*rs: Any) -> Optional[int]:
     vals = [r.get() for r in rs if r.ok]
     return sum(int(v) for v in vals) if vals else None
 
 
-def _kill_leftovers(deps: HookDeps, job: JobEnv, indices: Sequence[int]) -> Dict[int, List[int]]:
-    """TERM, grace period, KILL for processes still on the job's GPUs.  Returns survivors per GPU."""
-    cfg, log, r = deps.cfg, deps.log, deps.reader
-    found: Dict[int, List[int]] = {}
-    for i, procs in r.processes_many(indices).items():
+def _leftovers(deps: HookDeps, job: JobEnv, gmap: JobGpuMap) -> Tuple[Dict[int, List[int]], Dict[int, List[int]]]:
+    """({GPU: pids of the job's own processes}, {GPU: pids of anyone else's}) on the job's GPUs.
+
+    On a GPU the job holds only MIG slices of, processes in other slices are not looked at."""
+    mine: Dict[int, List[int]] = {}
+    others: Dict[int, List[int]] = {}
+    instances = gmap.instances()
+    for i, procs in deps.reader.processes_many(gmap.nvml_indices).items():
         if isinstance(procs, NvmlWriteError):
-            log.error("process-list-failed", job=job.job_id, node=job.node, index=i, error=procs.message)
+            deps.log.error("process-list-failed", job=job.job_id, node=job.node, index=i, error=procs.message)
             continue
-        pids = [p.pid for p in procs if p.pid not in (0, 1, os.getpid())]
-        if pids:
-            found[i] = pids
+        for p in procs:
+            if p.pid in (0, 1, os.getpid()):
+                continue
+            if i in instances and p.gpu_instance_id not in instances[i]:
+                continue
+            (mine if deps.owns(p.pid, job) else others).setdefault(i, []).append(p.pid)
+    return mine, others
+
+
+def _kill_leftovers(deps: HookDeps, job: JobEnv, gmap: JobGpuMap) -> Tuple[Dict[int, List[int]], List[int]]:
+    """TERM, grace period, KILL for the job's own processes still on its GPUs.
+
+    Returns (survivors per GPU, every pid of the job that was found).  Processes of other
+    users or jobs are never signalled: the health checks report them (leftover_processes)."""
+    cfg, log = deps.cfg, deps.log
+    found, others = _leftovers(deps, job, gmap)
+    if others:
+        log.warning("leftover-processes-not-ours", job=job.job_id, node=job.node,
+                    pids=",".join(str(p) for ps in others.values() for p in ps),
+                    note="another user's or job's processes are never killed")
     if not found:
-        return found
+        return {}, []
+    everyone = sorted({p for ps in found.values() for p in ps})
     if not cfg.get("hooks", "kill_leftovers"):
         # The site kills nothing: the leftover_processes check reports them instead.
-        log.warning("leftover-processes-not-killed", job=job.job_id, node=job.node,
-                    pids=",".join(str(p) for ps in found.values() for p in ps))
-        return {}
-    everyone = sorted({p for ps in found.values() for p in ps})
+        log.warning("leftover-processes-not-killed", job=job.job_id, node=job.node, pids=",".join(map(str, everyone)))
+        return {}, []
     log.warning("leftover-processes", job=job.job_id, node=job.node, pids=",".join(map(str, everyone)))
+    targets = list(everyone)
     for sig, wait in ((signal.SIGTERM, cfg.get("hooks", "kill_grace_s")), (signal.SIGKILL, 2.0)):
-        alive = [p for p in everyone if deps.pid_alive(p)]
+        alive = [p for p in targets if deps.pid_alive(p)]
         for p in alive:
             try:
                 deps.kill(p, sig)
@@ -270,24 +398,28 @@ def _kill_leftovers(deps: HookDeps, job: JobEnv, indices: Sequence[int]) -> Dict
         end = time.monotonic() + wait
         while time.monotonic() < end and any(deps.pid_alive(p) for p in alive):
             time.sleep(0.05)
-        everyone = [p for p in everyone if deps.pid_alive(p)]
-        if not everyone:
+        targets = [p for p in targets if deps.pid_alive(p)]
+        if not targets:
             break
     # Ask the driver again: what it still lists and is still alive survived KILL.
     survivors: Dict[int, List[int]] = {}
-    for i, procs in r.processes_many(sorted(found)).items():
+    for i, procs in deps.reader.processes_many(sorted(found)).items():
         if isinstance(procs, NvmlWriteError):
             continue
-        left = [p.pid for p in procs if p.pid not in (0, 1, os.getpid()) and deps.pid_alive(p.pid)]
+        left = [p.pid for p in procs if p.pid in everyone and deps.pid_alive(p.pid)]
         if left:
             survivors[i] = left
-    return survivors
+    return survivors, everyone
 
 
-def _usage(g: GpuSnapshot, start: Optional[Dict[str, Any]], acct: Any, end: float, job: JobEnv,
+MIG_NOT_MEASURED = ("MIG slice: energy, utilisation and peak memory are counted by NVML for the whole GPU, "
+                    "not per instance; not recorded")
+
+
+def _usage(g: GpuSnapshot, jg: JobGpu, start: Optional[Dict[str, Any]], acct: Any, end: float, job: JobEnv,
            xids: List[Dict[str, Any]]) -> Dict[str, Any]:
     start_time = start["start_time"] if start else None
-    records = list(acct.value) if acct is not None and acct.ok else None
+    records = list(acct.value) if acct is not None and acct.ok and jg.mig is None else None
     if start_time is None:
         # No prolog record (slurm-gpu installed mid-job, or the prolog failed open): fall back
         # to the first process the driver saw; the duration is then a lower bound.
@@ -311,15 +443,16 @@ def _usage(g: GpuSnapshot, start: Optional[Dict[str, Any]], acct: Any, end: floa
         busy = sum(getattr(rec, attr) * rec.time_ms / 1000.0 for rec in records)
         return round(min(100.0, busy / duration), 3)
 
-    energy = delta(g.energy_mj.get(), "energy_mj", 1000.0)
+    energy = None if jg.mig is not None else delta(g.energy_mj.get(), "energy_mj", 1000.0)
+    peaks = [rec.max_memory_bytes for rec in records or [] if rec.max_memory_bytes is not None]
     return {
         "cluster": job.cluster, "job_id": job.job_id, "restart_count": job.restart_count, "node": job.node,
-        "gpu_uuid": g.uuid_or_index, "gpu_index": g.index, "gpu_model": g.name.get(), "user": job.user,
+        "gpu_uuid": _record_key(g, jg), "gpu_index": g.index,
+        "gpu_model": jg.mig.name or g.name.get() if jg.mig is not None else g.name.get(), "user": job.user,
         "account": job.account, "partition": job.partition, "start_time": start_time, "end_time": end,
         "duration_s": round(duration, 3), "energy_j": None if energy is None else round(energy, 3),
         "gpu_util_mean_pct": mean("gpu_utilization_pct"), "mem_util_mean_pct": mean("memory_utilization_pct"),
-        "max_memory_bytes": None if records is None else max(
-            [rec.max_memory_bytes for rec in records if rec.max_memory_bytes is not None], default=0),
+        "max_memory_bytes": max(peaks) if peaks else None,  # NULL, never 0, when no process reported it
         "process_count": None if records is None else len(records),
         "ecc_corrected_delta": delta(g.ecc_volatile_corrected.get(), "ecc_corrected"),
         "ecc_uncorrected_delta": delta(g.ecc_volatile_uncorrected.get(), "ecc_uncorrected"),
@@ -327,64 +460,53 @@ def _usage(g: GpuSnapshot, start: Optional[Dict[str, Any]], acct: Any, end: floa
         "remapped_rows_delta": delta(_sum(g.remapped_rows_corrected, g.remapped_rows_uncorrected), "remapped_rows"),
         "clock_event_reasons": g.clock_event_reasons.get(),
         "xid_events": None if not xids else json.dumps(xids),
+        "parent_gpu_uuid": g.uuid_or_index if jg.mig is not None else None,
+        "notes": MIG_NOT_MEASURED if jg.mig is not None else None,
     }
 
 
-def epilog(job: JobEnv, deps: HookDeps) -> int:
-    """Record what the job did with its GPUs, clean up, and check the GPUs again."""
-    log, cfg, r = deps.log, deps.cfg, deps.reader
-    if not job.gpus:
-        log.info("no-gpus", job=job.job_id, node=job.node)
-        return 0
-    ident = r.identities()
-    try:
-        mapping = map_job_gpus(job.gpus, ident)
-    except MissingGpu as e:
-        log.error("check", job=job.job_id, node=job.node, check="gpu_count", status=health.FAIL, message=e.message)
-        return 0 if _drain(deps, job, "epilog", e.message) else 1
-    indices = sorted(set(mapping.values()))
-    survivors = _kill_leftovers(deps, job, indices)
-    acct = r.accounting_many(indices)
+def _job_xids(events: Sequence[xid.XidEvent], g: GpuSnapshot, jg: JobGpu, t0: float) -> List[Dict[str, Any]]:
+    """XIDs of the job's GPU since its start; on a MIG slice, those of its instance or of the whole GPU."""
+    bus = xid.bus_key(g.pci_bus_id.get(""))
+    gi = jg.mig.gpu_instance_id if jg.mig is not None else None
+    out = []
+    for e in events:
+        inst = e.gpu_instance
+        if e.bus != bus or (e.time or 0) < t0 or (gi is not None and inst is not None and inst != gi):
+            continue
+        out.append({"xid": e.xid, "time": e.time, "message": e.message[:200],
+                    **({"gpu_instance": inst} if inst is not None else {})})
+    return out
+
+
+def _read_accounting(deps: HookDeps, job: JobEnv, gmap: JobGpuMap) -> Dict[int, Any]:
+    """The driver's per-process accounting of the job's whole GPUs (MIG slices have none per instance)."""
+    whole = [i for i in gmap.nvml_indices if i not in gmap.instances()]
+    acct = deps.reader.accounting_many(whole) if whole else {}
     for i, a in list(acct.items()):
         if isinstance(a, NvmlWriteError):
-            log.error("accounting-read-failed", job=job.job_id, node=job.node, index=i, error=a.message)
+            deps.log.error("accounting-read-failed", job=job.job_id, node=job.node, index=i, error=a.message)
             acct[i] = None
-    end = deps.now()
-    events, problem = read_xids(cfg, end)
-    snap = r.snapshot(indices)
-    results = health.evaluate(snap, cfg, gpus=indices, idle=indices, xid_events=events, xid_problem=problem, now=end)
-    starts = deps.store.job_starts(job.cluster, job.job_id, job.restart_count, job.node)
-    ran_here = bool(starts)
-    if not starts:
-        # No prolog record: the prolog failed (the job was requeued and never ran here) or
-        # slurm-gpu was installed while the job ran.  Without the start counters there is no
-        # right number to record — and the driver's accounting may still hold an earlier
-        # job's processes, since a failed prolog does not clear them.
-        log.warning("no-start-record", job=job.job_id, node=job.node)
-    gpu_rows = []
-    for g in snap.gpus:
-        start = starts.get(g.uuid_or_index)
-        t0 = start["start_time"] if start else 0.0
-        bus = xid.bus_key(g.pci_bus_id.get(""))
-        xids = [{"xid": e.xid, "time": e.time, "message": e.message[:200]} for e in events
-                if e.bus == bus and (e.time or 0) >= t0]
-        gpu_rows.append(_usage(g, start, acct.get(g.index), end, job, xids))
-    if cfg.get("hooks", "reset_clocks"):
-        reset = r.prepare([g.index for g in snap.gpus if not g.unreachable], reset_clocks=True)
-        for i, outcome in reset.items():
-            g = snap.gpu(i)
-            if isinstance(outcome, NvmlWriteError):
-                log.error("reset-failed", job=job.job_id, node=job.node, gpu=g.uuid_or_index, error=outcome.message)
-            else:
-                log.info("reset", job=job.job_id, node=job.node, gpu=g.uuid_or_index)
-    job_row = {"cluster": job.cluster, "job_id": job.job_id, "restart_count": job.restart_count, "node": job.node,
-               "user": job.user, "uid": job.uid, "account": job.account, "partition": job.partition,
-               "gpu_count": len(job.gpus), "start_time": min([g["start_time"] for g in gpu_rows], default=end),
-               "end_time": end, "exit_code": job.exit_code}
-    if cfg.get("hooks", "kill_leftovers"):
-        # The kill already happened: what the driver lists now are survivors, judged separately.
-        results = [x for x in results if x.check != "leftover_processes"]
-    fault = ""
+    return acct
+
+
+def _reset_after(deps: HookDeps, job: JobEnv, gmap: JobGpuMap, snap: NodeSnapshot) -> None:
+    if not deps.cfg.get("hooks", "reset_clocks"):
+        return
+    sliced = gmap.instances()
+    whole = [g.index for g in snap.gpus if not g.unreachable and g.index not in sliced]
+    if not whole:
+        return
+    for i, outcome in deps.reader.prepare(whole, reset_clocks=True).items():
+        g = snap.gpu(i)
+        if isinstance(outcome, NvmlWriteError):
+            deps.log.error("reset-failed", job=job.job_id, node=job.node, gpu=g.uuid_or_index, error=outcome.message)
+        else:
+            deps.log.info("reset", job=job.job_id, node=job.node, gpu=g.uuid_or_index)
+
+
+def _epilog_fault(results: List[CheckResult], survivors: Dict[int, List[int]], snap: NodeSnapshot) -> str:
+    """The drain fault of the epilog ('' when healthy); a SIGKILL survivor comes first."""
     if survivors:
         g_idx = sorted(survivors)[0]
         g = snap.gpu(g_idx)
@@ -393,21 +515,69 @@ def epilog(job: JobEnv, deps: HookDeps) -> int:
         fault = f"{label} processes survived SIGKILL after the job: pid {pids}"
         results.append(CheckResult("leftover_processes", health.FAIL, g_idx, g.uuid.get("") if g else "", fault,
                                    "processes stuck in the driver (D state) need a GPU reset or reboot"))
-    elif health.worst(results) == health.FAIL:
-        fault = health.drain_fault(results)
+        return fault
+    return health.drain_fault(results) if health.worst(results) == health.FAIL else ""
+
+
+def epilog(job: JobEnv, deps: HookDeps) -> int:
+    """Record what the job did with its GPUs, clean up, and check the GPUs again."""
+    log, cfg = deps.log, deps.cfg
+    if not job.gpus:
+        log.info("no-gpus", job=job.job_id, node=job.node)
+        return 0
+    # 1. Which GPUs (and MIG slices) are the job's.
+    try:
+        gmap = map_gpus(deps, job)
+    except MissingGpu as e:
+        log.error("check", job=job.job_id, node=job.node, check="gpu_count", status=health.FAIL, message=e.message)
+        return 0 if _drain(deps, job, "epilog", e.message) else 1
+    indices = gmap.nvml_indices
+    # 2. The job's own processes go; everyone else's stay and are judged below.
+    survivors, killed = _kill_leftovers(deps, job, gmap)
+    # 3. What the driver counted, the kernel log and the GPUs' state now.
+    acct = _read_accounting(deps, job, gmap)
+    end = deps.now()
+    events, problem, undated = read_xids(cfg, end)
+    snap = deps.reader.snapshot(indices)
+    judged = scope_to_instances(_without_pids(snap, killed), gmap.instances())
+    results = health.evaluate(judged, cfg, gpus=indices, idle=indices, expected_count=gmap.configured,
+                              xid_events=scope_xids(events, snap, gmap.instances()), xid_problem=problem,
+                              xid_undated=undated, now=end)
+    # 4. One record per GPU or slice, against the prolog's start counters.
+    starts = deps.store.job_starts(job.cluster, job.job_id, job.restart_count, job.node)
+    if not starts:
+        # No prolog record: the prolog failed (the job was requeued and never ran here) or
+        # slurm-gpu was installed while the job ran.  Without the start counters there is no
+        # right number to record — and the driver's accounting may still hold an earlier
+        # job's processes, since a failed prolog does not clear them.
+        log.warning("no-start-record", job=job.job_id, node=job.node)
+    gpu_rows = []
+    for jg in gmap.gpus:
+        g = snap.gpu(jg.nvml_index)
+        start = starts.get(_record_key(g, jg))
+        xids = _job_xids(events, g, jg, start["start_time"] if start else 0.0)
+        gpu_rows.append(_usage(g, jg, start, acct.get(g.index), end, job, xids))
+    _reset_after(deps, job, gmap, snap)
+    # 5. Judge, record, drain.
+    fault = _epilog_fault(results, survivors, snap)
     for x in results:
         if x.status in (health.FAIL, health.WARN):
             log.event("check", "warning" if x.status == health.WARN else "error", job=job.job_id, node=job.node,
                       gpu=x.gpu_uuid or x.where, check=x.check, status=x.status, message=x.message)
-    events = _results_events(results, job.node, "epilog", job.job_id, end)
-    if ran_here:
-        _write(deps, {"kind": "job_end", "job": job_row, "gpus": gpu_rows, "events": events}, job)
-    elif events:
-        _write(deps, {"kind": "health", "events": events}, job)
-    for row in gpu_rows if ran_here else []:
-        log.info("record", job=job.job_id, node=job.node, gpu=row["gpu_uuid"], energy_j=row["energy_j"],
-                 gpu_util=row["gpu_util_mean_pct"], max_mem=row["max_memory_bytes"],
-                 xids=len(json.loads(row["xid_events"])) if row["xid_events"] else 0)
+    events_out = _results_events(results, job.node, "epilog", job.job_id, end)
+    if starts:
+        job_row = {"cluster": job.cluster, "job_id": job.job_id, "restart_count": job.restart_count,
+                   "node": job.node, "user": job.user, "uid": job.uid, "account": job.account,
+                   "partition": job.partition, "gpu_count": len(job.gpus),
+                   "start_time": min([g["start_time"] for g in gpu_rows], default=end), "end_time": end,
+                   "exit_code": job.exit_code}
+        _write(deps, {"kind": "job_end", "job": job_row, "gpus": gpu_rows, "events": events_out}, job)
+        for row in gpu_rows:
+            log.info("record", job=job.job_id, node=job.node, gpu=row["gpu_uuid"], energy_j=row["energy_j"],
+                     gpu_util=row["gpu_util_mean_pct"], max_mem=row["max_memory_bytes"],
+                     xids=len(json.loads(row["xid_events"])) if row["xid_events"] else 0)
+    elif events_out:
+        _write(deps, {"kind": "health", "events": events_out}, job)
     if fault:
         # Drained with our reason: exit 0 so Slurm does not overwrite it with "Epilog error".
         # If the drain did not reach slurmctld, fail the epilog so that Slurm drains the node.

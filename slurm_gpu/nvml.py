@@ -49,6 +49,17 @@ def _cpus_from_mask(words: Sequence[int]) -> Tuple[int, ...]:
     return tuple(w_i * bits + b for w_i, w in enumerate(words) for b in range(bits) if (int(w) >> b) & 1)
 
 
+_NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of a process outside MIG
+
+
+def _process(x: Any) -> Process:
+    def inst(name: str) -> Optional[int]:
+        v = getattr(x, name, None)
+        return None if v is None or int(v) == _NO_INSTANCE else int(v)
+    return Process(int(x.pid), None if x.usedGpuMemory is None else int(x.usedGpuMemory),
+                   inst("gpuInstanceId"), inst("computeInstanceId"))
+
+
 class _GpuLost(Exception):
     """Internal: stop reading a GPU after a fatal error."""
 
@@ -121,7 +132,11 @@ class _GpuReader:
         self.reading("uuid", "nvmlDeviceGetUUID", p.nvmlDeviceGetUUID, h, convert=_text)
         self.reading("minor_number", "nvmlDeviceGetMinorNumber", p.nvmlDeviceGetMinorNumber, h)
         if self.ident_only:
+            # What mapping Slurm's GPU indices needs: the device minor, MIG instances, the name
+            # (AutoDetect's Type=) and the bus id (XID lines).
             self.reading("pci_bus_id", "nvmlDeviceGetPciInfo", p.nvmlDeviceGetPciInfo, h, convert=lambda i: _text(i.busId))
+            self.reading("name", "nvmlDeviceGetName", p.nvmlDeviceGetName, h, convert=_text)
+            self._read_mig(h)
             return
         self.reading("name", "nvmlDeviceGetName", p.nvmlDeviceGetName, h, convert=_text)
         self.reading("serial", "nvmlDeviceGetSerial", p.nvmlDeviceGetSerial, h, convert=_text)
@@ -170,17 +185,20 @@ class _GpuReader:
         self.reading("pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth", p.nvmlDeviceGetMaxPcieLinkWidth, h)
         self.fields["nvlinks"] = self._nvlinks(h)
         self.reading("processes", "nvmlDeviceGetComputeRunningProcesses", p.nvmlDeviceGetComputeRunningProcesses, h,
-                     convert=lambda ps: tuple(Process(int(x.pid), None if x.usedGpuMemory is None else int(x.usedGpuMemory))
-                                              for x in ps))
+                     convert=lambda ps: tuple(_process(x) for x in ps))
+        self._read_mig(h)
+        self.reading("accounting_mode", "nvmlDeviceGetAccountingMode", p.nvmlDeviceGetAccountingMode, h,
+                     convert=lambda v: v == p.NVML_FEATURE_ENABLED)
+        self.reading("cpu_affinity", "nvmlDeviceGetCpuAffinity", p.nvmlDeviceGetCpuAffinity, h, _CPUSET_WORDS,
+                     convert=_cpus_from_mask)
+
+    def _read_mig(self, h: Any) -> None:
+        p = pynvml
         mig = self.reading("_mig", "nvmlDeviceGetMigMode", p.nvmlDeviceGetMigMode, h, convert=lambda t: (bool(t[0]), bool(t[1])))
         self.fields.pop("_mig")
         self.fields["mig_mode_current"] = S.value(mig.value[0]) if mig.ok else mig
         self.fields["mig_mode_pending"] = S.value(mig.value[1]) if mig.ok else mig
         self.fields["mig_devices"] = self._mig_devices(h) if mig.ok and mig.value[0] else (S.value(()) if mig.ok else mig)
-        self.reading("accounting_mode", "nvmlDeviceGetAccountingMode", p.nvmlDeviceGetAccountingMode, h,
-                     convert=lambda v: v == p.NVML_FEATURE_ENABLED)
-        self.reading("cpu_affinity", "nvmlDeviceGetCpuAffinity", p.nvmlDeviceGetCpuAffinity, h, _CPUSET_WORDS,
-                     convert=_cpus_from_mask)
 
     def _nvlinks(self, h: Any) -> Reading:
         p = pynvml
@@ -218,9 +236,11 @@ class _GpuReader:
                     continue
                 return self._error("nvmlDeviceGetMigDeviceHandleByIndex", e)
             try:
-                mem: Optional[int] = int(self.call("nvmlDeviceGetMemoryInfo", p.nvmlDeviceGetMemoryInfo, mh).total)
+                info = self.call("nvmlDeviceGetMemoryInfo", p.nvmlDeviceGetMemoryInfo, mh)
+                mem: Optional[int] = int(info.total)
+                used: Optional[int] = int(info.used)
             except p.NVMLError:
-                mem = None
+                mem = used = None
             try:
                 name = _text(self.call("nvmlDeviceGetName", p.nvmlDeviceGetName, mh))
             except p.NVMLError:
@@ -231,7 +251,7 @@ class _GpuReader:
                     uuid=_text(self.call("nvmlDeviceGetUUID", p.nvmlDeviceGetUUID, mh)),
                     gpu_instance_id=int(self.call("nvmlDeviceGetGpuInstanceId", p.nvmlDeviceGetGpuInstanceId, mh)),
                     compute_instance_id=int(self.call("nvmlDeviceGetComputeInstanceId", p.nvmlDeviceGetComputeInstanceId, mh)),
-                    memory_total_bytes=mem, name=name))
+                    memory_total_bytes=mem, name=name, memory_used_bytes=used))
             except p.NVMLError as e:
                 return self._error("nvmlDeviceGetMigDeviceHandleByIndex", e)
         return S.value(tuple(devs))
@@ -445,7 +465,7 @@ class NvmlReader:
         """{index: tuple[Process] | NvmlWriteError}: compute processes on each GPU."""
         def task(w: _GpuReader, h: Any) -> Tuple[Process, ...]:
             ps = w.call("nvmlDeviceGetComputeRunningProcesses", pynvml.nvmlDeviceGetComputeRunningProcesses, h)
-            return tuple(Process(int(x.pid), None if x.usedGpuMemory is None else int(x.usedGpuMemory)) for x in ps)
+            return tuple(_process(x) for x in ps)
         return self._on_gpus(indices, task)
 
     def processes(self, index: int) -> Tuple[Process, ...]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Group-by columns of `slurm-gpu report` with a covering index (v2), and the columns the index
 # carries after the key: everything report.summary reads, so the table itself is never touched.
@@ -118,6 +118,13 @@ MIGRATIONS: List[Tuple[str, ...]] = [
           for col in REPORT_INDEX_KEYS),
         "CREATE INDEX IF NOT EXISTS job_gpus_duration ON job_gpus ((end_time - start_time))",
     ),
+    # v3: a MIG slice is recorded under its own MIG UUID (gpu_uuid) with its GPU's UUID beside
+    # it, and a record says in `notes` what could not be measured (NVML counts energy,
+    # utilisation and peak memory per GPU, not per MIG instance).
+    (
+        "ALTER TABLE job_gpus ADD COLUMN parent_gpu_uuid TEXT",
+        "ALTER TABLE job_gpus ADD COLUMN notes TEXT",
+    ),
 ]
 
 assert len(MIGRATIONS) == SCHEMA_VERSION
@@ -128,3 +135,5 @@ JOB_GPU_COLUMNS = (
     "max_memory_bytes", "process_count", "ecc_corrected_delta", "ecc_uncorrected_delta", "retired_pages_delta",
     "remapped_rows_delta", "clock_event_reasons", "xid_events",
 )
+# What the epilog writes: the report reads JOB_GPU_COLUMNS only, so databases of every version read alike.
+JOB_GPU_WRITE_COLUMNS = JOB_GPU_COLUMNS + ("parent_gpu_uuid", "notes")

@@ -80,9 +80,12 @@ _NA: Reading = Reading(UNSUPPORTED)
 class Process:
     pid: int
     used_memory_bytes: Optional[int]  # None: the driver does not expose it (MIG, no permission)
+    gpu_instance_id: Optional[int] = None  # the MIG GPU instance it runs in; None outside MIG
+    compute_instance_id: Optional[int] = None
 
     def to_json(self) -> Dict[str, Any]:
-        return {"pid": self.pid, "used_memory_bytes": self.used_memory_bytes}
+        return {"pid": self.pid, "used_memory_bytes": self.used_memory_bytes,
+                "gpu_instance_id": self.gpu_instance_id, "compute_instance_id": self.compute_instance_id}
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,7 @@ class MigDevice:
     compute_instance_id: int
     memory_total_bytes: Optional[int]
     name: str = ""
+    memory_used_bytes: Optional[int] = None
 
     def to_json(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -231,7 +235,8 @@ _TUPLE_FIELDS = {
         NvLink(int(i["link"]), _reading_from(i["active"], "nvlinks.active"), _reading_from(i["remote_bus_id"], "nvlinks.remote_bus_id"))
         for i in items
     ),
-    "processes": lambda items: tuple(Process(int(i["pid"]), i.get("used_memory_bytes")) for i in items),
+    "processes": lambda items: tuple(Process(int(i["pid"]), i.get("used_memory_bytes"), i.get("gpu_instance_id"),
+                                             i.get("compute_instance_id")) for i in items),
     "mig_devices": lambda items: tuple(MigDevice(**i) for i in items),
     "cpu_affinity": lambda items: tuple(int(i) for i in items),
 }

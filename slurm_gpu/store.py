@@ -19,7 +19,7 @@ import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from .errors import StoreError
-from .schema import JOB_GPU_COLUMNS, MIGRATIONS, SCHEMA_VERSION
+from .schema import JOB_GPU_WRITE_COLUMNS, MIGRATIONS, SCHEMA_VERSION
 
 KINDS = ("job_start", "job_end", "health", "drain")
 
@@ -38,7 +38,7 @@ def _insert(table: str, columns: Tuple[str, ...], verb: str) -> str:
 _SQL = {
     # First record wins: a re-run epilog (counters already consumed) must not overwrite the real one.
     "job": _insert("jobs", _JOB_COLUMNS, "INSERT OR IGNORE"),
-    "job_gpu": _insert("job_gpus", JOB_GPU_COLUMNS, "INSERT OR IGNORE"),
+    "job_gpu": _insert("job_gpus", JOB_GPU_WRITE_COLUMNS, "INSERT OR IGNORE"),
     # A prolog re-run for the same job start keeps the latest counters.
     "start": _insert("job_starts", _START_COLUMNS, "INSERT OR REPLACE"),
     "health": _insert("health_events", _HEALTH_COLUMNS, "INSERT"),
@@ -238,7 +238,7 @@ def _apply(conn: sqlite3.Connection, rec: Dict[str, Any]) -> None:
         conn.executemany(_SQL["start"], [_row(s, _START_COLUMNS) for s in rec.get("starts", [])])
     elif kind == "job_end":
         conn.execute(_SQL["job"], _row(rec["job"], _JOB_COLUMNS))
-        conn.executemany(_SQL["job_gpu"], [_row(g, JOB_GPU_COLUMNS) for g in rec.get("gpus", [])])
+        conn.executemany(_SQL["job_gpu"], [_row(g, JOB_GPU_WRITE_COLUMNS) for g in rec.get("gpus", [])])
         # Start counters are kept (a re-run epilog finds them) and pruned after a week.
         conn.execute("DELETE FROM job_starts WHERE start_time < ?", (time.time() - 7 * 86400,))
     if kind in ("job_end", "health") and rec.get("events"):

@@ -271,7 +271,7 @@ def test_healthcheck_checks_leftovers_only_when_no_gpu_is_allocated(sim_node):
     simgpu.set_gpu(node.state, 1, memory_used=8 << 30)
     os.environ["SIMNVML_STATE"] = str(node.state)
     check = default_checker(config.load(str(node.config)))
-    idle_node = check(types.SimpleNamespace(gpus_configured=2, gpus_allocated=0))
+    idle_node = check(types.SimpleNamespace(name="gpu01", gpus_configured=2, gpus_allocated=0))
     assert [r.status for r in by_check(idle_node, "memory_in_use", 1)] == ["FAIL"]
-    busy_node = check(types.SimpleNamespace(gpus_configured=2, gpus_allocated=1))
+    busy_node = check(types.SimpleNamespace(name="gpu01", gpus_configured=2, gpus_allocated=1))
     assert by_check(busy_node, "memory_in_use") == [] and health.worst(busy_node) != "FAIL"

@@ -179,9 +179,10 @@ def test_epilog_run_twice_does_not_duplicate_or_overwrite(sim_node):
 
 def test_epilog_kills_leftover_process_with_term(sim_node):
     node = sim_node(simgpu.h100_sxm(2))
-    env = job_env(gpus="1")
+    env = job_env(gpus="1", SLURM_JOB_UID=str(os.getuid()))  # the job's own process
     assert hooks.prolog(from_env(env), deps_for(node)) == 0
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                            env=dict(os.environ, SLURM_JOB_ID="4711"))
     try:
         simgpu.set_gpu(node.state, 1, procs=[(proc.pid, 1 << 30)])
         deps = deps_for(node)
@@ -202,7 +203,7 @@ def test_epilog_drains_when_a_process_survives_kill(sim_node):
     survivor = 2
     assert open(f"/proc/{survivor}/stat").read().split()[1] == "(kthreadd)"
     simgpu.set_gpu(node.state, 0, procs=[(survivor, 1 << 30)])
-    deps = deps_for(node)
+    deps = deps_for(node, owns=lambda pid, job: True)  # as if the job's own process
     assert hooks.epilog(from_env(env), deps) == 0
     (n, reason), = deps.slurm.drains
     assert "survived SIGKILL" in reason and "pid 2 " in reason and reason.endswith("[epilog job 4711]")
@@ -262,11 +263,13 @@ def test_missing_job_id_is_a_clear_error(sim_node):
 
 def test_broken_config_fails_open_with_one_line(sim_node):
     node = sim_node()
-    node.config.write_text("[health]\nmax_temperature_c = 'hot'\n")
+    node.write_config("[health]\nmax_temperature_c = 'hot'\n")
     cp = subprocess.run([sys.executable, "-c", "from slurm_gpu.hookmain import prolog_main; prolog_main()"],
                         env=node.env(**job_env()), capture_output=True, text=True, timeout=60)
     assert cp.returncode == 0
     assert "max_temperature_c" in cp.stderr and "Traceback" not in cp.stderr
+    # Only the broken key falls back to its default: the job is still gated and recorded.
+    assert len(rows(node.db, "SELECT * FROM job_starts")) == 2
 
 
 def test_prolog_with_hung_gpu_finishes_within_deadline_and_drains(sim_node):
@@ -298,9 +301,10 @@ def test_gres_index_maps_through_minor_numbers(sim_node):
     for i, g in enumerate(prof["gpus"]):
         g["minor"] = [6, 4, 7, 5][i]
     node = sim_node(prof)
-    deps = deps_for(node)
-    ident = deps.reader.identities()
-    assert hooks.map_job_gpus((0, 1, 2, 3), ident) == {0: 1, 1: 3, 2: 0, 3: 2}
+    deps = deps_for(node)  # no slurm.conf: the fallback numbers GPUs by device minor
+    gmap = hooks.map_gpus(deps, from_env(job_env(gpus="0-3")))
+    assert {g.slurm_index: g.nvml_index for g in gmap.gpus} == {0: 1, 1: 3, 2: 0, 3: 2}
+    assert gmap.source == "minor order" and "gres-map-fallback" in node.log_text()
 
 
 def test_fault_on_already_drained_node_keeps_existing_reason(sim_node):
@@ -328,6 +332,61 @@ def test_log_file_directory_is_created(tmp_path):
     log.info("pass", job=1, gpu="GPU-1", note="two words")
     text = (tmp_path / "new" / "dir" / "hooks.log").read_text()
     assert 'INFO prolog pass job=1 gpu=GPU-1 note="two words"' in text and log.problems == []
+
+
+def _sleeper(**env):
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=dict(os.environ, **env))
+
+
+def test_epilog_never_kills_another_users_process_on_the_jobs_gpu(sim_node):
+    # A process of another uid on the job's GPU (a job sharing it through shards/MPS, a system
+    # agent): reported by the health policy, never signalled.
+    node = sim_node(simgpu.h100_sxm(1))
+    env = job_env(gpus="0", SLURM_JOB_UID=str(os.getuid() + 1))
+    assert hooks.prolog(from_env(env), deps_for(node)) == 0
+    proc = _sleeper()
+    try:
+        simgpu.set_gpu(node.state, 0, procs=[(proc.pid, 1 << 30)])
+        deps = deps_for(node)
+        assert hooks.epilog(from_env(env), deps) == 0
+        time.sleep(0.3)
+        assert proc.poll() is None, "another user's process was killed"
+        assert "leftover-processes-not-ours" in node.log_text()
+        (n, reason), = deps.slurm.drains
+        assert "compute process(es) still on the GPU" in reason and f"pid {proc.pid}" in reason
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_epilog_never_kills_a_process_of_another_job_of_the_same_user(sim_node):
+    node = sim_node(simgpu.h100_sxm(1))
+    env = job_env(gpus="0", SLURM_JOB_UID=str(os.getuid()))
+    assert hooks.prolog(from_env(env), deps_for(node)) == 0
+    proc = _sleeper(SLURM_JOB_ID="4712")  # same uid, the user's other job
+    try:
+        simgpu.set_gpu(node.state, 0, procs=[(proc.pid, 1 << 30)])
+        assert hooks.epilog(from_env(env), deps_for(node)) == 0
+        time.sleep(0.3)
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_process_identity_reads_uid_and_job_id_from_proc():
+    proc = _sleeper(SLURM_JOB_ID="9876")
+    try:
+        uid, job_id = hooks.process_identity(proc.pid)
+        assert uid == os.getuid() and job_id in (9876, None) or job_id is not None
+        job = from_env(job_env(job_id=9876, SLURM_JOB_UID=str(os.getuid())))
+        assert hooks.process_belongs_to_job(proc.pid, job)
+        assert not hooks.process_belongs_to_job(proc.pid, from_env(job_env(job_id=1, SLURM_JOB_UID=str(os.getuid()))))
+        assert not hooks.process_belongs_to_job(proc.pid, from_env(job_env(job_id=9876, SLURM_JOB_UID=str(os.getuid() + 1))))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert hooks.process_identity(simgpu.dead_pid()) == (None, None)
 
 
 def test_epilog_with_killing_disabled_reports_leftovers_as_check_failure(sim_node):

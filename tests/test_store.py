@@ -126,20 +126,24 @@ def test_v1_database_with_rows_migrates_to_v2_on_next_write_and_keeps_its_rows(t
     # Rows written by a v1 slurm-gpu: the Store of that version only ran migration 0.
     from slurm_gpu import store as store_mod
     c = sqlite3.connect(path, isolation_level=None)
+    from slurm_gpu.schema import JOB_GPU_COLUMNS
+    v1_insert = f"INSERT INTO job_gpus ({', '.join(JOB_GPU_COLUMNS)}) VALUES ({', '.join('?' * len(JOB_GPU_COLUMNS))})"
     for j in (1, 2):
-        store_mod._apply_in_transaction(c, job_end(j, gpus=4))
-    before = sorted(c.execute("SELECT * FROM job_gpus").fetchall())
+        rec = job_end(j, gpus=4)
+        c.execute(store_mod._SQL["job"], store_mod._row(rec["job"], store_mod._JOB_COLUMNS))
+        c.executemany(v1_insert, [store_mod._row(g, JOB_GPU_COLUMNS) for g in rec["gpus"]])
+    before = sorted(c.execute(f"SELECT {', '.join(JOB_GPU_COLUMNS)} FROM job_gpus").fetchall())
     c.close()
     st = Store(str(path), str(tmp_path / "spool"))
     assert st.write(job_end(3)) == "db"
     st.close()
     c = sqlite3.connect(path)
     try:
-        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
         indexes = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='index'")}
         assert {f"job_gpus_by_{k}" for k in REPORT_INDEX_KEYS} | {"job_gpus_duration"} <= indexes
         assert "job_gpus_user" not in indexes  # subsumed by job_gpus_by_user
-        rows = sorted(c.execute("SELECT * FROM job_gpus").fetchall())
+        rows = sorted(c.execute(f"SELECT {', '.join(JOB_GPU_COLUMNS)} FROM job_gpus").fetchall())
         assert [r for r in rows if r[1] != 3] == before and len(rows) == 4 + 4 + 2
         assert c.execute("SELECT count(*) FROM jobs").fetchone()[0] == 3
         # The report's aggregate reads the new index alone (no table lookups, no sort).

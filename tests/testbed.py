@@ -327,6 +327,7 @@ class SlurmTestbed:
         extra_slurm_conf: str = "",
         extra_node_env: Optional[dict] = None,
         gres_conf: Optional[str] = None,
+        node_gres: Optional[Mapping[str, str]] = None,
     ):
         self.workdir = Path(workdir).resolve()
         self.nodes = tuple(nodes)
@@ -340,6 +341,8 @@ class SlurmTestbed:
         self.extra_slurm_conf = extra_slurm_conf
         self.extra_node_env = dict(extra_node_env or {})
         self.gres_conf = gres_conf  # verbatim gres.conf instead of the generated one
+        # slurm.conf Gres= per node (e.g. {"gpu01": "gpu:a100:1,gpu:v100:2"}) instead of gpu:<type>:<n>
+        self.node_gres = dict(node_gres or {})
         for hook in (prolog, epilog, health_check_program):
             if hook is not None and not os.path.isabs(hook):
                 raise ValueError(f"hook path must be absolute (slurmd runs it without PATH): {hook!r}")
@@ -567,7 +570,8 @@ class SlurmTestbed:
             lines += ["# extra_slurm_conf", self.extra_slurm_conf.strip()]
         for node in self.nodes:
             lines.append(f"NodeName={node} NodeAddr=127.0.0.1 NodeHostname={host} Port={self.ports[node]} "
-                         f"CPUs={cpus} RealMemory=1000 Gres=gpu:{self.gpu_type}:{self.gpus_per_node} State=UNKNOWN")
+                         f"CPUs={cpus} RealMemory=1000 Gres={self.node_gres.get(node, f'gpu:{self.gpu_type}:{self.gpus_per_node}')} "
+                         "State=UNKNOWN")
         lines.append(f"PartitionName=gpu Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
 

@@ -170,15 +170,18 @@ def test_leftover_process_is_terminated_by_epilog(cluster, site):
     assert len(site.rows("gpu01", "SELECT * FROM job_gpus WHERE job_id=?", job)) == 1
 
 
-def test_process_surviving_kill_drains_node(cluster, site):
-    # pid 2 is a kernel thread: like a process stuck in the driver, no signal removes it.
+def test_process_of_another_user_on_the_jobs_gpu_is_not_killed_and_drains_node(cluster, site):
+    # A root process (pid 2, kthreadd) on the job's GPU after the job: not the job's (uid
+    # sgtest), so the epilog never signals it; the leftover check drains the node instead.
+    # (A process of the job that survives SIGKILL: tests/test_hooks.py.)
     job = cluster.sbatch("sleep 2", args=["-p", "gpu", "-w", "gpu01", "--gres=gpu:1"])
     wait_running(cluster, site, "gpu01", job)
     simgpu.set_gpu(site.state("gpu01"), 0, procs=[(2, 1 << 30)])
     cluster.wait_job(job, timeout=60)
     cluster.wait_node_state("gpu01", "DRAIN", timeout=30)
     reason = {r["node"]: r["reason"] for r in _reasons(cluster)}["gpu01"]
-    assert reason.startswith("slurm-gpu:") and "survived SIGKILL" in reason and f"[epilog job {job}]" in reason
+    assert reason.startswith("slurm-gpu:") and "still on the GPU (pid 2)" in reason and f"[epilog job {job}]" in reason
+    assert "leftover-processes-not-ours" in site.log("gpu01") and "SIGKILL" not in reason
 
 
 def test_jobs_ending_together_on_one_node_all_recorded(cluster, site):
