@@ -281,8 +281,10 @@ def prolog(job: JobEnv, deps: HookDeps) -> int:
     if not job.gpus:
         log.info("no-gpus", job=job.job_id, node=job.node)
         return PROLOG_OK
-    gmap, snap, results = _job_gpu_snapshot(deps, job)
+    # GPU time starts when the prolog does: Slurm's allocation (PrologFlags=Alloc) began then,
+    # and sreport/sacct count the prolog's run time as the job's.
     t = deps.now()
+    gmap, snap, results = _job_gpu_snapshot(deps, job)
     for r in results:
         if r.status in (health.FAIL, health.WARN):
             log.event("check", "warning" if r.status == health.WARN else "error", job=job.job_id, node=job.node,
@@ -525,6 +527,8 @@ def epilog(job: JobEnv, deps: HookDeps) -> int:
     if not job.gpus:
         log.info("no-gpus", job=job.job_id, node=job.node)
         return 0
+    # The job ended when the epilog started: what the epilog spends is not the job's GPU time.
+    end = deps.now()
     # 1. Which GPUs (and MIG slices) are the job's.
     try:
         gmap = map_gpus(deps, job)
@@ -536,8 +540,7 @@ def epilog(job: JobEnv, deps: HookDeps) -> int:
     survivors, killed = _kill_leftovers(deps, job, gmap)
     # 3. What the driver counted, the kernel log and the GPUs' state now.
     acct = _read_accounting(deps, job, gmap)
-    end = deps.now()
-    events, problem, undated = read_xids(cfg, end)
+    events, problem, undated = read_xids(cfg, deps.now())
     snap = deps.reader.snapshot(indices)
     judged = scope_to_instances(_without_pids(snap, killed), gmap.instances())
     results = health.evaluate(judged, cfg, gpus=indices, idle=indices, expected_count=gmap.configured,
