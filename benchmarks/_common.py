@@ -41,9 +41,16 @@ class SimNode:
             f'[log]\nsyslog = false\nfile = "{self.dir}/hooks.log"\n'
             '[xid]\nsource = "none"\n[hooks]\nepilog_deadline_s = 120\n')
         os.chmod(self.config, 0o644)
+        # The node's Slurm configuration, as slurmd hands it to the hooks: they read it to map
+        # SLURM_JOB_GPUS to devices, so its cost is part of every job start.
+        self.slurm_conf = self.dir / "slurm.conf"
+        self.slurm_conf.write_text(f"ClusterName=bench\nGresTypes=gpu\n"
+                                   f"NodeName=bench[01-64] CPUs=112 RealMemory=2000000 Gres=gpu:h100:{gpus}\n"
+                                   "PartitionName=gpu Nodes=bench[01-64] Default=YES\n")
+        (self.dir / "gres.conf").write_text(f"NodeName=bench[01-64] Name=gpu Type=h100 File=/dev/nvidia[0-{gpus - 1}]\n")
 
     def env(self, **extra: str) -> Dict[str, str]:
-        env = {"SIMNVML_STATE": str(self.state), "SLURM_GPU_CONFIG": str(self.config)}
+        env = {"SIMNVML_STATE": str(self.state), "SLURM_GPU_CONFIG": str(self.config), "SLURM_CONF": str(self.slurm_conf)}
         env.update(extra)  # nothing else, like slurmd's minimal environment
         return env
 

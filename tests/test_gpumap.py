@@ -328,3 +328,18 @@ def test_drain_reason_for_a_missing_gpu_names_job_and_device(sim_node):
     deps = deps_for(node, slurm=RecordingSlurm())
     assert hooks.epilog(from_env(job_env(gpus="0")), deps) == 0
     assert deps.slurm.drains[0][1].startswith("slurm-gpu: Slurm GPU 0 is /dev/nvidia0")
+
+
+def test_healthcheck_on_mig_node_expects_physical_gpus_not_slurms_slice_count(sim_node, monkeypatch):
+    # Slurm configures 3 GPUs (slices) on a node with one physical GPU: "1 GPUs visible,
+    # 3 configured" would drain every MIG node at every HealthCheckInterval.
+    import types
+    from slurm_gpu import config
+    from slurm_gpu.cli_admin import default_checker
+    node = mig_node(sim_node)
+    monkeypatch.setenv("SIMNVML_STATE", str(node.state))
+    monkeypatch.setenv("SLURM_CONF", str(node.tmp / "slurm.conf"))
+    results = default_checker(config.load(str(node.config)))(
+        types.SimpleNamespace(name="gpu01", gpus_configured=3, gpus_allocated=0))
+    (count,) = [r for r in results if r.check == "gpu_count"]
+    assert count.status == "PASS", count.message
