@@ -36,6 +36,9 @@ _FATAL_CODES = {pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_RESET_REQUIRED,
                 pynvml.NVML_ERROR_TIMEOUT}
 _NO_LINK_CODES = {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT, pynvml.NVML_ERROR_NOT_FOUND,
                   pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}
+# The v2 memory call is missing or refused on older drivers: then v1 answers.
+_V1_FALLBACK_CODES = {pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, pynvml.NVML_ERROR_NOT_SUPPORTED,
+                      getattr(pynvml, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25)}
 _MAX_NVLINKS = 18  # NVLink 4 (H100/H200); newer parts expose more, probed until the first missing link
 _CPUSET_WORDS = 16  # 1024 CPUs
 
@@ -141,8 +144,7 @@ class _GpuReader:
         self.reading("name", "nvmlDeviceGetName", p.nvmlDeviceGetName, h, convert=_text)
         self.reading("serial", "nvmlDeviceGetSerial", p.nvmlDeviceGetSerial, h, convert=_text)
         self.reading("pci_bus_id", "nvmlDeviceGetPciInfo", p.nvmlDeviceGetPciInfo, h, convert=lambda i: _text(i.busId))
-        mem = self.reading("_mem", "nvmlDeviceGetMemoryInfo", p.nvmlDeviceGetMemoryInfo, h,
-                           convert=lambda m: (int(m.total), int(m.used)))
+        mem = self.reading("_mem", "nvmlDeviceGetMemoryInfo", _memory_info, self, h)
         self.fields.pop("_mem")
         self.fields["memory_total_bytes"] = S.value(mem.value[0]) if mem.ok else mem
         self.fields["memory_used_bytes"] = S.value(mem.value[1]) if mem.ok else mem
@@ -297,9 +299,14 @@ def _load_library(path: str) -> None:
         raise NvmlUnavailable(f"cannot load NVML library {path}: {e}",
                               "point nvml_library at the driver's libnvidia-ml.so.1") from None
     # pynvml loads by SONAME; if it already holds another library, point it at ours.
-    if getattr(pynvml, "nvmlLib", None) is not None and pynvml.nvmlLib._name != path:
+    if getattr(pynvml, "nvmlLib", None) is not None and getattr(pynvml.nvmlLib, "_name", path) != path:
+        cache = getattr(pynvml, "_nvmlGetFunctionPointer_cache", None)
+        if not isinstance(cache, dict):
+            raise NvmlUnavailable(f"this nvidia-ml-py ({_pynvml_version()}) cannot be pointed at {path}: "
+                                  "it has no function-pointer cache to reset",
+                                  "load the configured library before any other NVML use, or pin nvidia-ml-py 12.x/13.x")
         pynvml.nvmlLib = _LOADED[path]
-        pynvml._nvmlGetFunctionPointer_cache.clear()
+        cache.clear()
 
 
 _NO_DRIVER_HINT = ("is the NVIDIA driver installed and loaded (nvidia-smi)? For a non-standard install set "
@@ -547,15 +554,59 @@ class NvmlReader:
 _NOT_AVAILABLE_U64 = 2**64 - 1
 
 
+def _pynvml_version() -> str:
+    try:
+        from importlib.metadata import version
+        return "nvidia-ml-py " + version("nvidia-ml-py")
+    except Exception:
+        return "unknown version"
+
+
 def _accounting_stats(handle: Any, pid: int) -> Any:
     """nvmlDeviceGetAccountingStats without pynvml's wrapper, which raises TypeError (not an
-    NVMLError) when the driver reports maxMemoryUsage as not available (2**64-1)."""
-    st = pynvml.c_nvmlAccountingStats_t()
-    fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetAccountingStats")
+    NVMLError) when the driver reports maxMemoryUsage as not available (2**64-1).
+
+    That takes pynvml's private function lookup; a release without it gets the public
+    wrapper, whose TypeError then means "max memory not available"."""
+    get_fn = getattr(pynvml, "_nvmlGetFunctionPointer", None)
+    struct = getattr(pynvml, "c_nvmlAccountingStats_t", None)
+    if get_fn is None or struct is None:
+        try:
+            return pynvml.nvmlDeviceGetAccountingStats(handle, pid)
+        except TypeError:
+            return _NoMaxMemory()
+    st = struct()
+    fn = get_fn("nvmlDeviceGetAccountingStats")
     ret = fn(handle, ctypes.c_uint(pid), ctypes.byref(st))
     if ret != pynvml.NVML_SUCCESS:
         raise pynvml.NVMLError(ret)
     return st
+
+
+class _NoMaxMemory:
+    """Accounting stats whose peak memory the driver does not know (public-wrapper fallback)."""
+
+    def __init__(self) -> None:
+        self.gpuUtilization = self.memoryUtilization = self.time = self.startTime = self.isRunning = 0
+        self.maxMemoryUsage = _NOT_AVAILABLE_U64
+
+
+def _memory_info(w: "_GpuReader", h: Any) -> Tuple[int, int]:
+    """(total, used) bytes.  Drivers >= 515 count memory they reserve for themselves as "used"
+    in the v1 call: a GPU nobody uses would look like leaked memory, so v2 comes first."""
+    p = pynvml
+    v2 = getattr(p, "nvmlMemory_v2", None)
+    if v2 is not None:
+        try:
+            m = w.call("nvmlDeviceGetMemoryInfo_v2", p.nvmlDeviceGetMemoryInfo, h, v2)
+            return int(m.total), int(m.used)
+        except p.NVMLError as e:
+            if getattr(e, "value", None) not in _V1_FALLBACK_CODES:
+                raise
+        except TypeError:  # a release whose nvmlDeviceGetMemoryInfo takes no version
+            pass
+    m = w.call("nvmlDeviceGetMemoryInfo", p.nvmlDeviceGetMemoryInfo, h)
+    return int(m.total), int(m.used)
 
 
 def _write_hint(e: Exception) -> str:

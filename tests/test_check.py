@@ -275,3 +275,47 @@ def test_healthcheck_checks_leftovers_only_when_no_gpu_is_allocated(sim_node):
     assert [r.status for r in by_check(idle_node, "memory_in_use", 1)] == ["FAIL"]
     busy_node = check(types.SimpleNamespace(name="gpu01", gpus_configured=2, gpus_allocated=1))
     assert by_check(busy_node, "memory_in_use") == [] and health.worst(busy_node) != "FAIL"
+
+
+def test_driver_reserved_memory_is_not_leaked_memory(sim_node):
+    # Drivers >= 515 count memory they reserve for themselves as used in the v1 call: 2.5 GiB
+    # "used" on an idle GPU of which 2 GiB are the driver's own.  Only v2 tells them apart.
+    node = sim_node(simgpu.h100_sxm(1))
+    simgpu.set_gpu(node.state, 0, memory_used=2560 << 20, memory_reserved=2048 << 20)
+    (mem,) = by_check(check_in_process(node, idle=True), "memory_in_use", 0)
+    assert mem.status == "PASS", mem.message
+    assert {a["function"] for a in simgpu.read_actions(node.state)} == set()
+
+
+def test_v1_memory_call_answers_when_the_driver_lacks_v2(sim_node):
+    node = sim_node(simgpu.h100_sxm(1))
+    simgpu.set_gpu(node.state, 0, memory_used=3 << 30)
+    simgpu.inject_error(node.state, 0, "nvmlDeviceGetMemoryInfo_v2", simgpu.FUNCTION_NOT_FOUND)
+    (mem,) = by_check(check_in_process(node, idle=True), "memory_in_use", 0)
+    assert mem.status == "FAIL" and "3072 MiB" in mem.message
+
+
+def test_accounting_stats_work_without_pynvmls_private_function_lookup(sim_node, monkeypatch):
+    # A future nvidia-ml-py may drop _nvmlGetFunctionPointer: the public wrapper then answers.
+    import time as _time
+    import pynvml
+    from slurm_gpu import nvml
+    node = sim_node(simgpu.h100_sxm(1))
+    now_us = int(_time.time() * 1e6)
+    simgpu.set_gpu(node.state, 0, acct=[dict(pid=4242, gpu_util=70, mem_util=20, max_mem_bytes=5 << 30,
+                                             time_ms=1000, start_time_us=now_us, is_running=0)])
+
+
+    class WithoutPrivateLookup:
+        def __getattr__(self, name):
+            if name == "_nvmlGetFunctionPointer":
+                raise AttributeError(name)
+            return getattr(pynvml, name)
+
+    monkeypatch.setattr(nvml, "pynvml", WithoutPrivateLookup())
+    os.environ["SIMNVML_STATE"] = str(node.state)
+    cfg = config.load(str(node.config))
+    reader = NvmlReader(cfg.nvml_library, cfg.nvml_timeout_s)
+    (rec,) = reader.accounting_stats(0).value
+    assert (rec.pid, rec.gpu_utilization_pct, rec.max_memory_bytes) == (4242, 70, 5 << 30)
+    assert nvml._NoMaxMemory().maxMemoryUsage == nvml._NOT_AVAILABLE_U64

@@ -86,10 +86,25 @@ def test_real_gpu_prolog_and_epilog_round_trip(real_env, tmp_path):
                    'reset_clocks = false\npersistence_mode = false\naccounting_mode = false\n')
     job = dict(env, SLURM_GPU_CONFIG=str(cfg), SLURM_JOB_ID="1", SLURM_JOB_GPUS="0", SLURMD_NODENAME="smoke",
                SLURM_CLUSTER_NAME="smoke", SLURM_JOB_USER="root", SLURM_JOB_UID="0")
+    codes = {}
     for hook in ("prolog_main", "epilog_main"):
         cp = subprocess.run([sys.executable, "-c", f"from slurm_gpu.hookmain import {hook}; {hook}()"], env=job,
                             capture_output=True, text=True, timeout=120)
+        codes[hook] = cp.returncode
         print(hook, cp.returncode, (tmp_path / "hooks.log").read_text()[-2000:])
     log = (tmp_path / "hooks.log").read_text()
     assert "internal-error" not in log and "Traceback" not in log
-    assert "epilog record job=1" in log or "prolog check" in log
+    import sqlite3
+    conn = sqlite3.connect(str(tmp_path / "u.db"))
+    try:
+        if codes["prolog_main"] == 0:
+            # A healthy GPU: the epilog finished and recorded the job's GPU, keyed by its UUID.
+            assert codes["epilog_main"] == 0, log
+            rows = conn.execute("SELECT gpu_uuid, duration_s FROM job_gpus WHERE job_id = 1").fetchall()
+            assert len(rows) == 1 and rows[0][0].startswith(("GPU-", "MIG-")) and rows[0][1] >= 0, (rows, log)
+        else:
+            # A real fault on this GPU: exit 1 and the failed checks are recorded.
+            assert codes["prolog_main"] == 1, log
+            assert conn.execute("SELECT count(*) FROM health_events WHERE status = 'FAIL'").fetchone()[0] >= 1, log
+    finally:
+        conn.close()
