@@ -336,7 +336,7 @@ class CliBackend(SlurmBackend):
         if rc == 0 and out.strip():
             recs = [_kv(r) for r in split_records(out)]
             recs = [r for r in recs if r.get("JobId") == str(job_id)] or recs
-            return _job_from_scontrol(recs[0], job_id)
+            return _final(_job_from_scontrol(recs[0], job_id))
         low = (err + out).lower()
         if rc != 0 and "invalid job id" not in low:
             self._raise(rc, out, err, f"scontrol show job {job_id}", job=job_id)
@@ -350,7 +350,7 @@ class CliBackend(SlurmBackend):
                     facts = _job_from_sacct_json(json.loads(out), job_id)
                     self._sacct_json = True
                     if facts is not None:
-                        return facts
+                        return _final(facts)
                     raise SlurmError(f"unknown job {job_id}: not in slurmctld nor in accounting (sacct)",
                                      "the job id may be mistyped, or accounting (slurmdbd) is not enabled")
                 except (ValueError, KeyError, TypeError, AttributeError, IndexError):
@@ -368,12 +368,26 @@ class CliBackend(SlurmBackend):
             if len(vals) >= len(fields) and vals[0] == str(job_id):
                 d = dict(zip(fields, vals))
                 tres = d["AllocTRES"]
-                return {"job_id": job_id, "user": d["User"], "account": d["Account"], "partition": d["Partition"],
-                        "state": d["State"].split()[0] if d["State"] else "", "nodes": d["NodeList"],
-                        "gres": _gres_from_tres(tres), "tres": tres, "start_time": parse_time(d["Start"]),
-                        "end_time": parse_time(d["End"]), "source": "slurmdbd"}
+                return _final({"job_id": job_id, "user": d["User"], "account": d["Account"], "partition": d["Partition"],
+                               "state": d["State"].split()[0] if d["State"] else "", "nodes": d["NodeList"],
+                               "gres": _gres_from_tres(tres), "tres": tres, "start_time": parse_time(d["Start"]),
+                               "end_time": parse_time(d["End"]), "source": "slurmdbd"})
         raise SlurmError(f"unknown job {job_id}: not in slurmctld nor in accounting (sacct)",
                          "the job id may be mistyped, or accounting (slurmdbd) is not enabled")
+
+
+# A job's accounting record is complete only in one of these states and with an end time:
+# slurmdbd gets the job's start and its end in separate messages, and sacct can be read in
+# between (then the state is still RUNNING and fields may be missing).
+TERMINAL_JOB_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                                 "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "SPECIAL_EXIT", "REVOKED"})
+
+
+def _final(facts: Dict[str, Any]) -> Dict[str, Any]:
+    """Mark whether the record is the job's final one (terminal state and an end time)."""
+    state = (str(facts.get("state") or "").split() or [""])[0].split("+")[0]
+    facts["final"] = state in TERMINAL_JOB_STATES and bool(facts.get("end_time"))
+    return facts
 
 
 def _gres_from_tres(tres: str) -> str:

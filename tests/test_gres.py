@@ -103,7 +103,8 @@ def simlib():
     finally:
         sys.path.remove(str(HERE))
     if shutil.which("cc") is None:
-        pytest.skip("no C compiler for the simulated NVML library")
+        from testbed import unavailable
+        unavailable("no C compiler for the simulated NVML library")
     return simgpu, simgpu.build()
 
 

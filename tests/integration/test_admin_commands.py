@@ -16,6 +16,7 @@ from typing import Dict, Optional
 import pytest
 
 import simgpu
+from slurm_gpu.errors import SlurmError
 
 pytestmark = pytest.mark.slurm
 
@@ -369,17 +370,22 @@ def test_job_facts_agree_between_slurmctld_sacct_json_and_sacct_parsable(tb):
     b = CliBackend(env=tb.env, timeout_s=10)
     live = b.job(jid)
     deadline = time.monotonic() + 20
-    while True:  # slurmdbd gets the record a moment after the job ends
+    while True:  # slurmdbd gets the job's end a moment after the job ends
         try:
             from_json = b._sacct_job(jid)
-            break
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+            # A record read between the start and end messages is not the job's final one
+            # (state RUNNING, partition or end missing): that read failed 1 run in 3.
+            if from_json["final"]:
+                break
+        except SlurmError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no final accounting record of job {jid} after 20 s")
+        time.sleep(0.5)
     assert b._sacct_json is True  # 22.05's sacct --json was understood
     b._sacct_json = False
     from_p = b._sacct_job(jid)
+    assert live["final"] and from_p["final"]
     keys = ("user", "account", "partition", "state", "nodes", "gres", "start_time", "end_time")
     assert [live[k] for k in keys] == [from_json[k] for k in keys] == [from_p[k] for k in keys]
     assert (live["user"], live["account"], live["gres"]) == ("sgtest", "physics", "gpu:2")

@@ -14,7 +14,6 @@ files this test creates are removed afterwards; existing ones are left alone.
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 import os
 import re
@@ -27,6 +26,7 @@ from typing import List
 import pytest
 
 from slurm_gpu import gres, inventory
+from testbed import unavailable
 
 HERE = Path(__file__).resolve().parent.parent
 INV = HERE / "golden" / "gres" / "inventory"
@@ -38,10 +38,10 @@ pytestmark = pytest.mark.slurm
 
 def _need_slurmd() -> str:
     if os.geteuid() != 0:
-        pytest.skip("needs root (device files, slurmd)")
+        unavailable("needs root (device files, slurmd)")
     exe = shutil.which("slurmd", path="/usr/sbin:/usr/bin:/sbin:/bin:" + os.environ.get("PATH", ""))
     if not exe:
-        pytest.skip("slurmd is not installed (apt-get install slurmd)")
+        unavailable("slurmd is not installed (apt-get install slurmd)")
     return exe
 
 
@@ -64,7 +64,7 @@ def device_files():
             try:
                 os.mknod(p, 0o666 | stat.S_IFCHR, os.makedev(major, int(m.group(1))))
             except OSError as e:
-                pytest.skip(f"cannot create {p}: {e.strerror} (needs mknod)")
+                unavailable(f"cannot create {p}: {e.strerror} (needs mknod)")
             created.append(p)
 
     yield make
@@ -197,8 +197,6 @@ def test_testbed_slurmd_accepts_generated_gres_conf(tmp_path, device_files):
     _need_slurmd()
     import testbed as tb
 
-    if "gres_conf" not in inspect.signature(tb.SlurmTestbed.__init__).parameters:
-        pytest.skip("tests/testbed.py has no gres_conf= parameter yet")
     # Both nodes share this machine and its /dev/nvidia0-3: identical inventories, one hostlist line.
     docs = [_host_inventory("pcie01", n) for n in ("gpu01", "gpu02")]
     text, gres_part = _generate(docs, tmp_path, "short")
@@ -209,7 +207,7 @@ def test_testbed_slurmd_accepts_generated_gres_conf(tmp_path, device_files):
     try:
         bed.start()
     except tb.TestbedUnavailable as e:
-        pytest.skip(str(e))
+        unavailable(str(e))
     try:
         assert (bed.conf_dir / "gres.conf").read_text() == text
         for node in ("gpu01", "gpu02"):

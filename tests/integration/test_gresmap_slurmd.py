@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import stat
 import subprocess
 import time
 from pathlib import Path
