@@ -130,8 +130,9 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "type_naming": Key(str, "autodetect", "Slurm GPU Type= naming: 'autodetect' (as AutoDetect=nvml: lowercased name, spaces to '_') or 'short' (h100, a100, ...).", _choice("autodetect", "short")),
         "type_map": Key(dict, {}, "Explicit map from NVML device name to Slurm type, applied before type_naming.", _str_map),
         "template_dir": Key(str, "", "Site directory whose templates override the shipped ones; empty: shipped templates only."),
-        "mig_minors_path": Key(str, "/proc/driver/nvidia-caps/mig-minors", "Driver file mapping MIG GPU/compute instances to /dev/nvidia-caps minors (read by `inventory` for MIG GPUs)."),
+        "mig_minors_path": Key(str, "/proc/driver/nvidia-caps/mig-minors", "Driver file mapping MIG GPU/compute instances to /dev/nvidia-caps minors: `inventory` reads it for MIG GPUs, the hooks to find the MIG slice a Slurm GPU index names."),
         "cpu_topology_dir": Key(str, "/sys/devices/system/cpu", "Where `inventory` reads the CPU topology that turns GPU CPU affinity into Slurm core ids (Cores=); hyper-thread siblings count as one core. Unreadable: CPU ids are used as core ids."),
+        "slurm_version": Key(str, "", "Slurm version whose AutoDetect MIG type names `gres-conf` writes (e.g. \"22.05.8\": up to 23.02.5 from memory rounded to GiB, from 23.02.6 the NVML profile); empty: ask `slurmd -V`, `sinfo -V`, `scontrol -V`. `--slurm-version` wins."),
     },
     "report": {
         "idle_threshold_pct": Key(float, 5.0, "A job's GPU whose mean utilisation stays below this is counted idle (`report --idle-threshold`).", _rng(0, 100)),

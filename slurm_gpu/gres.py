@@ -5,7 +5,9 @@ would find on the node:
 
 * ``Type=``: AutoDetect's naming (NVML name lower-cased, spaces to '_') or short names
   (``h100``); the config's ``gres.type_map`` wins over both.  MIG devices get
-  ``<gpu type up to the first '-'>_<profile>`` (``nvidia_a100_3g.20gb``), as AutoDetect does.
+  ``<gpu type up to the first '-'>_<profile>`` with the profile as the site's Slurm version
+  spells it (``mig_suffix``): up to 23.02.5 from GPU-instance slices and memory rounded to
+  GiB (``nvidia_a100_3g.39gb``), from 23.02.6 the NVML profile (``nvidia_a100_3g.40gb``).
 * ``File=/dev/nvidia<minor>``; a MIG device gets ``MultipleFiles=`` with the parent GPU
   file and the GPU- and compute-instance nvidia-caps files.
 * ``Cores=``: Slurm's abstract core ids of the GPU's CPU affinity.
@@ -20,8 +22,9 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import subprocess
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import hostlist
 from .errors import InputError
@@ -73,7 +76,82 @@ def gpu_type(name: str, naming: str, type_map: Mapping[str, str], where: str = "
     return m.group(1).lower()
 
 
-def mig_type(parent_name: str, mig_name: str, profile: str, naming: str, type_map: Mapping[str, str], where: str = "") -> str:
+# --- MIG names, as the site's Slurm version derives them --------------------------------------
+#
+# src/plugins/gpu/nvml/gpu_nvml.c, _handle_mig() (see docs/gres-conf.md for what was checked):
+# up to 23.02.5 "_%ug.%lugb" of gpuInstanceSliceCount and roundl(memorySizeMB / 1024);
+# from 23.02.6 (commit 04f0e4c3d7, Bug 17705) the NVML MIG device name from "mig_" on, minus
+# "mig", with a fallback "_[<ci>c.]<gi>g.<ceil(memorySizeMB / 1024)>gb".
+
+SlurmVersion = Tuple[int, int, int]
+MIG_NAMES_FROM_PROFILE = (23, 2, 6)  # first Slurm release that names MIG types from the NVML profile
+_PROFILE = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb(\+[a-z0-9.+]+)?$", re.IGNORECASE)
+_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def parse_slurm_version(text: str, origin: str = "Slurm version") -> SlurmVersion:
+    """'slurm-wlm 22.05.8' / '23.11' / '24.05.4-1' -> (22, 5, 8) / (23, 11, 0) / (24, 5, 4)."""
+    m = _VERSION.search(text or "")
+    if not m:
+        raise InputError(f"{origin} {text.strip()!r} is not a Slurm version",
+                         "give it as printed by `slurmd -V`, e.g. 22.05.8 or 23.11.4")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+
+
+def format_slurm_version(v: SlurmVersion) -> str:
+    return f"{v[0]}.{v[1]:02d}.{v[2]}"
+
+
+def detect_slurm_version(timeout_s: float = 10.0) -> Tuple[Optional[SlurmVersion], str]:
+    """(version, how it was found) from `slurmd -V`, `sinfo -V` or `scontrol -V`; (None, why not).
+
+    slurmd answers without a slurm.conf; sinfo and scontrol need one (a head node has it)."""
+    tried = []
+    for cmd in ("slurmd", "sinfo", "scontrol"):
+        try:
+            cp = subprocess.run([cmd, "-V"], capture_output=True, text=True, timeout=timeout_s)
+        except (OSError, subprocess.SubprocessError) as e:
+            tried.append(f"{cmd} -V: {getattr(e, 'strerror', None) or e}")
+            continue
+        m = _VERSION.search(cp.stdout) if cp.returncode == 0 else None
+        if m:
+            return parse_slurm_version(m.group(0)), f"{cmd} -V"
+        tried.append(f"{cmd} -V: exit {cp.returncode}")
+    return None, "; ".join(tried)
+
+
+def _split_profile(profile: str) -> Tuple[Optional[int], int, int, str]:
+    m = _PROFILE.match(profile.strip())
+    if not m:
+        raise InputError(f"MIG profile {profile!r} is not '[<c>c.]<g>g.<mem>gb[+ext]'",
+                         "regenerate the inventory with `slurm-gpu inventory`")
+    return (int(m.group(1)) if m.group(1) else None), int(m.group(2)), int(m.group(3)), (m.group(4) or "").lower()
+
+
+def mig_suffix(mig_name: str, profile: str, memory_mib: Optional[int], slurm_version: SlurmVersion,
+               where: str = "") -> str:
+    """What Slurm's AutoDetect appends to the GPU type for a MIG device: '_3g.39gb' or '_3g.40gb'."""
+    ci, gi, _gb, _ext = _split_profile(profile)
+    if tuple(slurm_version) >= MIG_NAMES_FROM_PROFILE:
+        name = autodetect_type(mig_name) if mig_name else ""
+        k = name.find("mig_")
+        if k >= 0:
+            return name[k + 3:]
+        if memory_mib is None:
+            raise InputError(f"{where}MIG device {profile}: no NVML name and no memory size to name it from",
+                             "regenerate the inventory with `slurm-gpu inventory` on the node")
+        return "_" + (f"{ci}c." if ci is not None and ci != gi else "") + f"{gi}g.{(memory_mib + 1023) // 1024}gb"
+    if memory_mib is None:
+        raise InputError(f"{where}MIG device {profile}: Slurm {format_slurm_version(slurm_version)} names MIG types "
+                         "by their memory, which this inventory does not hold",
+                         "regenerate the inventory with this slurm-gpu (`slurm-gpu inventory`), or map the "
+                         "type in [gres.type_map]")
+    # roundl() of MiB / 1024: halves round away from zero
+    return f"_{gi}g.{(2 * memory_mib + 1024) // 2048}gb"
+
+
+def mig_type(parent_name: str, mig_name: str, profile: str, naming: str, type_map: Mapping[str, str], where: str = "",
+             memory_mib: Optional[int] = None, slurm_version: Optional[SlurmVersion] = None) -> str:
     if mig_name and mig_name in type_map:
         return _check_type(type_map[mig_name], f"gres.type_map[{mig_name!r}]")
     if parent_name in type_map:
@@ -83,7 +161,42 @@ def mig_type(parent_name: str, mig_name: str, profile: str, naming: str, type_ma
         base = autodetect_type(parent_name).split("-", 1)[0]
     else:
         base = gpu_type(parent_name, naming, type_map, where)
-    return _check_type(f"{base}_{profile}", f"MIG device of {parent_name!r}")
+    if naming == "autodetect":
+        if slurm_version is None:
+            raise InputError(f"{where}MIG device {profile} of {parent_name!r}: the Slurm version is needed to "
+                             "name it as Slurm's AutoDetect does (22.05 and 23.11 spell MIG types differently)",
+                             "pass --slurm-version (e.g. 22.05.8), set gres.slurm_version, or run where "
+                             "`slurmd -V` works")
+        suffix = mig_suffix(mig_name, profile, memory_mib, slurm_version, where)
+    else:
+        suffix = "_" + profile.lower()
+    return _check_type(f"{base}{suffix}", f"MIG device of {parent_name!r}")
+
+
+def needs_slurm_version(invs: Sequence[Inventory], naming: str, type_map: Mapping[str, str]) -> bool:
+    """Whether some MIG device gets its Type= from Slurm's version-dependent AutoDetect rule."""
+    if naming != "autodetect":
+        return False
+    return any(m.name not in type_map for inv in invs for g in inv.gpus if g.mig_enabled for m in g.mig_devices)
+
+
+def resolve_slurm_version(given: Any, invs: Sequence[Inventory], naming: str,
+                          type_map: Mapping[str, str]) -> Optional[SlurmVersion]:
+    """The Slurm version MIG type names follow: `given` (a tuple or "22.05.8"), else the one
+    `slurmd -V` & co. report; None when no name depends on it.  Never a guess."""
+    if isinstance(given, tuple):
+        return given
+    if given:
+        return parse_slurm_version(str(given), "--slurm-version / gres.slurm_version")
+    if not needs_slurm_version(invs, naming, type_map):
+        return None
+    version, how = detect_slurm_version()
+    if version is None:
+        raise InputError("MIG devices need the Slurm version to be named as Slurm's AutoDetect names them "
+                         f"(22.05 and 23.11 spell them differently), and it could not be found ({how})",
+                         "pass --slurm-version X.Y.Z or set gres.slurm_version in config.toml "
+                         "(the version slurmd runs on these nodes)")
+    return version
 
 
 # --- records -------------------------------------------------------------------------------
@@ -115,7 +228,8 @@ def _compress_files(files: Sequence[str]) -> str:
     return hostlist.compress(files)
 
 
-def node_records(inv: Inventory, naming: str, type_map: Mapping[str, str]) -> Tuple[Record, ...]:
+def node_records(inv: Inventory, naming: str, type_map: Mapping[str, str],
+                 slurm_version: Optional[SlurmVersion] = None) -> Tuple[Record, ...]:
     where = f"node {inv.hostname}: "
     devs = inv.devices()
     any_mig = any(d.mig_enabled for d in devs)
@@ -129,7 +243,7 @@ def node_records(inv: Inventory, naming: str, type_map: Mapping[str, str]) -> Tu
         if d.mig_enabled:
             for m in d.mig_devices:
                 per_gpu.append(Record(
-                    mig_type(d.name, m.name, m.profile, naming, type_map, where),
+                    mig_type(d.name, m.name, m.profile, naming, type_map, where, m.memory_mib, slurm_version),
                     (gpu_file, f"/dev/nvidia-caps/nvidia-cap{m.gi_cap_minor}", f"/dev/nvidia-caps/nvidia-cap{m.ci_cap_minor}"),
                     multiple=True, cores=cores))
         else:
@@ -138,13 +252,18 @@ def node_records(inv: Inventory, naming: str, type_map: Mapping[str, str]) -> Tu
     return _merge(per_gpu)
 
 
-def node_notes(inv: Inventory, records: Sequence[Record]) -> Tuple[str, ...]:
+def node_notes(inv: Inventory, records: Sequence[Record], naming: str = "",
+               slurm_version: Optional[SlurmVersion] = None) -> Tuple[str, ...]:
     out = []
     mig = any(g.mig_enabled for g in inv.gpus)
     if not mig and any(inv.switch_links(g) for g in inv.gpus) and not any(r.links for r in records):
         out.append("NvLink through NVSwitch only: every GPU pair is equally connected, so no Links=")
     if mig:
         out.append("MIG: one line per MIG device; the GPU file plus its GPU/compute instance nvidia-caps files")
+        if naming == "autodetect" and slurm_version is not None:
+            how = ("the NVML profile name" if tuple(slurm_version) >= MIG_NAMES_FROM_PROFILE
+                   else "GPU-instance slices and memory rounded to GiB")
+            out.append(f"MIG Type= as slurm {format_slurm_version(slurm_version)} AutoDetect names it: from {how}")
     return tuple(out)
 
 
@@ -232,7 +351,8 @@ def check_declared_groups(invs: Sequence[Inventory], groups: Sequence[str]) -> N
             "fix the node's hardware/MIG setup, or move it out of the --group hostlist")
 
 
-def group_nodes(invs: Sequence[Inventory], naming: str, type_map: Mapping[str, str]) -> List[Group]:
+def group_nodes(invs: Sequence[Inventory], naming: str, type_map: Mapping[str, str],
+                slurm_version: Optional[SlurmVersion] = None) -> List[Group]:
     """Nodes with identical records share one group; groups in natural order of their first node."""
     by_key: Dict[Tuple[Record, ...], List[str]] = {}
     notes: Dict[Tuple[Record, ...], Tuple[str, ...]] = {}
@@ -242,8 +362,8 @@ def group_nodes(invs: Sequence[Inventory], naming: str, type_map: Mapping[str, s
         fkey = repr(inv.hardware_facts())
         recs = cache.get(fkey)
         if recs is None:
-            recs = cache[fkey] = node_records(inv, naming, type_map)
-            notes.setdefault(recs, node_notes(inv, recs))
+            recs = cache[fkey] = node_records(inv, naming, type_map, slurm_version)
+            notes.setdefault(recs, node_notes(inv, recs, naming, slurm_version))
         by_key.setdefault(recs, []).append(inv.hostname)
     groups = [Group(tuple(sorted(hosts, key=hostlist.sort_key)), recs, notes[recs]) for recs, hosts in by_key.items()]
     groups.sort(key=lambda g: hostlist.sort_key(g.nodes[0]))
@@ -296,77 +416,150 @@ def render_slurm_conf_lines(groups: Sequence[Group], template_dir: str = "") -> 
     return render(groups, "gres-slurm-conf.j2", template_dir)
 
 
-# --- parsing an existing gres.conf (for --check) -------------------------------------------
+# --- reading an existing gres.conf (for --check) ----------------------------------------------
+#
+# One parser of Slurm's syntax: slurmconf.logical_lines / parse_pairs / gres_fields (comments,
+# '\\' continuations, spaces around '=', key case, the CPUs/Cores, File/Files, Link/Links
+# aliases), as src/common/parse_config.c and src/interfaces/gres.c read the file.
 
 _CANON = {"nodename": "NodeName", "name": "Name", "type": "Type", "file": "File", "multiplefiles": "MultipleFiles",
           "cores": "Cores", "links": "Links", "count": "Count", "flags": "Flags", "autodetect": "AutoDetect"}
 
 
-def normalise_gres_conf(text: str, source: str = "gres.conf", all_nodes: Sequence[str] = ()) -> List[str]:
-    """One sorted line per node and device: spelling, order, hostlists and File ranges do not matter.
+@dataclass(frozen=True)
+class _Normalised:
+    lines: Tuple[Tuple[str, str], ...]  # (node, normalised line), sorted
+    line_nodes: Tuple[Tuple[str, Tuple[str, ...]], ...]  # (where, nodes a NodeName= line names)
 
-    A line without NodeName applies to every node: to `all_nodes` when given (a node-local
-    gres.conf checked against this node), else it stays as NodeName=*.
+
+def normalise_gres_conf(text: str, source: str = "gres.conf", all_nodes: Sequence[str] = ()) -> List[str]:
+    """One sorted line per node and device, by what the lines mean to Slurm.
+
+    Spelling, order, Slurm's aliases, continuations, hostlists and File ranges do not
+    matter.  A line without NodeName applies to every node: to `all_nodes` when given (a
+    node-local gres.conf checked against this node), else it stays as NodeName=*.
+    AutoDetect becomes one ``NodeName=<node> AutoDetect=<mode>`` line for each node where it
+    is in effect; AutoDetect=off, the default, leaves no trace.
     """
-    out: List[str] = []
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        fields: Dict[str, str] = {}
-        for tok in line.split():
-            key, sep, val = tok.partition("=")
-            if not sep or not key:
-                raise InputError(f"{source}:{lineno}: expected key=value, got {tok!r}",
-                                 "gres.conf lines are space-separated key=value pairs (gres.conf(5))")
-            k = _CANON.get(key.lower(), key.lower())
-            if k in fields:
-                raise InputError(f"{source}:{lineno}: {k} given twice", "keep one of them")
-            fields[k] = val
+    return [line for _, line in _normalise(text, source, all_nodes).lines]
+
+
+def _normalise(text: str, source: str, all_nodes: Sequence[str]) -> _Normalised:
+    from . import slurmconf
+
+    default_nodes = list(all_nodes) or ["*"]
+    out: List[Tuple[str, str]] = []
+    line_nodes: List[Tuple[str, Tuple[str, ...]]] = []
+    global_autodetect = "off"
+    local_autodetect: Dict[str, str] = {}
+    named: List[str] = []
+    for lineno, line in slurmconf.logical_lines(text):
+        where = f"{source}:{lineno}"
+        head = line.split(None, 1)[0].lower()
+        if head == "include" or head.startswith("include="):
+            raise InputError(f"{where}: Include is not followed by --check", "check the included file on its own")
+        pairs = slurmconf.parse_pairs(line, where)
+        for k in pairs:
+            if k not in slurmconf.GRES_KEYS:
+                raw = next((m for m in re.findall(r"([A-Za-z][A-Za-z0-9_.]*)\s*=", line) if m.lower() == k), k)
+                raise InputError(f"{where}: unknown key {raw!r}",
+                                 "gres.conf(5) keys: NodeName, Name, Type, File(s), MultipleFiles, Cores/CPUs, "
+                                 "Links/Link, Count, Flags, AutoDetect")
+        fields = slurmconf.gres_fields(pairs)
         try:
-            nodes = hostlist.expand(fields.pop("NodeName")) if "NodeName" in fields else (list(all_nodes) or ["*"])
-            files = hostlist.expand(fields.pop("File")) if "File" in fields else []
-            multi = sorted(hostlist.expand(fields.pop("MultipleFiles"))) if "MultipleFiles" in fields else []
-            if "Cores" in fields:
-                fields["Cores"] = format_cpulist(parse_cpulist(fields["Cores"]))
+            nodes = hostlist.expand(fields.pop("nodename")) if "nodename" in fields else None
+            files = hostlist.expand(fields.pop("file")) if "file" in fields else []
+            multi = sorted(hostlist.expand(fields.pop("multiplefiles"))) if "multiplefiles" in fields else []
+            if "cores" in fields:
+                fields["cores"] = format_cpulist(parse_cpulist(fields["cores"]))
         except ValueError as e:
-            raise InputError(f"{source}:{lineno}: {e}", "fix the line; see gres.conf(5)") from None
-        if "Name" in fields:
-            fields["Name"] = fields["Name"].lower()
-        if "Links" in fields:
-            fields["Links"] = ",".join(x.strip() for x in fields["Links"].split(","))
-        if files and fields.get("Count") == str(len(files)):
-            del fields["Count"]  # implied by File
-        rest = " ".join(f"{k}={fields[k]}" for k in sorted(fields, key=lambda k: (k != "Name", k != "Type", k)))
-        for node in nodes:
+            raise InputError(f"{where}: {e}", "fix the line; see gres.conf(5)") from None
+        if nodes is not None:
+            line_nodes.append((where, tuple(nodes)))
+            named.extend(nodes)
+        mode = fields.pop("autodetect", None)
+        if mode is not None:
+            # Slurm: on a NodeName= line it is that node's setting; alone it is the global
+            # default; on a Name= line without NodeName it is ignored ("In-line AutoDetect
+            # requires NodeName to take effect").
+            if nodes is not None:
+                local_autodetect.update((n, mode.lower()) for n in nodes)
+            elif "name" not in fields:
+                global_autodetect = mode.lower()
+        if "name" not in fields:
+            if fields or (mode is None):
+                raise InputError(f"{where}: a line without Name=", "every GRES line names its GRES (Name=gpu)")
+            continue
+        fields["name"] = fields["name"].lower()
+        if "links" in fields:
+            fields["links"] = ",".join(x.strip() for x in fields["links"].split(","))
+        if "flags" in fields:
+            fields["flags"] = ",".join(sorted(f.strip().lower() for f in fields["flags"].split(",") if f.strip()))
+        if files and fields.get("count") == str(len(files)):
+            del fields["count"]  # implied by File
+        order = ("name", "type")
+        keys = sorted(fields, key=lambda k: (k not in order, order.index(k) if k in order else 0, _CANON.get(k, k)))
+        rest = " ".join(f"{_CANON.get(k, k)}={fields[k]}" for k in keys)
+        for node in nodes if nodes is not None else default_nodes:
             if files:
-                out.extend(f"NodeName={node} {rest} File={f}".replace("  ", " ") for f in files)
+                out.extend((node, f"NodeName={node} {rest} File={f}") for f in files)
             elif multi:
-                out.append(f"NodeName={node} {rest} MultipleFiles={','.join(multi)}".replace("  ", " "))
+                out.append((node, f"NodeName={node} {rest} MultipleFiles={','.join(multi)}"))
             else:
-                out.append(f"NodeName={node} {rest}".strip())
-    out.sort(key=lambda s: (hostlist.sort_key(s.split(" ", 1)[0][len("NodeName="):]), s))
-    return out
+                out.append((node, f"NodeName={node} {rest}"))
+    for node in dict.fromkeys(list(default_nodes) + named):
+        mode = local_autodetect.get(node, global_autodetect)
+        if mode != "off":
+            out.append((node, f"NodeName={node} AutoDetect={mode}"))
+    out.sort(key=lambda nl: (hostlist.sort_key(nl[0]), nl[1]))
+    return _Normalised(tuple(out), tuple(line_nodes))
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    diff: str  # unified diff of the normalised forms; empty when the files mean the same
+    nodes: Tuple[str, ...]  # the nodes compared (those the generated file describes)
+    other_lines: int  # NodeName= lines of the existing file for none of those nodes
+    other_nodes: Tuple[str, ...]  # the nodes those lines name
+
+
+def compare(existing_text: str, generated_text: str, existing_name: str = "gres.conf") -> CheckResult:
+    """Compare by meaning, only for the nodes the generated file describes.
+
+    A cluster-wide gres.conf checked on one node (or against some nodes' inventories) has
+    lines for other nodes: they are counted, not reported as differences."""
+    new = _normalise(generated_text, "generated", ())
+    nodes = tuple(sorted({n for n, _ in new.lines} - {"*"}, key=hostlist.sort_key))
+    old = _normalise(existing_text, existing_name, nodes)
+    checked = set(nodes)
+    if checked:
+        others = [(w, ns) for w, ns in old.line_nodes if not checked.intersection(ns)]
+        old_lines = [line for n, line in old.lines if n in checked]
+    else:
+        others, old_lines = [], [line for _, line in old.lines]
+    other_nodes = tuple(sorted({n for _, ns in others for n in ns}, key=hostlist.sort_key))
+    new_lines = [line for _, line in new.lines]
+    diff = ""
+    if old_lines != new_lines:
+        diff = "".join(difflib.unified_diff([s + "\n" for s in old_lines], [s + "\n" for s in new_lines],
+                                            fromfile=f"{existing_name} (normalised)", tofile="generated (normalised)", n=1))
+    return CheckResult(diff, nodes, len(others), other_nodes)
 
 
 def check(existing_text: str, generated_text: str, existing_name: str = "gres.conf") -> str:
-    """A unified diff of the normalised forms; empty when the files mean the same."""
-    new = normalise_gres_conf(generated_text, "generated")
-    nodes = sorted({line.split(" ", 1)[0][len("NodeName="):] for line in new} - {"*"}, key=hostlist.sort_key)
-    old = normalise_gres_conf(existing_text, existing_name, nodes)
-    if old == new:
-        return ""
-    return "".join(difflib.unified_diff([s + "\n" for s in old], [s + "\n" for s in new],
-                                        fromfile=f"{existing_name} (normalised)", tofile="generated (normalised)", n=1))
+    """A unified diff of the normalised forms (for the generated file's nodes); empty when they mean the same."""
+    return compare(existing_text, generated_text, existing_name).diff
 
 
 # --- the whole flow ------------------------------------------------------------------------
 
 def build(invs: Sequence[Inventory], naming: str, type_map: Mapping[str, str],
-          declared_groups: Sequence[str] = ()) -> List[Group]:
+          declared_groups: Sequence[str] = (), slurm_version: Any = None) -> List[Group]:
+    """Groups of nodes with their records.  `slurm_version` (tuple or "22.05.8"; None: ask
+    `slurmd -V` & co. when a MIG type depends on it) decides MIG type names."""
     if naming not in NAMINGS:
         raise InputError(f"unknown type naming {naming!r}", "use 'autodetect' or 'short'")
     if not invs:
         raise InventoryError("no inventories given", "pass --inventory DIR with one JSON file per node")
     check_declared_groups(invs, declared_groups)
-    return group_nodes(invs, naming, type_map)
+    return group_nodes(invs, naming, type_map, resolve_slurm_version(slurm_version, invs, naming, type_map))

@@ -1,18 +1,32 @@
 """Slurm hostlist expressions: ``gpu[001-064,066]``, ``n[1-10],login1``, ``rack[1-2]-gpu[01-02]``.
 
-``expand`` understands what Slurm writes and what admins type; ``compress`` writes the
-short form.  The contract (property-tested): ``expand(compress(names))`` returns the
-unique names in ``sort_key`` order.
+``expand`` reads them as Slurm does (src/common/hostlist.c, checked against
+``scontrol show hostnames`` by tests/integration/test_hostlist_scontrol.py):
 
-Zero padding follows Slurm: a range's width is the length of its low bound, so
-``[001-064]`` gives ``001``..``064`` and ``[1-10]`` gives ``1``..``10``.
+* zero padding: a range's width is the length of its low bound, so ``[001-064]`` gives
+  ``001``..``064`` and ``[1-10]`` gives ``1``..``10``;
+* order: names come in the order written, duplicates kept; with several bracket groups in
+  one name the LAST group varies fastest, then the first, the second, ... (Slurm's
+  ``_push_range_list`` recursion): ``a[1-2]b[3-4]c[5-6]`` starts ``a1b3c5 a1b3c6 a2b3c5``;
+* one range of more than SLURM_MAX_RANGE (65,536) hosts is refused, as Slurm refuses it.
+
+Deliberately more lenient than Slurm: text after the last ``]`` (``n[1-2]x`` gives ``n1x``,
+``n2x``; scontrol says "Invalid hostlist"), which admins type and other tools accept.
+Deliberately stricter: white space inside a name (Slurm splits on it) and unbalanced
+brackets (``n[1-2``, which Slurm takes as a literal host name).
+
+``compress`` writes the shortest form: per prefix one run per zero-padding width, an
+unpadded run joining a padded one where it continues it (``n[098-101]``).  The contract
+(property-tested): ``expand(compress(names))`` gives each unique name once, in ``sort_key``
+order whenever no number is spelled two ways (``n1`` and ``n01``).
 """
 from __future__ import annotations
 
 import re
 from typing import Iterable, List, Optional, Tuple
 
-MAX_NAMES = 1 << 20  # a typo like n[1-99999999] must fail fast, not eat the memory
+MAX_NAMES = 1 << 20  # a typo like n[1-999][1-9999] must fail fast, not eat the memory
+SLURM_MAX_RANGE = 65536  # Slurm refuses one bracket range of more hosts (src/common/hostlist.c MAX_RANGE)
 _TRAILING_DIGITS = re.compile(r"^(.*?)(\d+)$")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 _FORBIDDEN = set("[],") | set(" \t\r\n")
@@ -41,7 +55,6 @@ def _split_top(expr: str) -> List[str]:
     return parts
 
 
-SLURM_MAX_RANGE = 65536  # Slurm refuses one bracket range of more hosts (src/common/hostlist.c MAX_RANGE)
 _BRACKET = re.compile(r"\[([^\[\]]*)\]")
 
 
@@ -84,8 +97,9 @@ def _expand_ranges(body: str, expr: str) -> List[str]:
         lo, hi = int(lo_s), int(hi_s if hi_s is not None else lo_s)
         if hi < lo:
             raise ValueError(f"hostlist {expr!r}: range {item!r} runs backwards")
-        if hi - lo + 1 > MAX_NAMES:
-            raise ValueError(f"hostlist {expr!r}: range {item!r} has more than {MAX_NAMES} names")
+        if hi - lo + 1 > SLURM_MAX_RANGE:
+            raise ValueError(f"hostlist {expr!r}: range {item.strip()!r} has {hi - lo + 1} hosts; "
+                             f"Slurm refuses more than {SLURM_MAX_RANGE} in one range")
         width = len(lo_s)
         out.extend(str(v).zfill(width) for v in range(lo, hi + 1))
     return out
@@ -96,14 +110,15 @@ def _expand_one(part: str, expr: str) -> List[str]:
         raise ValueError(f"hostlist {expr!r}: empty host name (stray comma?)")
     if any(c in part for c in " \t\r\n"):
         raise ValueError(f"hostlist {expr!r}: white space inside a host name")
-    names = [""]
+    texts: List[str] = []  # literal text between the bracket groups (len(groups) + 1 pieces)
+    groups: List[List[str]] = []
     i = 0
-    while i < len(part):
+    while True:
         j = part.find("[", i)
         if j < 0:
             if "]" in part[i:]:
                 raise ValueError(f"hostlist {expr!r}: ']' without a matching '['")
-            names = [n + part[i:] for n in names]
+            texts.append(part[i:])
             break
         if "]" in part[i:j]:
             raise ValueError(f"hostlist {expr!r}: ']' without a matching '['")
@@ -113,14 +128,48 @@ def _expand_one(part: str, expr: str) -> List[str]:
         body = part[j + 1:k]
         if not body:
             raise ValueError(f"hostlist {expr!r}: empty brackets []")
-        values = _expand_ranges(body, expr)
-        prefix = part[i:j]
-        if len(names) * len(values) > MAX_NAMES:
-            raise ValueError(f"hostlist {expr!r}: expands to more than {MAX_NAMES} names")
-        # Later brackets vary fastest, as Slurm prints rack[1-2]-gpu[01-02].
-        names = [n + prefix + v for n in names for v in values]
+        texts.append(part[i:j])
+        groups.append(_expand_ranges(body, expr))
         i = k + 1
-    return names
+    total = 1
+    for g in groups:
+        total *= len(g)
+    if total > MAX_NAMES:
+        raise ValueError(f"hostlist {expr!r}: expands to more than {MAX_NAMES} names")
+    if not groups:
+        return [part]
+    if len(groups) == 1:
+        return [texts[0] + v + texts[1] for v in groups[0]]
+    if len(groups) == 2:
+        return [texts[0] + a + texts[1] + b + texts[2] for a in groups[0] for b in groups[1]]
+    # Slurm's order: the last group varies fastest, then the first, the second, ... up to
+    # the last but one, which varies slowest.
+    order = [len(groups) - 1] + list(range(len(groups) - 1))  # fastest first
+    out: List[str] = []
+    for combo in _odometer([len(groups[g]) for g in order]):
+        pick = [0] * len(groups)
+        for pos, g in enumerate(order):
+            pick[g] = combo[pos]
+        out.append("".join(texts[n] + groups[n][pick[n]] for n in range(len(groups))) + texts[-1])
+    return out
+
+
+def _odometer(sizes: List[int]) -> Iterable[List[int]]:
+    """All index tuples, sizes[0]'s index turning fastest."""
+    if any(n == 0 for n in sizes):
+        return
+    idx = [0] * len(sizes)
+    while True:
+        yield idx
+        pos = 0
+        while pos < len(sizes):
+            idx[pos] += 1
+            if idx[pos] < sizes[pos]:
+                break
+            idx[pos] = 0
+            pos += 1
+        if pos == len(sizes):
+            return
 
 
 def expand(expr: str) -> List[str]:
@@ -162,7 +211,7 @@ def _check_name(name: str) -> None:
 
 
 def compress(names: Iterable[str]) -> str:
-    """The shortest-form hostlist of `names` (sorted naturally, duplicates dropped)."""
+    """The shortest-form hostlist of `names` (duplicates dropped), prefixes in natural order."""
     uniq = set()
     for n in names:
         _check_name(n)
@@ -171,32 +220,67 @@ def compress(names: Iterable[str]) -> str:
     out: List[str] = []
     i = 0
     while i < len(ordered):
-        prefix, num, digits = _split_name(ordered[i])
+        prefix, num, _ = _split_name(ordered[i])
         if num is None:
             out.append(ordered[i])
             i += 1
             continue
-        # Runs of consecutive numbers that one zero-padding width renders exactly.  On
-        # expansion the width is the length of the low bound, so a run keeps the low
-        # member's spelling; a later member joins only if it renders identically at that
-        # width (07,08,09,10 join; 9 and 010 do not).
-        runs: List[List] = []  # [lo, hi, width]
+        spelled: List[str] = []
         while i < len(ordered):
             p, n, d = _split_name(ordered[i])
             if p != prefix or n is None:
                 break
-            if runs and n == runs[-1][1] + 1 and str(n).zfill(runs[-1][2]) == d:
-                runs[-1][1] = n
-            else:
-                runs.append([n, n, len(d)])
+            spelled.append(d)
             i += 1
-        tokens = []
-        for lo, hi, width in runs:
-            lo_s, hi_s = str(lo).zfill(width), str(hi).zfill(width)
-            tokens.append(lo_s if lo == hi else f"{lo_s}-{hi_s}")
-        if len(tokens) == 1 and runs[0][0] == runs[0][1]:
+        tokens = _runs(spelled)
+        if len(tokens) == 1 and "-" not in tokens[0]:
             out.append(prefix + tokens[0])
         else:
             out.append(f"{prefix}[{','.join(tokens)}]")
     return ",".join(out)
 
+
+def _runs(digit_strings: List[str]) -> List[str]:
+    """Range tokens covering exactly these numbers, each spelled as given.
+
+    On expansion a range's width is the length of its low bound.  A zero-padded number
+    (``07``) fits only a range of its own width; an unpadded one (``10``) fits any range
+    whose width is not longer than it.  So: one run per padding width, unpadded numbers in
+    runs of their own, and an unpadded run that starts right where a padded run of width w
+    ends (``099`` then ``100``) continues that run (``098-101``) instead of opening another.
+    """
+    padded: dict = {}
+    natural: List[int] = []
+    for d in digit_strings:
+        if len(d) > 1 and d[0] == "0":
+            padded.setdefault(len(d), []).append(int(d))
+        else:
+            natural.append(int(d))
+    nat_runs = _consecutive(sorted(natural))
+    runs: List[Tuple[int, int, int]] = []  # (lo, hi, width)
+    for width, values in padded.items():
+        for lo, hi in _consecutive(sorted(values)):
+            first_unpadded = 10 ** (width - 1)
+            if hi == first_unpadded - 1:
+                cont = next((r for r in nat_runs if r[0] == first_unpadded), None)
+                if cont is not None:
+                    nat_runs.remove(cont)
+                    hi = cont[1]
+            runs.append((lo, hi, width))
+    runs += [(lo, hi, 1) for lo, hi in nat_runs]
+    runs.sort(key=lambda r: (r[0], str(r[0]).zfill(r[2])))
+    out = []
+    for lo, hi, width in runs:
+        lo_s, hi_s = str(lo).zfill(width), str(hi).zfill(width)
+        out.append(lo_s if lo == hi else f"{lo_s}-{hi_s}")
+    return out
+
+
+def _consecutive(values: List[int]) -> List[Tuple[int, int]]:
+    out: List[Tuple[int, int]] = []
+    for v in values:
+        if out and v == out[-1][1] + 1:
+            out[-1] = (out[-1][0], v)
+        else:
+            out.append((v, v))
+    return out

@@ -30,7 +30,8 @@ from .errors import InputError
 from .snapshot import GpuSnapshot, NodeSnapshot, Reading
 
 FORMAT = "slurm-gpu-inventory/1"
-_MIG_PROFILE = re.compile(r"(\d+)g\.(\d+)gb", re.IGNORECASE)
+# "3g.20gb", compute-instance profiles "1c.3g.20gb", extensions "1g.10gb+me", "1g.24gb+me.all"
+_MIG_PROFILE = re.compile(r"(?:\d+c\.)?\d+g\.\d+gb(?:\+[a-z0-9.+]+)?", re.IGNORECASE)
 
 
 class InventoryError(InputError):
@@ -132,11 +133,15 @@ class InvMig:
     index: int
     uuid: str
     name: str  # NVML name of the MIG device, e.g. "NVIDIA A100-SXM4-40GB MIG 3g.20gb"
-    profile: str  # "3g.20gb": slices and memory, as Slurm's AutoDetect names MIG types
+    profile: str  # "3g.20gb", "1c.3g.20gb", "1g.10gb+me": the profile in the NVML name
     gpu_instance_id: int
     compute_instance_id: int
     gi_cap_minor: int  # /dev/nvidia-caps/nvidia-cap<gi_cap_minor>
     ci_cap_minor: int
+    # The instance's memory in MiB as NVML reports it (its memory-info total, which public
+    # nvidia-smi outputs show equal to the profile's memorySizeMB); Slurm up to 23.02.5 names
+    # MIG types from it.  None in inventories written before slurm-gpu kept it.
+    memory_mib: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -192,7 +197,7 @@ class Inventory:
                 "links": ",".join(str(x) for x in self._links(d, devices)),
                 "mig_enabled": d.mig_enabled,
                 "mig_devices": [
-                    {"profile": m.profile, "name": m.name, "gpu_instance_id": m.gpu_instance_id,
+                    {"profile": m.profile, "name": m.name, "memory_mib": m.memory_mib, "gpu_instance_id": m.gpu_instance_id,
                      "compute_instance_id": m.compute_instance_id, "gi_cap_minor": m.gi_cap_minor,
                      "ci_cap_minor": m.ci_cap_minor}
                     for m in d.mig_devices
@@ -289,8 +294,10 @@ def _mig(host: str, g: GpuSnapshot, minor: int, m: Any, minors: Mapping[str, int
         if key not in minors:
             raise InventoryError(f"node {host}: {g.label}: MIG device {m.index}: no '{key}' in {path}",
                                  "the driver lists every GPU/compute instance there; is gres.mig_minors_path right?")
-    return InvMig(m.index, m.uuid, m.name, f"{pm.group(1)}g.{pm.group(2)}gb".lower(), int(m.gpu_instance_id),
-                  int(m.compute_instance_id), minors[gi_key], minors[ci_key])
+    mem = getattr(m, "memory_total_bytes", None)
+    return InvMig(m.index, m.uuid, m.name, pm.group(0).lower(), int(m.gpu_instance_id),
+                  int(m.compute_instance_id), minors[gi_key], minors[ci_key],
+                  int(mem) >> 20 if mem is not None else None)
 
 
 # --- JSON ----------------------------------------------------------------------------------
@@ -305,9 +312,10 @@ def to_json(inv: Inventory) -> Dict[str, Any]:
                 "cpu_affinity": format_cpulist(g.cpu_affinity), "cores": format_cpulist(g.cores),
                 "nvlink_peers": dict(g.nvlink_peers), "mig_enabled": g.mig_enabled,
                 "mig_devices": [
-                    {"index": m.index, "uuid": m.uuid, "name": m.name, "profile": m.profile,
-                     "gpu_instance_id": m.gpu_instance_id, "compute_instance_id": m.compute_instance_id,
-                     "gi_cap_minor": m.gi_cap_minor, "ci_cap_minor": m.ci_cap_minor}
+                    dict({"index": m.index, "uuid": m.uuid, "name": m.name, "profile": m.profile},
+                         **({"memory_mib": m.memory_mib} if m.memory_mib is not None else {}),
+                         gpu_instance_id=m.gpu_instance_id, compute_instance_id=m.compute_instance_id,
+                         gi_cap_minor=m.gi_cap_minor, ci_cap_minor=m.ci_cap_minor)
                     for m in g.mig_devices
                 ],
             }
@@ -381,13 +389,19 @@ def from_json(d: Any, source: str = "<inventory>") -> Inventory:
                 raise r.fail(mf, "expected an object")
             profile = r.get(m, "profile", mf + ".profile", str)
             if not _MIG_PROFILE.fullmatch(profile):
-                raise r.fail(mf + ".profile", f"expected '<slices>g.<memory>gb', got {profile!r}")
+                raise r.fail(mf + ".profile", f"expected '[<c>c.]<slices>g.<memory>gb[+ext]', got {profile!r}")
+            mig_name = r.get(m, "name", mf + ".name", str, "")
+            in_name = _MIG_PROFILE.search(mig_name)
+            if in_name and in_name.group(0).lower() != profile.lower():
+                # inventories before 1c./+me profiles were kept whole stored "3g.20gb" for them
+                profile = in_name.group(0).lower()
             migs.append(InvMig(
                 r.get(m, "index", mf + ".index", int), r.get(m, "uuid", mf + ".uuid", str, ""),
-                r.get(m, "name", mf + ".name", str, ""), profile,
+                mig_name, profile,
                 r.get(m, "gpu_instance_id", mf + ".gpu_instance_id", int),
                 r.get(m, "compute_instance_id", mf + ".compute_instance_id", int),
-                r.get(m, "gi_cap_minor", mf + ".gi_cap_minor", int), r.get(m, "ci_cap_minor", mf + ".ci_cap_minor", int)))
+                r.get(m, "gi_cap_minor", mf + ".gi_cap_minor", int), r.get(m, "ci_cap_minor", mf + ".ci_cap_minor", int),
+                r.get(m, "memory_mib", mf + ".memory_mib", int, None)))
         mig_enabled = r.get(g, "mig_enabled", f + ".mig_enabled", bool, bool(migs))
         if mig_enabled and not migs:
             raise r.fail(f + ".mig_devices", "MIG is enabled but no MIG devices are listed")

@@ -31,6 +31,12 @@ DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 
 # Slurm's own aliases (src/interfaces/gres.c): these spellings fill the same field.
 GRES_KEY_ALIASES = {"files": "file", "cpus": "cores", "link": "links"}
+# ... and which spelling Slurm reads when a line has both (s_p_get_string order in
+# _parse_gres_config): Cores before CPUs, File before Files, Link before Links.
+_GRES_KEY_PRECEDENCE = {"cores": ("cores", "cpus"), "file": ("file", "files"), "links": ("link", "links")}
+# Every key gres.conf(5) knows (the _gres_options table plus NodeName), lower case.
+GRES_KEYS = frozenset({"nodename", "autodetect", "count", "cpus", "cores", "file", "files", "flags", "link", "links",
+                       "multiplefiles", "name", "type"})
 
 _TOKEN = re.compile(r'\s*([A-Za-z][A-Za-z0-9_]*)\s*=\s*("[^"]*"|[^\s"]*)')
 _DEVICE = re.compile(r"^/dev/nvidia(\d+)$")
@@ -68,25 +74,66 @@ class GresRecord:
 # --------------------------------------------------------------------------- file syntax
 
 def logical_lines(text: str) -> Iterator[Tuple[int, str]]:
-    """(first line number, line) with comments removed and ``\\`` continuations joined."""
-    buf: List[str] = []
+    """(first line number, line) as Slurm's parse_config.c _get_next_line() reads them.
+
+    A '#' starts a comment unless escaped (an odd number of backslashes before it); a line
+    ending in an odd number of backslashes (white space after them allowed) continues on the
+    next one, joined where the backslash was, without adding a space; then every backslash
+    escapes the character after it (``\\#`` is '#', ``\\\\`` is one backslash).
+    """
+    buf = ""
     start = 0
     for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].rstrip()
         if not buf:
             start = lineno
-        if line.endswith("\\"):
-            buf.append(line[:-1])
+        line = _strip_comment(raw)
+        body = line.rstrip()
+        if (len(body) - len(body.rstrip("\\"))) % 2 == 1:
+            buf += body[:-1]
             continue
-        buf.append(line)
-        joined = " ".join(p.strip() for p in buf).strip()
-        buf = []
+        joined = _unescape(buf + line).strip()
+        buf = ""
         if joined:
             yield start, joined
     if buf:
-        joined = " ".join(p.strip() for p in buf).strip()
+        joined = _unescape(buf).strip()
         if joined:
             yield start, joined
+
+
+def _strip_comment(line: str) -> str:
+    backslashes = 0
+    for i, ch in enumerate(line):
+        if ch == "#" and backslashes % 2 == 0:
+            return line[:i]
+        backslashes = backslashes + 1 if ch == "\\" else 0
+    return line
+
+
+def _unescape(line: str) -> str:
+    if "\\" not in line:
+        return line
+    out: List[str] = []
+    i = 0
+    while i < len(line):
+        if line[i] == "\\":
+            i += 1
+            if i >= len(line):
+                break
+        out.append(line[i])
+        i += 1
+    return "".join(out)
+
+
+def gres_fields(pairs: Dict[str, str]) -> Dict[str, str]:
+    """A gres.conf line's pairs with Slurm's aliases folded in: keys 'cores', 'file', 'links'."""
+    out = {k: v for k, v in pairs.items() if k not in GRES_KEY_ALIASES and k not in ("cores", "file", "links")}
+    for canon, spellings in _GRES_KEY_PRECEDENCE.items():
+        for k in spellings:
+            if k in pairs:
+                out[canon] = pairs[k]
+                break
+    return out
 
 
 def parse_pairs(line: str, where: str) -> Dict[str, str]:
@@ -192,7 +239,7 @@ def _gres_lines(gres_conf: str, node: str) -> Tuple[List[_GresLine], bool]:
     lines: List[_GresLine] = []
     autodetect = False
     for where, line in config_lines(gres_conf):
-        pairs = {GRES_KEY_ALIASES.get(k, k): v for k, v in parse_pairs(line, where).items()}
+        pairs = gres_fields(parse_pairs(line, where))
         if "nodename" in pairs and node not in _names(pairs["nodename"], where):
             continue
         if "autodetect" in pairs:
@@ -220,13 +267,33 @@ def _same_type(conf_type: str, item_type: str) -> bool:
     return conf_type == "" or item_type == conf_type
 
 
+_MIG_PROFILE = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb(\+[a-z0-9.+]+)?$")
+
+
 def _detected_type(conf_type: str, detected: str) -> bool:
-    """A detected name matches a slurm.conf type that it contains, or whose MIG profile
-    (the part after the last '_', e.g. 3g.20gb) it ends with: Slurm versions spell them differently."""
+    """Does a slurm.conf type name this detected GPU (``autodetect_type`` of its NVML name)?
+
+    Slurm takes a configured type that is a substring of the name AutoDetect derives.  For a
+    MIG slice that name depends on the Slurm version (src/plugins/gpu/nvml/gpu_nvml.c): from
+    23.02.6 the NVML profile (``nvidia_a100_3g.40gb``, ``..._1c.3g.40gb``, ``..._1g.10gb+me``),
+    up to 23.02.5 GPU-instance slices and memory rounded to GiB (``nvidia_a100_3g.39gb``, also
+    for the 1c. and +me variants).  The hooks do not know the version, so a configured MIG
+    profile (the part after the last '_') matches the detected profile when it is spelled the
+    same, or when it has the older form with the same GPU-instance slices and a memory within
+    10 % (1 GB at least) of the profile's: distinct profiles of one slice count differ by 2x."""
     if conf_type == "" or conf_type in detected:
         return True
-    profile = conf_type.rsplit("_", 1)[-1]
-    return "g." in profile and detected.endswith("_" + profile)
+    conf = _MIG_PROFILE.match(conf_type.rsplit("_", 1)[-1])
+    k = detected.rfind("_mig_")
+    det = _MIG_PROFILE.match(detected[k + 5:] if k >= 0 else detected.rsplit("_", 1)[-1])
+    if not conf or not det:
+        return False
+    if conf.group(0) == det.group(0):
+        return True
+    if conf.group(1) or conf.group(4) or conf.group(2) != det.group(2):
+        return False
+    gb_conf, gb_det = int(conf.group(3)), int(det.group(3))
+    return abs(gb_conf - gb_det) <= max(1.0, 0.1 * gb_det)
 
 
 def _order_by_type(types: Sequence[str], items: Sequence[Tuple[str, Tuple[str, ...], str]],

@@ -45,6 +45,8 @@ def write_config(tmp_path: Path, extra: str = "", **gres_keys: str) -> Path:
     lines = [extra] if extra else []
     lines.append("[gres]")
     lines.append(f'mig_minors_path = "{GOLDEN / "mig-minors"}"')
+    if "slurm_version" not in gres_keys:
+        lines.append('slurm_version = "22.05.8"')  # MIG type names must not depend on this machine's slurmd
     lines.append(f'cpu_topology_dir = "{fake_sysfs(tmp_path / "sys", sockets=2, cores=56, threads=1)}"')
     for k, v in gres_keys.items():
         lines.append(f"{k} = {v}")
@@ -488,8 +490,11 @@ def test_commands_are_listed_with_help():
     res = run_cli("--help")
     assert "gres-conf" in res.stdout and "inventory" in res.stdout
     res = run_cli("gres-conf", "--help")
-    for opt in ("--inventory", "--type-naming", "--group", "--slurm-conf-lines", "--check", "--output"):
+    for opt in ("--inventory", "--type-naming", "--slurm-version", "--group", "--slurm-conf-lines", "--check", "--output"):
         assert opt in res.stdout
+    text = " ".join(res.stdout.split())
+    assert "CPUs/Cores" in text and "AutoDetect=off" in text and "other nodes" in text  # what --check ignores
+    assert "23.02.6" in text  # when MIG names change
 
 
 def test_template_ships_in_the_package_data():
@@ -521,3 +526,78 @@ def test_inventory_from_a_saved_snapshot(tmp_path):
     inv = inventory.load(str(out))
     assert inv.hostname == "n7" and [g.minor for g in inv.gpus] == [0, 1]
     assert [inventory.format_cpulist(g.cores) for g in inv.gpus] == ["0-1,8-9", "2-3"]
+
+
+# --- issue 10: --check reads gres.conf as Slurm does -------------------------------------------
+
+GEN_N1 = "NodeName=n1 Name=gpu Type=h100 File=/dev/nvidia[0-1] Cores=0-3\n"
+
+
+def test_check_reports_no_difference_for_autodetect_off_on_a_line():
+    # AutoDetect=off is the default for a node without a global AutoDetect (gres.conf(5) example)
+    existing = "NodeName=n1 AutoDetect=off Name=gpu Type=h100 File=/dev/nvidia[0-1] Cores=0-3\n"
+    assert gres.check(existing, GEN_N1) == ""
+    assert gres.check("AutoDetect=off\n" + GEN_N1, GEN_N1) == ""
+
+
+def test_check_reports_no_difference_for_cpus_instead_of_cores():
+    # Slurm reads CPUs= into the same field as Cores= (src/interfaces/gres.c, Cores first)
+    assert gres.check("NodeName=n1 Name=gpu Type=h100 File=/dev/nvidia[0-1] CPUs=0,1,2,3\n", GEN_N1) == ""
+
+
+def test_check_accepts_slurms_aliases_continuations_and_spaces_around_equals():
+    existing = ("nodename = n1 name=gpu TYPE=h100 \\\n"
+                "    Files=/dev/nvidia0 COREs=0-3   # first GPU\n"
+                "NodeName=n1 Name=gpu Type=h100 File=/dev/nvi\\\n"
+                "dia1 CPUs=0-3\n")
+    assert gres.check(existing, GEN_N1) == ""
+    links = "NodeName=n1 Name=gpu Type=h100 File=/dev/nvidia0 Links=-1,2\nNodeName=n1 Name=gpu Type=h100 File=/dev/nvidia1 Links=2,-1\n"
+    assert gres.check(links.replace("Links=", "Link="), links) == ""
+    assert gres.check(links.replace("Links=-1,2", "Link = -1,2"), links) == ""
+
+
+def test_check_still_reports_autodetect_that_changes_the_meaning():
+    diff = gres.check("AutoDetect=nvml\n" + GEN_N1, GEN_N1)
+    assert "-NodeName=n1 AutoDetect=nvml" in diff
+    # a node-local AutoDetect=off undoes the global one: same meaning as no AutoDetect at all
+    existing = "AutoDetect=nvml\nNodeName=n1 AutoDetect=off Name=gpu Type=h100 File=/dev/nvidia[0-1] Cores=0-3\n"
+    assert gres.check(existing, GEN_N1) == ""
+
+
+def test_check_of_a_cluster_wide_file_on_one_node_compares_only_that_nodes_lines():
+    existing = (GEN_N1 +
+                "NodeName=n[2-9] Name=gpu Type=a100 File=/dev/nvidia[0-3]\n"
+                "NodeName=gpu[01-64] Name=gpu Type=h200 File=/dev/nvidia[0-7]\n")
+    result = gres.compare(existing, GEN_N1, "gres.conf")
+    assert result.diff == ""
+    assert result.other_lines == 2 and hostlist.compress(result.other_nodes) == "gpu[01-64],n[2-9]"
+    assert result.nodes == ("n1",)
+    assert gres.check(existing, GEN_N1) == ""
+    # a line for the checked node and others is compared for the checked node only
+    assert gres.check("NodeName=n[1-9] Name=gpu Type=h100 File=/dev/nvidia[0-1] Cores=0-3\n", GEN_N1) == ""
+
+
+def test_check_cli_says_how_many_lines_were_for_other_nodes(tmp_path):
+    cfg = write_config(tmp_path)
+    inv = str(INV / "hgx001.json")
+    good = run_cli("gres-conf", "--inventory", inv, config=cfg).stdout
+    existing = tmp_path / "gres.conf"
+    existing.write_text(good + "NodeName=other[1-3] Name=gpu Type=x File=/dev/nvidia0\n")
+    res = run_cli("gres-conf", "--inventory", inv, "--check", str(existing), config=cfg)
+    assert res.exit_code == 0, res.output
+    assert f"1 line(s) of {existing} are for other nodes (other[1-3]); compared only the lines for hgx001" in res.stderr
+    assert "matches the hardware" in res.stderr
+
+
+def test_check_refuses_a_key_slurm_does_not_know():
+    with pytest.raises(InputError, match=r"old.conf:1: unknown key 'Cpu'"):
+        gres.normalise_gres_conf("Name=gpu File=/dev/nvidia0 Cpu=0\n", "old.conf")
+
+
+def test_slurm_config_lines_are_joined_and_escaped_as_parse_config_does():
+    from slurm_gpu import slurmconf
+    text = ("Name=gpu File=/dev/nvi\\\ndia[0-1] # comment \\#1\n"   # joined where the '\' was, no space
+            "Name=gpu Type=a\\#b   \\   \n  File=/dev/nvidia2\n"      # '\#' is '#'; white space after '\'
+            "# Name=gpu File=/dev/nvidia9\n")
+    assert list(slurmconf.logical_lines(text)) == [
+        (1, "Name=gpu File=/dev/nvidia[0-1]"), (3, "Name=gpu Type=a#b     File=/dev/nvidia2")]
