@@ -116,6 +116,32 @@ def _backend(app: Any):
     return get_backend(app.config)
 
 
+def _record_drains(app: Any, drains: List[dict]) -> None:
+    """Every drain goes into this node's database (drains table), like the hooks' own.
+
+    A drain of several nodes run from one machine is recorded in that machine's database
+    (store.database).  The drain itself never depends on this: a record that cannot be
+    written is said in one line."""
+    if not drains:
+        return
+    try:
+        from .store import Store
+        st = Store.from_config(app.config)
+        where = st.write({"kind": "drain", "drains": drains}, ingest=False)
+    except Exception as e:
+        msg = e.message if isinstance(e, SlurmGpuError) else f"{type(e).__name__}: {e}"
+        click.echo(f"slurm-gpu: warning: drain not recorded in the node database: {msg}", err=True)
+        return
+    if not where.startswith("db"):
+        click.echo(f"slurm-gpu: warning: drain record kept in {where.split(':', 1)[1]} ({st.unavailable or 'refused'}); "
+                   "`slurm-gpu db ingest` writes it to the database", err=True)
+
+
+def _drain_row(node: str, source: str, reason: str, outcome: str, kept: Optional[str] = None) -> dict:
+    return {"time": time.time(), "node": node, "source": source, "job_id": None, "reason": reason,
+            "ok": int(outcome == "drained"), "outcome": outcome, "kept_reason": kept}
+
+
 def _when(ts: Optional[float]) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else ""
 
@@ -229,6 +255,10 @@ def drain(app, nodes, reason, unhealthy, node_name, dry_run, max_nodes):
             _err_line(result.failed[name])
     if result.stopped is not None:
         _err_line(result.stopped)
+    if not dry_run:
+        _record_drains(app, [_drain_row(n, MANUAL, text, "drained") for n in names if n in done]
+                       + [_drain_row(n, MANUAL, text, "failed") for n in names if n in result.failed]
+                       + [_drain_row(n, MANUAL, text, "kept", look.found[n].reason or "") for n in names if n in skip])
     failed = len(look.failed) + len(result.failed)
     not_tried = len(todo) - len(done) - len(result.failed)
     _summary(len(names), [(len(done), "would be drained" if dry_run else "drained"),
@@ -439,7 +469,13 @@ def _run_health(app, node_name: Optional[str], *, allow_resume: bool, dry_run: b
                                     context=reason_context)
     except SlurmGpuError as e:
         log.error("slurm-error", node=name, error=e.message)
+        if getattr(e, "drain_reason", None):
+            _record_drains(app, [_drain_row(name, context, e.drain_reason, "failed")])
         raise fail(e)
+    if outcome.action == "drained":
+        # Only drains tried are recorded: a node found already drained is seen again at every
+        # HealthCheckInterval, and a row each time would bury the drains that happened.
+        _record_drains(app, [_drain_row(name, context, outcome.reason, "drained")])
     for r in outcome.results:
         if getattr(r, "status", "") in ("WARN", "FAIL"):
             where = "node" if r.gpu_index is None else f"GPU {r.gpu_index}"

@@ -13,6 +13,7 @@ syslog, stderr or a file, because a log line must never be the thing that crashe
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import sys
@@ -39,6 +40,12 @@ def _quote(v: Any) -> str:
 def _printable(line: str) -> str:
     """Belt and braces: whatever is left that UTF-8 cannot encode becomes a backslash escape."""
     return line.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _why(e: OSError) -> str:
+    if e.errno == errno.ELOOP:
+        return "it is a symbolic link (refused: root never writes through one)"
+    return e.strerror or str(e)
 
 
 def _to_stderr(text: str) -> None:
@@ -91,20 +98,28 @@ class HookLog:
             except OSError as e:
                 file_failed = True
                 if not self.problems:
-                    self.problems.append(f"cannot write log file {self.path}: {e.strerror}")
-                    _to_stderr(f"slurm-gpu {self.hook} log-file-error path={_quote(self.path)} error={_quote(e.strerror)}")
+                    why = _why(e)
+                    self.problems.append(f"cannot write log file {self.path}: {why}")
+                    _to_stderr(f"slurm-gpu {self.hook} log-file-error path={_quote(self.path)} error={_quote(why)}")
         if self.stderr or lv >= 40 or (file_failed and self._syslog is None):
             _to_stderr(f"slurm-gpu {line}")
         return line
 
     def _append(self, data: bytes) -> None:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK  # a FIFO without reader must not hang us
+        # Never through a symlink (root would append to whatever it points at), and a FIFO
+        # without reader must not hang us.
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             fd = os.open(self.path, flags, 0o640)
         except FileNotFoundError:
             os.makedirs(os.path.dirname(self.path) or ".", mode=0o755, exist_ok=True)
             fd = os.open(self.path, flags, 0o640)
         try:
+            st = os.fstat(fd)
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+                raise OSError(0, "not a regular file")
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                raise OSError(0, "a hard link to another file: refused")
             os.write(fd, data)  # one write per line: concurrent hooks never interleave a line
         finally:
             os.close(fd)

@@ -213,11 +213,15 @@ def _results_events(results: Sequence[CheckResult], node: str, source: str, job_
             for r in results if r.status in (health.WARN, health.FAIL)]
 
 
-def _drain(deps: HookDeps, job: JobEnv, source: str, fault: str) -> bool:
-    """Drain this node with our reason; record it.  Returns True when Slurm took the drain."""
+def _drain_node(deps: HookDeps, job: JobEnv, source: str, fault: str) -> Tuple[bool, Dict[str, Any]]:
+    """Drain this node with our reason.  Returns (the node is drained now, the drain record).
+
+    The record says what really happened (docs/hooks.md, drains table): `drained` (ok=1);
+    `kept` when the node was already drained and Slurm kept that reason (ok=0, kept_reason);
+    `failed` when slurmctld could not be reached; `off` with hooks.drain_on_fault = false."""
     from .reason import format_reason
     reason = format_reason(fault, f"{source} job {job.job_id}")
-    ok = False
+    drained, outcome, kept = False, "off", None
     if deps.cfg.get("hooks", "drain_on_fault"):
         try:
             backend = deps.backend()
@@ -228,29 +232,96 @@ def _drain(deps: HookDeps, job: JobEnv, source: str, fault: str) -> bool:
                 # (an admin's maintenance) must not become ours and thus resumable.
                 deps.log.warning("already-drained", job=job.job_id, node=job.node, reason=reason,
                                  existing=info.reason)
+                outcome, kept = "kept", info.reason or ""
             else:
                 backend.drain(job.node, reason)
                 deps.log.warning("drain", job=job.job_id, node=job.node, reason=reason)
-            ok = True
+                outcome = "drained"
+            drained = True
         except SlurmGpuError as e:
             deps.log.error("drain-failed", job=job.job_id, node=job.node, reason=reason, error=e.message)
+            outcome = "failed"
     else:
         deps.log.warning("fault-no-drain", job=job.job_id, node=job.node, reason=reason)
-    _write(deps, {"kind": "drain", "drain": {"time": deps.now(), "node": job.node, "source": source,
-                                            "job_id": job.job_id, "reason": reason, "ok": int(ok)}}, job)
-    return ok
+    record = {"kind": "drain", "drain": {"time": deps.now(), "node": job.node, "source": source, "job_id": job.job_id,
+                                         "cluster": job.cluster, "restart_count": job.restart_count, "reason": reason,
+                                         "ok": int(outcome == "drained"), "outcome": outcome, "kept_reason": kept}}
+    return drained, record
 
 
-def _write(deps: HookDeps, record: Dict[str, Any], job: JobEnv) -> None:
+def _drain(deps: HookDeps, job: JobEnv, source: str, fault: str) -> bool:
+    """Drain this node with our reason; record it.  Returns True when the node is drained now."""
+    drained, record = _drain_node(deps, job, source, fault)
+    _write(deps, record, job)
+    return drained
+
+
+def _write(deps: HookDeps, record: Dict[str, Any], job: JobEnv) -> str:
+    """Database, else spool, else — whatever went wrong, even a bug of ours — the hook log and the
+    fallback log as one line of complete JSON that `slurm-gpu db ingest --from-log` replays.
+    Never raises: the drain decision must still run after a record that fits nowhere."""
+    # The job start a record belongs to: re-runs and replays of it are recognised by this.
+    record.setdefault("cluster", job.cluster)
+    record.setdefault("restart_count", job.restart_count)
     try:
-        where = deps.store.write(record)
-    except SlurmGpuError as e:
-        # Last resort: the record goes into the log so an admin can replay it.
-        deps.log.error("record-lost-to-log", job=job.job_id, node=job.node, error=e.message,
-                       record=json.dumps(record, sort_keys=True))
+        where = deps.store.write(record, ingest=False)
+    except Exception as e:
+        error = e.message if isinstance(e, SlurmGpuError) else f"{type(e).__name__}: {e}"
+        try:
+            data = json.dumps(record, sort_keys=True, default=str)
+        except Exception as je:  # a record that JSON cannot hold is a bug: say so, keep what is known
+            data = json.dumps({"kind": record.get("kind"), "unserialisable": f"{type(je).__name__}: {je}"})
+        fields = dict(job=job.job_id, node=job.node, kind=record.get("kind"), error=error,
+                      hint="replay with `slurm-gpu db ingest --from-log FILE`", record=data)
+        deps.log.error("record-lost-to-log", **fields)
+        from .hooklog import fallback_path, write_fallback
+        write_fallback(fallback_path(), getattr(deps.log, "hook", "hook"), "record-lost-to-log", **fields)
+        return "log"
+    if where.startswith("spool:"):
+        deps.log.warning("record-spooled", job=job.job_id, node=job.node, kind=record["kind"], file=where[6:],
+                         reason=getattr(deps.store, "unavailable", "") or None)
+    elif where.startswith("quarantine:"):
+        deps.log.error("record-quarantined", job=job.job_id, node=job.node, kind=record["kind"], file=where[11:],
+                       hint="the database refused this record; `slurm-gpu db check` lists it")
+    return where
+
+
+# What a hook spends at most on the spool (files, seconds) after its own records and its drain
+# decision; a bigger backlog is left for `slurm-gpu db ingest` (docs/hooks.md, "Nothing is
+# lost").  The prolog is on the job's start path: it takes a smaller share.
+HOOK_INGEST_BOUNDS = {"prolog": (50, 0.25), "epilog": (200, 1.0)}
+
+
+def _housekeeping(deps: HookDeps, job: JobEnv, hook: str) -> None:
+    max_files, max_s = HOOK_INGEST_BOUNDS[hook]
+    try:
+        rep = deps.store.housekeeping(max_files, max_s, prune=hook == "epilog")
+    except Exception as e:  # housekeeping must never change a hook's outcome
+        deps.log.error("spool-ingest-failed", job=job.job_id, node=job.node, error=f"{type(e).__name__}: {e}")
         return
-    if where != "db":
-        deps.log.warning("record-spooled", job=job.job_id, node=job.node, kind=record["kind"], file=where[6:])
+    if rep.refused is not None:  # the spool directory itself: one line naming it, with what to do
+        deps.log.error("spool-refused", job=job.job_id, node=job.node, error=rep.refused.message, hint=rep.refused.hint)
+        return
+    quarantined = {name for name, _ in rep.quarantined}
+    for name, why in rep.quarantined:
+        deps.log.error("spool-quarantined", job=job.job_id, node=job.node, file=name, reason=why,
+                       hint="`slurm-gpu db check` lists quarantined files")
+    for p in rep.problems:
+        if p.split(":", 1)[0] not in quarantined:
+            deps.log.error("spool-problem", job=job.job_id, node=job.node, problem=p)
+    if rep.reclaimed:
+        deps.log.info("spool-reclaimed", job=job.job_id, node=job.node, files=rep.reclaimed)
+    if rep.left:
+        deps.log.warning("spool-backlog", job=job.job_id, node=job.node, ingested=rep.done, waiting=rep.left,
+                         hint="run `slurm-gpu db ingest`")
+
+
+def _find_start(deps: HookDeps, job: JobEnv) -> Any:
+    from .store import StartLookup
+    try:
+        return deps.store.find_start(job.cluster, job.job_id, job.restart_count, job.node)
+    except Exception as e:  # a store without find_start, or a bug: the end is still recorded
+        return StartLookup({}, False, f"{type(e).__name__}: {e}")
 
 
 def _job_gpu_snapshot(deps: HookDeps, job: JobEnv) -> Tuple[Optional[JobGpuMap], NodeSnapshot, List[CheckResult]]:
@@ -277,7 +348,7 @@ def _record_key(g: GpuSnapshot, jg: JobGpu) -> str:
 
 def prolog(job: JobEnv, deps: HookDeps) -> int:
     """Gate the job on its GPUs' health, then reset them and record the job start."""
-    log, cfg = deps.log, deps.cfg
+    log = deps.log
     if not job.gpus:
         log.info("no-gpus", job=job.job_id, node=job.node)
         return PROLOG_OK
@@ -292,6 +363,7 @@ def prolog(job: JobEnv, deps: HookDeps) -> int:
     if health.worst(results) == health.FAIL:
         _drain(deps, job, "prolog", health.drain_fault(results))
         _write(deps, {"kind": "health", "events": _results_events(results, job.node, "prolog", job.job_id, t)}, job)
+        _housekeeping(deps, job, "prolog")
         return PROLOG_FAULT
     assert gmap is not None  # a mapping failure is a FAIL above
     prepared = _prepare(deps, job, gmap)
@@ -305,6 +377,7 @@ def prolog(job: JobEnv, deps: HookDeps) -> int:
             # (e.g. no permission) are our environment's problem and must not block the job.
             if deps.reader.is_stuck(g.index):
                 _drain(deps, job, "prolog", f"{g.label} stopped responding during reset: {outcome.message}")
+                _housekeeping(deps, job, "prolog")
                 return PROLOG_FAULT
             log.error("reset-failed", job=job.job_id, node=job.node, gpu=uuid, error=outcome.message)
         starts.append({
@@ -321,6 +394,7 @@ def prolog(job: JobEnv, deps: HookDeps) -> int:
     warn = _results_events(results, job.node, "prolog", job.job_id, t)
     if warn:
         _write(deps, {"kind": "health", "events": warn}, job)
+    _housekeeping(deps, job, "prolog")
     return PROLOG_OK
 
 
@@ -546,43 +620,83 @@ def epilog(job: JobEnv, deps: HookDeps) -> int:
     results = health.evaluate(judged, cfg, gpus=indices, idle=indices, expected_count=gmap.configured,
                               xid_events=scope_xids(events, snap, gmap.instances()), xid_problem=problem,
                               xid_undated=undated, now=end)
-    # 4. One record per GPU or slice, against the prolog's start counters.
-    starts = deps.store.job_starts(job.cluster, job.job_id, job.restart_count, job.node)
-    if not starts:
-        # No prolog record: the prolog failed (the job was requeued and never ran here) or
-        # slurm-gpu was installed while the job ran.  Without the start counters there is no
-        # right number to record — and the driver's accounting may still hold an earlier
-        # job's processes, since a failed prolog does not clear them.
-        log.warning("no-start-record", job=job.job_id, node=job.node)
-    gpu_rows = []
-    for jg in gmap.gpus:
-        g = snap.gpu(jg.nvml_index)
-        start = starts.get(_record_key(g, jg))
-        xids = _job_xids(events, g, jg, start["start_time"] if start else 0.0)
-        gpu_rows.append(_usage(g, jg, start, acct.get(g.index), end, job, xids))
     _reset_after(deps, job, gmap, snap)
-    # 5. Judge, record, drain.
+    # 4. Judge and drain first: a GPU fault reaches Slurm whatever the storage does.
     fault = _epilog_fault(results, survivors, snap)
     for x in results:
         if x.status in (health.FAIL, health.WARN):
             log.event("check", "warning" if x.status == health.WARN else "error", job=job.job_id, node=job.node,
                       gpu=x.gpu_uuid or x.where, check=x.check, status=x.status, message=x.message)
     events_out = _results_events(results, job.node, "epilog", job.job_id, end)
-    if starts:
+    drained, drain_record = _drain_node(deps, job, "epilog", fault) if fault else (True, None)
+    # 5. One record per GPU or slice, against the prolog's start counters (docs/hooks.md,
+    #    "Nothing is lost": the rule for a missing start record).
+    lookup = _find_start(deps, job)
+    starts = lookup.starts
+    gpu_rows: List[Dict[str, Any]] = []
+    if not starts and lookup.prolog_failed:
+        # The prolog failed on this node (its drain is recorded): Slurm requeued the job and it
+        # never ran here.  The driver's accounting may still hold an earlier job's processes,
+        # since a failed prolog does not clear them: no usage is recorded.
+        log.info("no-usage-prolog-failed", job=job.job_id, node=job.node)
+    else:
+        if not starts:
+            # The job ran here (no failed prolog on record) but its start counters are unknown:
+            # slurm-gpu installed mid-job, a prolog that failed open, a start record lost, or a
+            # database that cannot be read right now.  What the end tells is kept, marked partial.
+            log.warning("start-record-unreadable" if lookup.unreadable else "no-start-record", job=job.job_id,
+                        node=job.node, error=lookup.unreadable or None,
+                        note="recording what the end tells, marked partial")
+        for jg in gmap.gpus:
+            g = snap.gpu(jg.nvml_index)
+            start = starts.get(_record_key(g, jg))
+            xids = _job_xids(events, g, jg, start["start_time"] if start else 0.0)
+            row = _usage(g, jg, start, acct.get(g.index), end, job, xids)
+            if start is None:
+                _mark_partial(row, g, jg, acct.get(g.index), lookup.unreadable)
+            gpu_rows.append(row)
+    if gpu_rows:
         job_row = {"cluster": job.cluster, "job_id": job.job_id, "restart_count": job.restart_count,
                    "node": job.node, "user": job.user, "uid": job.uid, "account": job.account,
                    "partition": job.partition, "gpu_count": len(job.gpus),
                    "start_time": min([g["start_time"] for g in gpu_rows], default=end), "end_time": end,
-                   "exit_code": job.exit_code}
+                   "exit_code": job.exit_code, "partial": int(any(g.get("partial") for g in gpu_rows))}
         _write(deps, {"kind": "job_end", "job": job_row, "gpus": gpu_rows, "events": events_out}, job)
         for row in gpu_rows:
             log.info("record", job=job.job_id, node=job.node, gpu=row["gpu_uuid"], energy_j=row["energy_j"],
                      gpu_util=row["gpu_util_mean_pct"], max_mem=row["max_memory_bytes"],
-                     xids=len(json.loads(row["xid_events"])) if row["xid_events"] else 0)
+                     xids=len(json.loads(row["xid_events"])) if row["xid_events"] else 0,
+                     partial=1 if row.get("partial") else None)
     elif events_out:
         _write(deps, {"kind": "health", "events": events_out}, job)
-    if fault:
-        # Drained with our reason: exit 0 so Slurm does not overwrite it with "Epilog error".
-        # If the drain did not reach slurmctld, fail the epilog so that Slurm drains the node.
-        return 0 if _drain(deps, job, "epilog", fault) else 1
-    return 0
+    if drain_record is not None:
+        _write(deps, drain_record, job)
+    # 6. Housekeeping last, bounded: a spool backlog never delays the drain or this job's record.
+    _housekeeping(deps, job, "epilog")
+    # Drained with our reason: exit 0 so Slurm does not overwrite it with "Epilog error".
+    # If the drain did not reach slurmctld, fail the epilog so that Slurm drains the node.
+    return 0 if drained else 1
+
+
+PARTIAL_NOTE = ("partial: the prolog's start record was not found{why}; start_time is the first process's start "
+                "(a lower bound), counter deltas are unknown and utilisation is over that shorter time; the "
+                "processes may include an earlier job's")
+
+
+def _mark_partial(row: Dict[str, Any], g: GpuSnapshot, jg: JobGpu, acct: Any, unreadable: str) -> None:
+    """A usage row without its start record: marked partial, with the end counters kept so that
+    the store completes the row if the start record turns up (spool, `db ingest --from-log`)."""
+    records = list(acct.value) if acct is not None and acct.ok and jg.mig is None else None
+
+    def busy_s(attr: str) -> Optional[float]:
+        return None if records is None else sum(getattr(r, attr) * r.time_ms / 1000.0 for r in records)
+
+    end = {"energy_mj": None if jg.mig is not None else g.energy_mj.get(),
+           "ecc_corrected": g.ecc_volatile_corrected.get(), "ecc_uncorrected": g.ecc_volatile_uncorrected.get(),
+           "retired_pages": _sum(g.retired_pages_sbe, g.retired_pages_dbe),
+           "remapped_rows": _sum(g.remapped_rows_corrected, g.remapped_rows_uncorrected),
+           "gpu_busy_s": busy_s("gpu_utilization_pct"), "mem_busy_s": busy_s("memory_utilization_pct"),
+           "xids": json.loads(row["xid_events"]) if row["xid_events"] else [], "notes": row["notes"]}
+    note = PARTIAL_NOTE.format(why=" (database unreadable)" if unreadable else "")
+    row.update(partial=1, end_counters=json.dumps(end, sort_keys=True),
+               notes=note if not row["notes"] else f"{note}; {row['notes']}")

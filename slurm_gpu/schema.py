@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Group-by columns of `slurm-gpu report` with a covering index (v2), and the columns the index
 # carries after the key: everything report.summary reads, so the table itself is never touched.
@@ -125,6 +125,31 @@ MIGRATIONS: List[Tuple[str, ...]] = [
         "ALTER TABLE job_gpus ADD COLUMN parent_gpu_uuid TEXT",
         "ALTER TABLE job_gpus ADD COLUMN notes TEXT",
     ),
+    # v4: nothing lost, nothing doubled (docs/hooks.md, "Nothing is lost").
+    # - partial = 1: the epilog could not find the prolog's start record; what the end tells
+    #   (processes, accounting, XIDs) is kept, start_time is a lower bound and the counter deltas
+    #   are empty.  end_counters (JSON) holds the end counters, so that the row is completed when
+    #   the start record turns up (spool, `db ingest --from-log`).  A complete record replaces a
+    #   partial one; among records of one kind the first (earliest end_time) wins, a later one
+    #   only fills what it left empty.
+    # - dedupe_key: a re-run epilog or a replayed record does not add a health event or drain twice.
+    # - drains say what happened: outcome drained | kept (the node was already drained:
+    #   kept_reason is the reason Slurm kept) | failed | off (drain_on_fault = false) and for
+    #   which job start (cluster, restart_count).
+    (
+        "ALTER TABLE job_gpus ADD COLUMN partial INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE job_gpus ADD COLUMN end_counters TEXT",
+        "ALTER TABLE jobs ADD COLUMN partial INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE health_events ADD COLUMN dedupe_key TEXT",
+        "CREATE UNIQUE INDEX IF NOT EXISTS health_events_dedupe ON health_events (dedupe_key)",
+        "ALTER TABLE drains ADD COLUMN cluster TEXT",
+        "ALTER TABLE drains ADD COLUMN restart_count INTEGER",
+        "ALTER TABLE drains ADD COLUMN outcome TEXT",
+        "ALTER TABLE drains ADD COLUMN kept_reason TEXT",
+        "ALTER TABLE drains ADD COLUMN dedupe_key TEXT",
+        "CREATE UNIQUE INDEX IF NOT EXISTS drains_dedupe ON drains (dedupe_key)",
+        "CREATE INDEX IF NOT EXISTS drains_job ON drains (job_id, node)",
+    ),
 ]
 
 assert len(MIGRATIONS) == SCHEMA_VERSION
@@ -136,4 +161,4 @@ JOB_GPU_COLUMNS = (
     "remapped_rows_delta", "clock_event_reasons", "xid_events",
 )
 # What the epilog writes: the report reads JOB_GPU_COLUMNS only, so databases of every version read alike.
-JOB_GPU_WRITE_COLUMNS = JOB_GPU_COLUMNS + ("parent_gpu_uuid", "notes")
+JOB_GPU_WRITE_COLUMNS = JOB_GPU_COLUMNS + ("parent_gpu_uuid", "notes", "partial", "end_counters")

@@ -523,7 +523,11 @@ def node_health_cycle(
         if dry_run:
             return HealthOutcome(node_name, worst, "would-drain", f"{node_name}: FAIL: would drain: {text}", text, res,
                                  int(ExitCode.UNHEALTHY))
-        backend.drain(node_name, text)
+        try:
+            backend.drain(node_name, text)
+        except SlurmGpuError as e:
+            e.drain_reason = text  # type: ignore[attr-defined]  # the caller records the failed drain
+            raise
         return HealthOutcome(node_name, worst, "drained", f"{node_name}: FAIL: drained: {text}", text, res,
                              int(ExitCode.UNHEALTHY))
 

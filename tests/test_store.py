@@ -128,9 +128,10 @@ def test_v1_database_with_rows_migrates_to_v2_on_next_write_and_keeps_its_rows(t
     c = sqlite3.connect(path, isolation_level=None)
     from slurm_gpu.schema import JOB_GPU_COLUMNS
     v1_insert = f"INSERT INTO job_gpus ({', '.join(JOB_GPU_COLUMNS)}) VALUES ({', '.join('?' * len(JOB_GPU_COLUMNS))})"
+    v1_job_insert = store_mod._insert("jobs", store_mod._JOB_COLUMNS)
     for j in (1, 2):
         rec = job_end(j, gpus=4)
-        c.execute(store_mod._SQL["job"], store_mod._row(rec["job"], store_mod._JOB_COLUMNS))
+        c.execute(v1_job_insert, store_mod._row(rec["job"], store_mod._JOB_COLUMNS))
         c.executemany(v1_insert, [store_mod._row(g, JOB_GPU_COLUMNS) for g in rec["gpus"]])
     before = sorted(c.execute(f"SELECT {', '.join(JOB_GPU_COLUMNS)} FROM job_gpus").fetchall())
     c.close()
@@ -139,7 +140,7 @@ def test_v1_database_with_rows_migrates_to_v2_on_next_write_and_keeps_its_rows(t
     st.close()
     c = sqlite3.connect(path)
     try:
-        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
         indexes = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='index'")}
         assert {f"job_gpus_by_{k}" for k in REPORT_INDEX_KEYS} | {"job_gpus_duration"} <= indexes
         assert "job_gpus_user" not in indexes  # subsumed by job_gpus_by_user

@@ -33,7 +33,8 @@ def tb(slurm_testbed):
 def cfg_file(tmp_path) -> Path:
     p = tmp_path / "slurm-gpu.toml"
     p.write_text('slurm_backend = "cli"\nslurm_timeout_s = 5.0\n[log]\nsyslog = false\nfile = "%s"\n'
-                 % (tmp_path / "admin.log"))
+                 '[store]\ndatabase = "%s"\nspool_dir = "%s"\n'
+                 % (tmp_path / "admin.log", tmp_path / "usage.db", tmp_path / "spool"))
     return p
 
 
@@ -114,7 +115,8 @@ def scontrol_calls(bin_dir: Path):
 def test_drain_and_resume_of_both_nodes_take_one_scontrol_update_each(tb, tmp_path):
     bin_dir = logged_scontrol(tb, tmp_path)
     cfg = tmp_path / "batch.toml"
-    cfg.write_text(f'slurm_backend = "cli"\nslurm_bin_dir = "{bin_dir}"\nslurm_timeout_s = 5.0\n[log]\nsyslog = false\n')
+    cfg.write_text(f'slurm_backend = "cli"\nslurm_bin_dir = "{bin_dir}"\nslurm_timeout_s = 5.0\n[log]\nsyslog = false\n'
+                   f'[store]\ndatabase = "{tmp_path}/usage.db"\nspool_dir = "{tmp_path}/spool"\n')
     cp = run_cli(tb, cfg, "drain", "gpu[01-02]", "--reason", "rack 7 power work")
     assert cp.returncode == 0, cp.stderr
     calls = scontrol_calls(bin_dir)
@@ -224,7 +226,8 @@ def test_bad_hostlist_is_a_usage_error(tb, cfg_file):
 
 def test_slurmctld_stopped_gives_clear_error_within_the_timeout(tb, cfg_file, tmp_path):
     cfg = tmp_path / "short.toml"
-    cfg.write_text('slurm_backend = "cli"\nslurm_timeout_s = 2.0\n[log]\nsyslog = false\n')
+    cfg.write_text('slurm_backend = "cli"\nslurm_timeout_s = 2.0\n[log]\nsyslog = false\n'
+                   f'[store]\ndatabase = "{tmp_path}/usage.db"\nspool_dir = "{tmp_path}/spool"\n')
     tb.stop_slurmctld()
     try:
         for args in (("drain", "gpu01", "--reason", "x"), ("status",)):
@@ -334,7 +337,8 @@ def test_slurmd_healthcheckprogram_drains_the_faulty_node_and_resumes_it(slurm_t
     simgpu.set_gpu(states / "gpu01.state", 3, ecc_volatile_uncorrected=4)
     cfg = tmp_path / "slurm-gpu.toml"
     cfg.write_text(f'nvml_library = "{sim_lib}"\nnvml_timeout_s = 2.0\nslurm_backend = "cli"\nslurm_timeout_s = 5.0\n'
-                   f'[xid]\nsource = "none"\n[log]\nsyslog = false\nfile = "{tmp_path / "hc.log"}"\n')
+                   f'[xid]\nsource = "none"\n[log]\nsyslog = false\nfile = "{tmp_path / "hc.log"}"\n'
+                   f'[store]\ndatabase = "{tmp_path}/usage.db"\nspool_dir = "{tmp_path}/spool"\n')
     conf_path = tmp_path / "slurm_conf_path"  # written once the cluster exists (its path is not known before)
     wrapper = tmp_path / "slurm-gpu-healthcheck"
     wrapper.write_text(f"""#!/bin/sh
