@@ -118,7 +118,7 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
     },
     "store": {
         "database": Key(str, "/var/lib/slurm-gpu/usage.db", "SQLite database of this node (%n: node name)."),
-        "spool_dir": Key(str, "/var/lib/slurm-gpu/spool", "Records that could not be written wait here as JSON until the next successful write (%n: node name)."),
+        "spool_dir": Key(str, "/var/lib/slurm-gpu/spool", "Records that could not be written wait here as JSON (mode 600) until a hook (at most 200 per epilog) or `slurm-gpu db ingest` takes them; a directory that is a symlink, not owned by root or writable by group/others is refused (%n: node name)."),
         "busy_timeout_s": Key(float, 10.0, "How long a writer waits for a locked database before spooling.", _rng(0, 600)),
     },
     "log": {
