@@ -118,12 +118,16 @@ def main() -> int:
         say("slurm-gpu status")
         run_cli("status", env=env)
 
+        dbs = ["--db", str(site / "gpu01" / "usage.db"), "--db", str(site / "gpu02" / "usage.db")]
         say("Per-job GPU usage recorded by the epilogs (slurm-gpu report jobs)")
-        run_cli("report", "jobs", "--db", str(site / "gpu01" / "usage.db"), "--db", str(site / "gpu02" / "usage.db"),
-                  env=env)
+        # The demo's jobs last seconds: the report shows a job's GPU time as HH:MM:SS and energy in
+        # Wh (units follow the size of the figures), so the idle job and the busy ones stand apart.
+        print(f"{DIM}GPU time = prolog start to epilog start, per GPU, as HH:MM:SS; energy from the driver's "
+              f"counter (Wh){RESET}")
+        run_cli("report", "jobs", *dbs, "--sort", "job_id", env=env)
         say("By account (slurm-gpu report --by account)")
-        run_cli("report", "--by", "account", "--db", str(site / "gpu01" / "usage.db"),
-                  "--db", str(site / "gpu02" / "usage.db"), env=env)
+        print(f"{DIM}seconds-long jobs: GPU time in GPU-seconds, energy in Wh; TOTAL from the exact sums{RESET}")
+        run_cli("report", "--by", "account", *dbs, env=env)
         say("What the hooks logged on gpu01")
         log = (site / "gpu01" / "hooks.log").read_text().splitlines()
         print("\n".join(line for line in log if " drain " in line or " check " in line)[:2000])

@@ -18,8 +18,9 @@ def _common_options(f: Callable) -> Callable:
     opts = [
         click.option("--db", "dbs", multiple=True, metavar="PATH",
                      help="Node database or directory of *.db files (repeatable). Default: report.sources from the "
-                          "config, else this node's store.database. Opened read-only; records found in several "
-                          "files count once."),
+                          "config, else this node's store.database. Opened read-only, consistent while hooks write; "
+                          "records found in several files count once. Gather node databases with `slurm-gpu db "
+                          "backup`, not cp (a copy without its -wal file misses records)."),
         click.option("--tz", type=click.Choice(["utc", "local"]), default=None,
                      help="Time zone of calendar times in --since/--until, of day/week/month groups and of "
                           "printed times (default: report.tz, 'utc')."),
@@ -27,7 +28,11 @@ def _common_options(f: Callable) -> Callable:
                      help="A job's GPU whose mean utilisation is below PCT counts as idle (default: "
                           "report.idle_threshold_pct, 5)."),
         click.option("--format", "fmt", type=click.Choice(FORMAT_CHOICES), default=None,
-                     help="Output format (default: table). html: one self-contained page with charts."),
+                     help="Output format (default: table). table/markdown/html show units that suit the figures "
+                          "(GPU-h, GPU-min or GPU-s; kWh or Wh; a job's GPU time as [D-]HH:MM:SS) and control "
+                          "characters in names as escapes; csv/json carry GPU-hours and kWh (6 decimals), csv "
+                          "quotes text that a spreadsheet would run as a formula. html: one self-contained page "
+                          "with charts."),
         click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None,
                      help="Write to this file instead of stdout."),
     ]
@@ -112,21 +117,37 @@ def _emit(o: Dict[str, Any], text: str) -> None:
         click.echo(text)
 
 
-def _output(o: Dict[str, Any], table, src, kind: str) -> None:
+def _render(o: Dict[str, Any], table, src) -> str:
     from . import report
 
     fmt = o.get("fmt") or "table"
-    if not table.rows:
-        click.echo("slurm-gpu: no GPU records match (check --since/--until, the filters and --db)", err=True)
     if fmt == "html":
         from . import report_html
-        text = report_html.render_report(table, src, kind)
-    else:
-        text = render.render(list(table.rows), table.columns, fmt, table.headers if fmt in ("table", "markdown") else ())
-        if fmt == "table" and table.rows and kind == "summary" and len(table.rows) > 1:
-            total = report.total_row(table)
-            if total:
-                text = render.render(list(table.rows) + [total], table.columns, fmt, table.headers)
+        return report_html.render_report(table, src, table.kind)
+    if fmt in ("json", "csv"):
+        return render.render(list(table.rows), table.columns, fmt)
+    headers, formats = report.human_view(table)
+    rows = list(table.rows)
+    if fmt == "table" and table.kind == "summary" and len(rows) > 1 and table.total:
+        rows.append(table.total)
+    return render.render(rows, table.columns, fmt, headers, formats)
+
+
+def _produce(ctx: click.Context, o: Dict[str, Any], build: Callable[[Any], Any], job_id: Optional[int] = None) -> None:
+    """Build the table and its text from one consistent read of the databases, then print it."""
+    from . import report
+
+    query, dbs = _build_query(ctx, o, job_id=job_id)
+
+    def read(src):
+        table = build(src)
+        return table, _render(o, table, src)
+
+    table, text = report.read_consistently(dbs, query, read)
+    for note in table.notes:
+        click.echo(f"slurm-gpu: note: {note}", err=True)
+    if not table.rows:
+        click.echo("slurm-gpu: no GPU records match (check --since/--until, the filters and --db)", err=True)
     _emit(o, text)
 
 
@@ -147,8 +168,11 @@ def _run(fn: Callable[[], None]) -> None:
 def report_cmd(ctx: click.Context, by: Tuple[str, ...], **opts: Any) -> None:
     """GPU accounting: GPU-hours allocated and used, utilisation, memory, energy and idle GPUs.
 
-    Without a subcommand: one row per group (--by). `report jobs` lists jobs, `report job JOBID`
-    shows one job per node and GPU. Columns are explained in docs/report.md.
+    Without a subcommand: one row per group (--by) and a TOTAL line computed from the exact
+    sums. `report jobs` lists jobs, `report job JOBID` shows one job per node and GPU. GPU time
+    runs from the prolog's start to the epilog's start (Slurm's allocation). Records whose
+    times cannot be placed (end before start, 1e18, inf) are skipped and utilisation outside
+    0-100 % is clamped, each said in a note on stderr. Columns are explained in docs/report.md.
 
     \b
     Examples:
@@ -166,9 +190,7 @@ def report_cmd(ctx: click.Context, by: Tuple[str, ...], **opts: Any) -> None:
     def go() -> None:
         from . import report
         keys = report.parse_by(by)
-        query, dbs = _build_query(ctx, opts)
-        with report.open_sources(dbs, query) as src:
-            _output(opts, report.summary(src, keys), src, "summary")
+        _produce(ctx, opts, lambda src: report.summary(src, keys))
 
     _run(go)
 
@@ -185,14 +207,15 @@ def report_cmd(ctx: click.Context, by: Tuple[str, ...], **opts: Any) -> None:
 @_common_options
 @click.pass_context
 def jobs_cmd(ctx: click.Context, sort: Optional[str], limit: Optional[int], idle_only: bool, **opts: Any) -> None:
-    """List jobs with their GPU figures (one row per job run; GPU time clipped to the window)."""
+    """List jobs with their GPU figures (one row per job run; GPU time clipped to the window).
+
+    The table shows a job's GPU time as [D-]HH:MM:SS, exact to the second; csv/json in GPU-hours.
+    """
     o = _merged(ctx, opts)
 
     def go() -> None:
         from . import report
-        query, dbs = _build_query(ctx, o)
-        with report.open_sources(dbs, query) as src:
-            _output(o, report.jobs(src, sort=sort, limit=limit, idle_only=idle_only), src, "jobs")
+        _produce(ctx, o, lambda src: report.jobs(src, sort=sort, limit=limit, idle_only=idle_only))
 
     _run(go)
 
@@ -218,8 +241,6 @@ def job_cmd(ctx: click.Context, job_id: str, **opts: Any) -> None:
                 raise ValueError
         except ValueError:
             raise InputError(f"job id {job_id!r} is not a number", "give the numeric Slurm job id, e.g. report job 4711") from None
-        query, dbs = _build_query(ctx, o, job_id=jid)
-        with report.open_sources(dbs, query) as src:
-            _output(o, report.job(src), src, "job")
+        _produce(ctx, o, report.job, job_id=jid)
 
     _run(go)

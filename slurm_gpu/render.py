@@ -2,28 +2,54 @@
 
 Rows are plain dicts; columns name the keys to show, in order.  Data goes to stdout,
 diagnostics to stderr: callers print what these functions return.
+
+Data is not trusted (user, account and partition names come from job environments):
+- table and Markdown show control characters (ANSI escape sequences, carriage returns,
+  C1 controls, bidirectional overrides) as visible escapes such as ``\\x1b``: nothing in the
+  data reaches a terminal as a control sequence;
+- CSV prefixes a text cell that starts with ``=``, ``+``, ``-``, ``@``, tab or carriage return
+  with ``'`` so that spreadsheets show it as text instead of running it as a formula; numbers
+  are written as numbers;
+- JSON never carries Infinity or NaN (non-finite numbers become null).
 """
 from __future__ import annotations
 
 import csv
 import io
 import json
-from typing import Any, Dict, Iterable, List, Sequence
+import math
+import re
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 FORMATS = ("table", "csv", "json", "markdown")
+Formats = Optional[Mapping[str, Callable[[Any], str]]]
+
+# C0 controls but tab, DEL, C1 controls, and the Unicode format characters that reorder or hide text.
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
-def _cell(v: Any) -> str:
+def printable(s: str) -> str:
+    """`s` with every control character shown as an escape (\\x1b, \\u202e); tabs become spaces."""
+    s = s.replace("\t", " ")
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}", s)
+
+
+def _cell(v: Any, fmt: Optional[Callable[[Any], str]] = None) -> str:
+    if fmt is not None:
+        return fmt(v)
     if v is None:
         return "-"
     if isinstance(v, float):
-        return f"{v:.2f}"
+        return f"{v:.2f}" if math.isfinite(v) else "-"
     return str(v)
 
 
-def table(rows: Sequence[Dict[str, Any]], columns: Sequence[str], headers: Sequence[str] = ()) -> str:
-    heads = list(headers) or [c.replace("_", " ") for c in columns]
-    cells = [[_cell(r.get(c)) for c in columns] for r in rows]
+def table(rows: Sequence[Dict[str, Any]], columns: Sequence[str], headers: Sequence[str] = (),
+          formats: Formats = None) -> str:
+    formats = formats or {}
+    heads = [printable(h) for h in (list(headers) or [c.replace("_", " ") for c in columns])]
+    cells = [[printable(_cell(r.get(c), formats.get(c))) for c in columns] for r in rows]
     widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(heads)]
     numeric = [all(_is_num(r.get(c)) for r in rows) and rows for c in columns]
 
@@ -42,40 +68,59 @@ def _is_num(v: Any) -> bool:
     return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
 
 
+def csv_safe(v: Any) -> Any:
+    """A CSV cell: None empty, numbers as they are, text that a spreadsheet would run as a formula quoted."""
+    if v is None:
+        return ""
+    if isinstance(v, float) and not math.isfinite(v):
+        return ""
+    if isinstance(v, str) and v.startswith(_FORMULA_START):
+        return "'" + v
+    return v
+
+
 def to_csv(rows: Iterable[Dict[str, Any]], columns: Sequence[str]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(columns)
     for r in rows:
-        w.writerow(["" if r.get(c) is None else r.get(c) for c in columns])
+        w.writerow([csv_safe(r.get(c)) for c in columns])
     return buf.getvalue().rstrip("\n")
 
 
+def _finite(v: Any) -> Any:
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
 def to_json(rows: Iterable[Dict[str, Any]], columns: Sequence[str]) -> str:
-    return json.dumps([{c: r.get(c) for c in columns} for r in rows], indent=2)
+    return json.dumps([{c: _finite(r.get(c)) for c in columns} for r in rows], indent=2, allow_nan=False)
 
 
 def _md_escape(s: str) -> str:
     # Markdown passes raw HTML through: a user or job string must not become markup where it is pasted.
     s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return s.replace("|", "\\|").replace("\n", " ")
+    return printable(s.replace("|", "\\|").replace("\n", " "))
 
 
-def to_markdown(rows: Sequence[Dict[str, Any]], columns: Sequence[str], headers: Sequence[str] = ()) -> str:
+def to_markdown(rows: Sequence[Dict[str, Any]], columns: Sequence[str], headers: Sequence[str] = (),
+                formats: Formats = None) -> str:
+    formats = formats or {}
     heads = list(headers) or list(columns)
     lines = ["| " + " | ".join(_md_escape(h) for h in heads) + " |", "|" + "|".join(" --- " for _ in heads) + "|"]
     for r in rows:
-        lines.append("| " + " | ".join(_md_escape(_cell(r.get(c))) for c in columns) + " |")
+        lines.append("| " + " | ".join(_md_escape(_cell(r.get(c), formats.get(c))) for c in columns) + " |")
     return "\n".join(lines)
 
 
-def render(rows: Sequence[Dict[str, Any]], columns: Sequence[str], fmt: str = "table", headers: Sequence[str] = ()) -> str:
+def render(rows: Sequence[Dict[str, Any]], columns: Sequence[str], fmt: str = "table", headers: Sequence[str] = (),
+           formats: Formats = None) -> str:
+    """`formats` (column -> function of the value) applies to the human formats, table and markdown."""
     if fmt == "table":
-        return table(rows, columns, headers)
+        return table(rows, columns, headers, formats)
     if fmt == "csv":
         return to_csv(rows, columns)
     if fmt == "json":
         return to_json(rows, columns)
     if fmt == "markdown":
-        return to_markdown(rows, columns, headers)
+        return to_markdown(rows, columns, headers, formats)
     raise ValueError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")

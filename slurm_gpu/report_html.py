@@ -31,11 +31,27 @@ def _short(s: str, n: int = 28) -> str:
 
 
 def _fmt(v: float) -> str:
-    if v >= 1000:
+    """A value label: thousands as integers, three significant digits below 10 (never a row of 0.00)."""
+    if v == 0:
+        return "0"
+    if abs(v) >= 1000:
         return f"{v:,.0f}"
-    if v >= 10:
+    if abs(v) >= 10:
         return f"{v:.1f}"
-    return f"{v:.2f}"
+    return f"{v:#.3g}"
+
+
+def nice_ticks(vmax: float, target: int = 4) -> Tuple[List[float], int]:
+    """Axis ticks 0, step, 2 step, ... up to >= vmax with step 1, 2 or 5 x 10^k, and the decimals
+    that tell them apart (every label differs, however small the figures)."""
+    if not vmax > 0 or not math.isfinite(vmax):
+        return [0.0, 1.0], 0
+    raw = vmax / target
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw * (1 - 1e-9))
+    decimals = max(0, -int(math.floor(math.log10(step) + 1e-9)))
+    n = int(math.ceil(vmax / step - 1e-9))
+    return [round(i * step, decimals + 2) for i in range(n + 1)], decimals
 
 
 def bar_chart(title: str, items: Sequence[Tuple[str, Sequence[Optional[float]]]], series: Sequence[str],
@@ -52,6 +68,8 @@ def bar_chart(title: str, items: Sequence[Tuple[str, Sequence[Optional[float]]]]
         out.append(f'<rect x="{x}" y="8" width="12" height="12" fill="{PALETTE[i % len(PALETTE)]}"/>'
                    f'<text x="{x + 16}" y="18" class="legend">{_esc(name)}</text>')
         x += 26 + 8 * len(name)
+    if unit:
+        out.append(f'<text x="{width - 10}" y="18" text-anchor="end" class="legend">{_esc(unit)}</text>')
     for row, (label, vals) in enumerate(items):
         y = top + row * row_h
         out.append(f'<text x="{label_w - 6}" y="{y + 15}" text-anchor="end" class="label">{_esc(_short(label))}'
@@ -72,19 +90,20 @@ def bar_chart(title: str, items: Sequence[Tuple[str, Sequence[Optional[float]]]]
 
 
 def column_chart(title: str, items: Sequence[Tuple[str, Optional[float]]], unit: str = "", line: bool = False) -> str:
-    """Vertical columns (histogram) or a line with points (time series)."""
+    """Vertical columns (histogram) or a line with points (time series), on a 1-2-5 axis."""
     width, height, left, bottom, top = 760, 260, 60, 50, 16
     plot_w, plot_h = width - left - 10, height - bottom - top
     values = [v or 0.0 for _, v in items]
-    vmax = max(values or [0.0]) or 1.0
+    ticks, decimals = nice_ticks(max(values or [0.0]))
+    vmax = ticks[-1]
     n = max(len(items), 1)
     step = plot_w / n
     out = [f'<svg class="chart" role="img" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}"><title>{_esc(title)}</title>']
-    for frac in (0, 0.5, 1):
-        y = top + plot_h * (1 - frac)
+    for tick in ticks:
+        y = top + plot_h * (1 - tick / vmax)
         out.append(f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
-                   f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end" class="axis">{_fmt(vmax * frac)}</text>')
+                   f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end" class="axis tick">{tick:,.{decimals}f}</text>')
     label_every = max(1, math.ceil(n / 16))
     points = []
     for i, (label, v) in enumerate(items):
@@ -107,40 +126,58 @@ def column_chart(title: str, items: Sequence[Tuple[str, Optional[float]]], unit:
     return "".join(out)
 
 
+def _scaled(values: Sequence[Optional[float]], units: Sequence[Tuple[str, float]]) -> Tuple[str, float]:
+    """The display unit for a chart: the largest in which its largest value is at least 1."""
+    from .report import pick_unit
+    return pick_unit(max([v for v in values if v is not None] or [0.0]), units)
+
+
+def _times(vals: Sequence[Optional[float]], per: float) -> Tuple[Optional[float], ...]:
+    return tuple(None if v is None else v * per for v in vals)
+
+
 def _group_label(row: Dict[str, Any], keys: Sequence[str]) -> str:
     return " / ".join("-" if row.get(k) is None else str(row.get(k)) for k in keys)
 
 
 def _charts(table: Any, src: Any, kind: str) -> List[Dict[str, str]]:
     from . import report
+    from .report import ENERGY_UNITS, TIME_UNITS
 
     charts: List[Dict[str, str]] = []
     rows = list(table.rows)
+    hours = ("gpu_hours_alloc", "gpu_hours_used", "gpu_hours_idle")
+    if kind in ("summary", "jobs"):
+        top = sorted(rows, key=lambda r: -(r["gpu_hours_alloc"] or 0))[:25]
+        t_unit, t_per = _scaled([r["gpu_hours_alloc"] for r in top], TIME_UNITS)
+        if kind == "summary":
+            label = lambda r: _group_label(r, table.keys)  # noqa: E731
+            title = f"GPU time by {', '.join(table.keys)} (top {len(top)}, {t_unit})"
+        else:
+            label = lambda r: f"{r['job_id']} {r['user'] or '-'}"  # noqa: E731
+            title = f"GPU time of the largest jobs (top {len(top)}, {t_unit})"
+        charts.append({"title": title, "svg": bar_chart("GPU time", [(label(r), _times([r[c] for c in hours], t_per))
+                                                                     for r in top], ("allocated", "used", "idle"), t_unit)})
     if kind == "summary":
-        top = sorted(rows, key=lambda r: -(r["gpu_hours_alloc"] or 0))[:25]
-        charts.append({"title": f"GPU-hours by {', '.join(table.keys)} (top {len(top)})",
-                       "svg": bar_chart("GPU-hours", [(_group_label(r, table.keys), (r["gpu_hours_alloc"], r["gpu_hours_used"],
-                                                                                      r["gpu_hours_idle"])) for r in top],
-                                        ("allocated", "used", "idle"), "GPU-h")})
         hist = report.utilisation_histogram(src)
-        charts.append({"title": "Utilisation distribution (GPU-hours by per-GPU mean utilisation)",
-                       "svg": column_chart("utilisation", hist, "GPU-h")})
+        h_unit, h_per = _scaled([v for _, v in hist], TIME_UNITS)
+        charts.append({"title": f"Utilisation distribution ({h_unit} by per-GPU mean utilisation)",
+                       "svg": column_chart("utilisation", [(k, v * h_per) for k, v in hist], h_unit)})
         unit, series = report.energy_series(src)
-        charts.append({"title": f"Energy per {unit} (kWh)", "svg": column_chart("energy", series, "kWh", line=True)})
+        e_unit, e_per = _scaled([v for _, v in series], ENERGY_UNITS)
+        charts.append({"title": f"Energy per {unit} ({e_unit})",
+                       "svg": column_chart("energy", [(k, None if v is None else v * e_per) for k, v in series],
+                                           e_unit, line=True)})
     elif kind == "jobs":
-        top = sorted(rows, key=lambda r: -(r["gpu_hours_alloc"] or 0))[:25]
-        charts.append({"title": f"GPU-hours of the largest jobs (top {len(top)})",
-                       "svg": bar_chart("GPU-hours", [(f"{r['job_id']} {r['user'] or '-'}",
-                                                       (r["gpu_hours_alloc"], r["gpu_hours_used"], r["gpu_hours_idle"]))
-                                                      for r in top], ("allocated", "used", "idle"), "GPU-h")})
         bins = [0.0] * 10
         for r in rows:
             if r["gpu_util_mean_pct"] is not None:
                 bins[min(int(r["gpu_util_mean_pct"] // 10), 9)] += r["gpu_hours_alloc"] or 0.0
-        charts.append({"title": "Utilisation distribution of the listed jobs (GPU-hours by job mean utilisation)",
-                       "svg": column_chart("utilisation", [(f"{10 * i}-{10 * i + 10}%", round(b, 3))
-                                                           for i, b in enumerate(bins)], "GPU-h")})
-    else:
+        h_unit, h_per = _scaled(bins, TIME_UNITS)
+        charts.append({"title": f"Utilisation distribution of the listed jobs ({h_unit} by job mean utilisation)",
+                       "svg": column_chart("utilisation", [(f"{10 * i}-{10 * i + 10}%", b * h_per)
+                                                           for i, b in enumerate(bins)], h_unit)})
+    elif kind == "job":
         charts.append({"title": "Mean utilisation per GPU (%)",
                        "svg": bar_chart("utilisation", [(f"{r['node']} GPU {r['gpu_index']} (restart {r['restart']})",
                                                          (r["gpu_util_mean_pct"], r["mem_util_mean_pct"])) for r in rows],
@@ -175,20 +212,20 @@ def render_report(table: Any, src: Any, kind: str, now_s: Optional[float] = None
     filters = [f"{name}: {', '.join(vals)}" for name, vals in (("users", q.users), ("accounts", q.accounts),
                                                                    ("partitions", q.partitions), ("nodes", q.nodes),
                                                                    ("clusters", q.clusters)) if vals]
+    from .report import human_view
+    headers, formats = human_view(table)
     numeric = [all(r.get(c) is None or (isinstance(r.get(c), (int, float)) and not isinstance(r.get(c), bool))
                    for r in table.rows) for c in table.columns]
-    body = [[{"text": _cell(r.get(c)), "sort": "" if r.get(c) is None else str(r.get(c)), "num": numeric[i]}
-             for i, c in enumerate(table.columns)] for r in table.rows]
+    body = [[{"text": _cell(r.get(c), formats.get(c)), "sort": "" if r.get(c) is None else str(r.get(c)),
+              "num": numeric[i]} for i, c in enumerate(table.columns)] for r in table.rows]
     total = None
-    if kind == "summary":
-        from .report import total_row
-        t = total_row(table)
-        total = [_cell(t.get(c)) if t else "" for c in table.columns]
+    if kind == "summary" and table.total:
+        total = [_cell(table.total.get(c), formats.get(c)) for c in table.columns]
     charts = [{"title": c["title"], "svg": Markup(c["svg"])} for c in _charts(table, src, kind)]
     return _env().get_template(TEMPLATE).render(
         title=table.title, version=__version__,
         generated=format_time(time.time() if now_s is None else now_s, q.tz),
         window=window, filters=filters, sources=len(src.files), threshold=q.idle_threshold_pct,
-        headers=table.headers, columns=table.columns, numeric=numeric, rows=body, total=total,
-        charts=charts, nonce=secrets.token_urlsafe(16), kind=kind,
+        headers=headers, columns=table.columns, numeric=numeric, rows=body, total=total,
+        charts=charts, nonce=secrets.token_urlsafe(16), kind=kind, notes=table.notes,
     )

@@ -7,8 +7,10 @@ utilisation / energy readings, a zero-length record and strings an HTML page mus
 from __future__ import annotations
 
 import json
+import math
 import os
 import pathlib
+import re
 import sqlite3
 from calendar import timegm
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -500,3 +502,241 @@ def test_golden_output(db, case, fmt, ext):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(r.stdout)
     assert r.stdout == path.read_text()
+
+
+# ---------------------------------------------------------------- issue 10: numbers right or a clear failure
+
+
+def _cli(*args: str):
+    return CliRunner().invoke(main, ["report", *args])
+
+
+def _short_job_rows() -> List[Dict[str, Any]]:
+    """Job 7: two GPUs for 3 s (6 GPU-seconds), 400 J each; job 8: one GPU for 40 s."""
+    rows = [rec("c1", 7, "n1", g, "alice", "physics", "gpu", "2026-11-02T10:00", "2026-11-02T10:00", 60, 30, 400.0,
+                GIB) for g in (0, 1)]
+    rows.append(rec("c1", 8, "n1", 2, "bob", "chem", "gpu", "2026-11-02T10:00", "2026-11-02T10:00", 20, 10, 2000.0, GIB))
+    for r, secs in zip(rows, (3, 3, 40)):
+        r["end_time"] = r["start_time"] + secs
+        r["duration_s"] = float(secs)
+    return rows
+
+
+def test_report_jobs_shows_six_gpu_seconds_not_0_002_gpu_hours(tmp_path):
+    db = make_db(tmp_path / "short.db", _short_job_rows())
+    r = _cli("jobs", "--db", str(db))
+    assert r.exit_code == 0, r.output
+    head = r.stdout.splitlines()[0]
+    fields = next(ln.split() for ln in r.stdout.splitlines() if ln.split()[:2] == ["c1", "7"])
+    # cluster job restart user account partition start end nodes gpus | GPU time alloc, used, ...
+    assert "GPU time alloc" in head and fields[10:12] == ["00:00:06", "00:00:04"], r.stdout
+    # Machine formats keep GPU-hours, precise to well under a second.
+    got = {j["job_id"]: j for j in json.loads(_cli("jobs", "--db", str(db), "--format", "json").stdout)}
+    assert got[7]["gpu_hours_alloc"] * 3600 == pytest.approx(6.0, abs=0.01)
+    assert got[7]["energy_kwh"] * 3.6e6 == pytest.approx(800.0, abs=3.6)  # 6 decimals of a kWh
+    # A summary of seconds-long jobs: GPU-seconds and Wh, not a column of 0.00.
+    r = _cli("--db", str(db), "--by", "user")
+    assert r.exit_code == 0, r.output
+    head, _, alice, bob, total = r.stdout.splitlines()
+    assert "GPU-s alloc" in head and "energy Wh" in head
+    assert alice.split()[2:3] == ["6.00"] and bob.split()[2:3] == ["40.00"] and total.split()[2:3] == ["46.00"]
+
+
+def _corrupt_middle(path: pathlib.Path) -> None:
+    """Overwrite a run of pages in the middle of the file (page 1, the schema, stays intact)."""
+    size = path.stat().st_size
+    page = 4096
+    with open(path, "r+b") as f:
+        for p in range(size // page // 3, 2 * size // page // 3):
+            f.seek(p * page)
+            f.write(bytes((p * 7 + i) % 251 for i in range(page)))
+
+
+@pytest.mark.parametrize("args", [[], ["--by", "account,month"], ["jobs"], ["--format", "html"], ["job", "105"]])
+def test_database_corrupt_in_the_middle_is_an_error_not_a_traceback(tmp_path, args):
+    rows = [dict(r, job_id=r["job_id"] * 1000 + i) for i in range(300) for r in ROWS]
+    db = make_db(tmp_path / "corrupt.db", rows)
+    _corrupt_middle(db)
+    if args[:1] == ["job"]:
+        argv = ["job", str(105 * 1000 + 150), "--db", str(db)]
+    else:
+        argv = ["--db", str(db), *args]
+    r = _cli(*argv)
+    assert isinstance(r.exception, SystemExit), r.exception  # no traceback
+    assert r.exit_code == 5, r.output
+    assert f"slurm-gpu: error: {db}: cannot read job_gpus" in r.stderr and "hint:" in r.stderr
+
+
+def _bad_time_rows() -> List[Dict[str, Any]]:
+    good = rec("c1", 1, "n1", 0, "alice", "physics", "gpu", "2026-11-02T10:00", "2026-11-02T12:00", 50, 25, 3.6e6, GIB)
+    bad = []
+    for job, (start, end) in enumerate([(1e18, 1e18 + 10), (good["start_time"], 1e18), (good["start_time"], math.inf),
+                                        (-math.inf, good["end_time"]), (0.0, good["end_time"]),
+                                        (good["end_time"], good["start_time"])], start=2):
+        bad.append(dict(good, job_id=job, start_time=start, end_time=end, duration_s=0.0))
+    # Valid times, but an energy figure that overflows: never Infinity in JSON.
+    bad.append(dict(good, job_id=9, energy_j=math.inf))
+    return [good] + bad
+
+
+@pytest.mark.parametrize("args", [["--format", "json"], ["--by", "user,day", "--format", "json"],
+                                  ["--by", "month", "--format", "json"], ["jobs", "--format", "json"],
+                                  ["--format", "html"], ["--format", "csv"], []])
+def test_timestamps_1e18_inf_and_end_before_start_are_skipped_and_counted(tmp_path, args):
+    db = make_db(tmp_path / "times.db", _bad_time_rows())
+    r = _cli("--db", str(db), *args) if args[:1] != ["jobs"] else _cli("jobs", "--db", str(db), *args[1:])
+    assert r.exit_code == 0, (r.output, r.exception)
+    data = re.sub(r"<script.*?</script>", "", r.stdout, flags=re.S)  # the page's own sort code says -Infinity
+    assert "Infinity" not in data and "NaN" not in data and "inf" not in data.lower().replace("info", "")
+    note = next(ln for ln in r.stderr.splitlines() if "skipped" in ln)
+    assert note.startswith("slurm-gpu: note: skipped 6 record(s)"), r.stderr
+    assert "1 end before start" in note and "3 end time outside 2000-2099" in note and "2 longer than ten years" in note
+    if "json" in args:
+        rows = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+        hours = sum(row["gpu_hours_alloc"] for row in rows)
+        assert hours == pytest.approx(4.0)  # job 1 and job 9: two hours each
+        assert all(row["energy_kwh"] is None or row["energy_kwh"] < 10 for row in rows)
+
+
+def test_utilisation_over_100_percent_is_clamped_and_said(tmp_path):
+    rows = [rec("c1", 1, "n1", 0, "alice", "physics", "gpu", "2026-11-02T10:00", "2026-11-02T12:00", 250, 300, 3.6e6, GIB),
+            rec("c1", 2, "n1", 1, "alice", "physics", "gpu", "2026-11-02T10:00", "2026-11-02T12:00", 50, -20, 3.6e6, GIB)]
+    db = make_db(tmp_path / "util.db", rows)
+    r = _cli("--db", str(db), "--format", "json")
+    assert r.exit_code == 0, r.output
+    (alice,) = json.loads(r.stdout)
+    assert alice["gpu_util_mean_pct"] == 75.0 and alice["mem_util_mean_pct"] == 50.0
+    assert alice["gpu_hours_used"] == pytest.approx(3.0) and alice["gpu_hours_used"] <= alice["gpu_hours_alloc"]
+    assert "4.00 GPU-h of GPU time carry a utilisation outside 0-100 %" in r.stderr
+    jobs = json.loads(_cli("jobs", "--db", str(db), "--format", "json").stdout)
+    assert max(j["gpu_util_mean_pct"] for j in jobs) == 100.0
+    detail = json.loads(_cli("job", "1", "--db", str(db), "--format", "json").stdout)
+    assert (detail[0]["gpu_util_mean_pct"], detail[0]["mem_util_mean_pct"]) == (100.0, 100.0)
+
+
+def _live_store_db(tmp_path: pathlib.Path):
+    """A node database written by the Store whose records are still in the WAL (a hook holds it open)."""
+    from slurm_gpu.store import Store
+
+    path = tmp_path / "node" / "usage.db"
+    st = Store(str(path), str(tmp_path / "spool"))
+    conn = st.connect()
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    cols = schema.JOB_GPU_COLUMNS
+    conn.executemany(f"INSERT INTO job_gpus ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                     [tuple(r[c] for c in cols) for r in ROWS])
+    return path, st
+
+
+def test_copy_without_its_wal_file_names_the_missing_wal(tmp_path):
+    import shutil
+
+    path, st = _live_store_db(tmp_path)
+    try:
+        copy = tmp_path / "copied.db"
+        shutil.copyfile(path, copy)  # what `cp usage.db` does while a hook has it open
+    finally:
+        st.close()
+    assert copy.stat().st_size == 4096
+    r = _cli("--db", str(copy))
+    assert r.exit_code == 5
+    assert "copied.db-wal is missing" in r.stderr and "slurm-gpu db backup" in r.stderr, r.stderr
+
+
+def test_db_backup_copies_a_live_database_with_the_records_in_its_wal(tmp_path):
+    path, st = _live_store_db(tmp_path)
+    try:
+        copy = tmp_path / "shared" / "n1.db"
+        r = CliRunner().invoke(main, ["db", "backup", "--database", str(path), str(copy)])
+        assert r.exit_code == 0, r.output
+        assert str(copy) in r.stdout
+    finally:
+        st.close()
+    assert not os.path.exists(str(copy) + "-wal")  # one self-contained file
+    assert_matches(run_summary([copy], ["user"]), expected(ROWS, lambda r: (r["user"],)))
+    again = CliRunner().invoke(main, ["db", "backup", "--database", str(path), str(copy)])
+    assert again.exit_code == 2 and "exists" in again.stderr  # never overwrites
+
+
+def _tiny_records_by_node() -> List[Dict[str, Any]]:
+    """Ten nodes, each a 5-second record: rounded per node, utilisation and hours lose their digits."""
+    rows = []
+    for n in range(10):
+        r = rec("c1", 200 + n, f"n{n:02d}", 0, "alice", "physics", "gpu", "2026-11-02T10:00", "2026-11-02T10:00",
+                10.0 + 2.5 * n, 5.0 + n, 500.0, GIB)
+        r["end_time"] = r["start_time"] + 5 + n
+        rows.append(r)
+    return rows
+
+
+def test_total_utilisation_comes_from_unrounded_sums(tmp_path):
+    rows = _tiny_records_by_node()
+    db = make_db(tmp_path / "tiny.db", rows)
+    table = run_summary([db], ["node"])
+    total = report.total_row(table)
+    secs = [r["end_time"] - r["start_time"] for r in rows]
+    exact_util = sum(s * r["gpu_util_mean_pct"] for s, r in zip(secs, rows)) / sum(secs)
+    exact_mem = sum(s * r["mem_util_mean_pct"] for s, r in zip(secs, rows)) / sum(secs)
+    assert total["gpu_util_mean_pct"] == pytest.approx(exact_util, abs=0.005)
+    assert total["mem_util_mean_pct"] == pytest.approx(exact_mem, abs=0.005)
+    assert total["gpu_hours_alloc"] * 3600 == pytest.approx(sum(secs), abs=0.01)
+    last = _cli("--db", str(db), "--by", "node").stdout.splitlines()[-1].split()
+    assert last[0] == "TOTAL" and f"{exact_util:.2f}" in last and f"{sum(secs) / 60:.2f}" in last  # GPU-min
+
+
+def test_total_row_shows_memory_utilisation_computed_like_its_rows(db, tmp_path):
+    r = _cli("--db", str(db), "--by", "user", "--user", "alice,bob")
+    total = r.stdout.splitlines()[-1].split()
+    want = expected([x for x in ROWS if x["user"] in ("alice", "bob")], lambda x: ("all",))[("all",)]
+    assert total[0] == "TOTAL" and total[5] == f"{want['mem_util_mean_pct']:.2f}", r.stdout
+    # One user: the TOTAL line of the HTML page repeats the user's figures.
+    page = tmp_path / "one.html"
+    assert _cli("--db", str(db), "--user", "alice", "--format", "html", "-o", str(page)).exit_code == 0
+    import re as _re
+    tfoot = _re.search(r"<tfoot>(.*?)</tfoot>", page.read_text(), _re.S).group(1)
+    cells = _re.findall(r"<td[^>]*>([^<]*)</td>", tfoot)
+    alice = expected([x for x in ROWS if x["user"] == "alice"], lambda x: ("a",))[("a",)]
+    assert cells[0] == "TOTAL" and cells[5] == f"{alice['mem_util_mean_pct']:.2f}", cells
+
+
+HOSTILE = ["=HYPERLINK(\"http://x\",\"y\")", "+cmd|' /C calc'!A0", "-2+3", "@SUM(A1:A2)", "\x1b[31mred\x1b[0m\rX"]
+
+
+def test_csv_neutralises_spreadsheet_formulas_and_keeps_numbers(tmp_path):
+    rows = [rec("c1", 300 + i, "n1", i, name, name, name, "2026-11-02T10:00", "2026-11-02T11:00", 50, 25, 3.6e6, GIB)
+            for i, name in enumerate(HOSTILE[:4])]
+    rows.append(rec("c1", 399, "n1", 9, "plain", "acct", "gpu", "2026-11-02T10:00", "2026-11-02T11:00", -5.0, 25, 3.6e6, GIB))
+    db = make_db(tmp_path / "csv.db", rows)
+    import csv as _csv
+    import io as _io
+    for args in (["--by", "user,account,partition"], ["jobs"]):
+        r = _cli(*(args[:1] if args[0] == "jobs" else []), "--db", str(db), *(args if args[0] != "jobs" else []),
+                 "--format", "csv")
+        assert r.exit_code == 0, r.output
+        parsed = list(_csv.reader(_io.StringIO(r.stdout)))
+        for row in parsed[1:]:
+            for cell in row:
+                assert not cell.startswith(("=", "+", "@")) and not (cell.startswith("-") and not _is_number(cell)), row
+        texts = {c for row in parsed[1:] for c in row}
+        assert {"'" + h for h in HOSTILE[:4]} <= texts
+        assert "0.0" in texts  # clamped utilisation; numbers stay plain numbers
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def test_table_output_shows_escape_sequences_as_text(tmp_path):
+    rows = [rec("c1", 400, "n1", 0, HOSTILE[4], "acct\u202eevil", "gpu", "2026-11-02T10:00", "2026-11-02T11:00",
+                50, 25, 3.6e6, GIB)]
+    db = make_db(tmp_path / "esc.db", rows)
+    for args in (["--by", "user,account"], ["jobs"], ["job", "400"], ["--by", "user,account", "--format", "markdown"]):
+        argv = [args[0], "--db", str(db), *args[1:]] if args[0] in ("jobs", "job") else ["--db", str(db), *args]
+        r = _cli(*argv)
+        assert r.exit_code == 0, r.output
+        assert "\x1b" not in r.stdout and "\r" not in r.stdout and "\u202e" not in r.stdout, repr(r.stdout)
+        assert "\\x1b[31mred\\x1b[0m\\x0dX" in r.stdout and "acct\\u202eevil" in r.stdout

@@ -4,6 +4,7 @@ Skipped when Chromium is not installed, except under CI (env CI set), where it m
 """
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import shutil
@@ -96,3 +97,38 @@ def test_html_report_job_page_escapes_and_loads_nothing_from_the_network(pages):
     urls = set(re.findall(r"(?:https?:)?//[\w.-]+[^\s\"'<>]*", html))
     assert urls <= {"http://www.w3.org/2000/svg"}, urls
     assert "default-src 'none'" in html
+
+
+def screenshot(page: pathlib.Path, png: pathlib.Path, size: str = "1300,1500") -> pathlib.Path:
+    with tempfile.TemporaryDirectory() as profile:
+        proc = subprocess.run(
+            [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+             f"--user-data-dir={profile}", f"--window-size={size}", f"--screenshot={png}", page.as_uri()],
+            capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and png.exists(), proc.stderr[-2000:]
+    return png
+
+
+def test_html_axis_ticks_for_seconds_long_jobs_are_distinct_not_all_0_00(tmp_path):
+    from test_report import _short_job_rows
+
+    db = make_db(tmp_path / "short.db", _short_job_rows())
+    page = tmp_path / "short.html"
+    r = CliRunner().invoke(main, ["report", "--db", str(db), "--format", "html", "-o", str(page)])
+    assert r.exit_code == 0, r.output
+    dom, log = open_in_chromium(page)
+    assert console_messages(log) == []
+    charts = re.findall(r"<figure><figcaption>(.*?)</figcaption>(.*?)</figure>", dom, re.S)
+    columns = [(title, svg) for title, svg in charts if "rotate(" in svg]  # the charts with a value axis
+    assert len(columns) == 2, [t for t, _ in charts]
+    for title, svg in columns:
+        ticks = re.findall(r'<text x="56" y="[\d.]+" text-anchor="end" class="axis[^"]*">([^<]*)</text>', svg)
+        assert len(ticks) >= 3 and len(set(ticks)) == len(ticks), (title, ticks)
+        assert float(ticks[-1].replace(",", "")) > 0, (title, ticks)
+    titles = " ".join(t for t, _ in charts)
+    assert "GPU-s" in titles and "(Wh)" in titles, titles
+    assert ">GPU-s alloc<" in dom and ">energy Wh<" in dom
+    png = screenshot(page, tmp_path / "short.png")
+    if os.environ.get("REPORT_SCREENSHOT_DIR"):  # to look at it: REPORT_SCREENSHOT_DIR=/tmp pytest -k ticks
+        import shutil
+        shutil.copy(png, os.path.join(os.environ["REPORT_SCREENSHOT_DIR"], "report-short-jobs.png"))
