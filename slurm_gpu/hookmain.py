@@ -158,7 +158,7 @@ def _run(run: _Run, flow: Optional[Flow]) -> int:
     from . import hooks
     flow = flow or getattr(hooks, run.name)
     try:
-        return flow(job, hooks.HookDeps(cfg=cfg, log=run.log))
+        return flow(job, hooks.HookDeps(cfg=cfg, log=run.log, started=hooks.process_start_time()))
     except NvmlUnavailable as e:
         return _nvml_unavailable(run, hooks, cfg, job, e, config_broken=bool(errors))
     except SlurmGpuError as e:

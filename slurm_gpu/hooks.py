@@ -93,6 +93,9 @@ class HookDeps:
     # (pid, job) -> does the process belong to the job?  Only those are ever killed.
     owns: Callable[[int, JobEnv], bool] = None  # type: ignore[assignment]
     slurm_conf: str = ""  # default: $SLURM_CONF (slurmd sets it), else the config's slurm_conf
+    # Unix time slurmd started this hook process (hookmain sets it; None: deps.now() when the
+    # flow begins).  Python's start-up and imports come before the flow's first clock read.
+    started: Optional[float] = None
 
     def __post_init__(self) -> None:
         if self.reader is None:
@@ -114,6 +117,20 @@ class HookDeps:
             from .slurm import get_backend
             self.slurm = get_backend(self.cfg)
         return self.slurm
+
+
+def process_start_time(pid: str = "self") -> Optional[float]:
+    """Unix time a process started (/proc: start ticks after boot; boot from uptime, 10 ms
+    precision, unlike /proc/stat's whole-second btime).  None where /proc cannot say."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        with open("/proc/uptime", "rb") as f:
+            uptime = float(f.read().split()[0])
+        ticks = int(stat[stat.rfind(b")") + 2:].split()[19])
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -354,7 +371,7 @@ def prolog(job: JobEnv, deps: HookDeps) -> int:
         return PROLOG_OK
     # GPU time starts when the prolog does: Slurm's allocation (PrologFlags=Alloc) began then,
     # and sreport/sacct count the prolog's run time as the job's.
-    t = deps.now()
+    t = deps.started if deps.started is not None else deps.now()
     gmap, snap, results = _job_gpu_snapshot(deps, job)
     for r in results:
         if r.status in (health.FAIL, health.WARN):
@@ -602,7 +619,7 @@ def epilog(job: JobEnv, deps: HookDeps) -> int:
         log.info("no-gpus", job=job.job_id, node=job.node)
         return 0
     # The job ended when the epilog started: what the epilog spends is not the job's GPU time.
-    end = deps.now()
+    end = deps.started if deps.started is not None else deps.now()
     # 1. Which GPUs (and MIG slices) are the job's.
     try:
         gmap = map_gpus(deps, job)

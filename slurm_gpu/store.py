@@ -739,15 +739,20 @@ def _drain_key(d: Dict[str, Any]) -> str:
 
 
 def _is_prolog_drain_of(d: Dict[str, Any], cluster: str, job_id: int, restart_count: int, node: str) -> bool:
+    restart = d.get("restart_count")
     return (d.get("source") == "prolog" and d.get("job_id") == job_id and d.get("node") == node
-            and d.get("cluster") in (None, cluster) and d.get("restart_count") in (None, restart_count))
+            and d.get("cluster") in (None, cluster) and (restart is None or restart <= restart_count))
 
 
 def _prolog_failed(conn: sqlite3.Connection, cluster: str, job_id: int, restart_count: int, node: str) -> bool:
-    """A failed prolog always records its drain (taken, kept or failed): the evidence the job never ran here."""
+    """A failed prolog always records its drain (taken, kept or failed): the evidence the job never ran here.
+
+    Slurm requeues the job as soon as the prolog fails, so the epilog of that attempt already sees
+    the next restart count (observed on 22.05.8): a prolog drain of an earlier restart counts.  A
+    later attempt that did run here has its own start record and never gets this far."""
     return conn.execute(
         "SELECT 1 FROM drains WHERE source = 'prolog' AND job_id = ? AND node = ? "
-        "AND (cluster IS NULL OR cluster = ?) AND (restart_count IS NULL OR restart_count = ?) LIMIT 1",
+        "AND (cluster IS NULL OR cluster = ?) AND (restart_count IS NULL OR restart_count <= ?) LIMIT 1",
         (job_id, node, cluster, restart_count)).fetchone() is not None
 
 

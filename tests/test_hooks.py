@@ -443,3 +443,28 @@ def test_hooks_do_not_import_click_jinja2_or_sqlite_utils(sim_node):
                 if line.startswith("import time") and line.count("|") == 2}
         assert not mods & {"click", "jinja2", "sqlite_utils", "rich"}, (main, mods & {"click", "jinja2", "sqlite_utils"})
         assert "slurm_gpu" in mods and "pynvml" in mods  # the measurement itself works
+
+
+def test_process_start_time_is_when_the_process_started():
+    t0 = time.time()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        time.sleep(0.5)
+        started = hooks.process_start_time(str(proc.pid))
+        assert started is not None and t0 - 0.05 <= started <= t0 + 0.3, (t0, started)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert hooks.process_start_time(str(simgpu.dead_pid())) is None
+
+
+def test_gpu_time_starts_when_slurmd_started_the_prolog_not_after_python_imports(sim_node):
+    # Python's start-up and imports (~0.1-0.3 s) are part of the allocation Slurm counts.
+    node = sim_node(simgpu.h100_sxm(1))
+    t0 = time.time()
+    cp = subprocess.run([sys.executable, "-c", "import time; time.sleep(0.5); "
+                         "from slurm_gpu.hookmain import prolog_main; prolog_main()"],
+                        env=node.env(**job_env(gpus="0")), capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    (start,) = rows(node.db, "SELECT start_time FROM job_starts")
+    assert t0 - 0.05 <= start["start_time"] < t0 + 0.4, (t0, start)

@@ -139,6 +139,9 @@ def test_job_on_gpu_with_uncorrectable_ecc_drains_node_and_finishes_elsewhere(cl
     assert reasons["gpu01"] == ours[0]["reason"], reasons  # Slurm kept our reason, not "Prolog error"
     # The requeued run is recorded on gpu02 with restart count 1.
     assert [r["restart_count"] for r in site.rows("gpu02", "SELECT DISTINCT restart_count FROM job_gpus WHERE job_id=?", job)] == [1]
+    # gpu01's epilog runs after the requeue (SLURM_JOB_RESTART_COUNT already 1): the job never
+    # ran there, so no usage - not even a partial record - may be recorded for it.
+    assert site.rows("gpu01", "SELECT job_id, restart_count, partial FROM job_gpus WHERE job_id=?", job) == [], site.log("gpu01")
 
 
 def test_hung_gpu_drains_within_deadline_and_prolog_does_not_hang(cluster, site):
