@@ -23,8 +23,8 @@ def console_script(name: str) -> List[str]:
     path = os.path.join(os.path.dirname(sys.executable), name)
     if os.path.exists(path):
         return [path]
-    module, func = {"slurm-gpu": ("slurm_gpu.cli", "main"), "slurm-gpu-prolog": ("slurm_gpu.hookmain", "prolog_main"),
-                    "slurm-gpu-epilog": ("slurm_gpu.hookmain", "epilog_main")}[name]
+    module, func = {"slurm-gpu": ("slurm_gpu.cli", "main"), "slurm-gpu-prolog": ("slurm_gpu.hooks.main", "prolog_main"),
+                    "slurm-gpu-epilog": ("slurm_gpu.hooks.main", "epilog_main")}[name]
     return [sys.executable, "-c", f"from {module} import {func}; {func}()"]
 
 

@@ -22,7 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from slurm_gpu import gres, inventory  # noqa: E402
+from slurm_gpu.gres import generate as gres
+from slurm_gpu.gres import inventory  # noqa: E402
 
 
 def _gpu(i: int, host: str, name: str, bus: int, cpus: str, cores: str, peers: dict) -> dict:

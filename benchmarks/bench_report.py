@@ -29,7 +29,8 @@ from typing import Callable, Dict, List, Sequence, Tuple
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from slurm_gpu import report, schema  # noqa: E402
+from slurm_gpu.report import query as report
+from slurm_gpu.store import schema  # noqa: E402
 
 YEAR_START = 1735689600.0  # 2025-01-01T00:00:00Z
 YEAR_S = 365 * 86400

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from .errors import ConfigError
+from slurm_gpu.errors import ConfigError
 
 DEFAULT_PATH = "/etc/slurm-gpu/config.toml"
 SEVERITIES = ("fail", "warn", "off")

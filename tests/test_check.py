@@ -11,8 +11,10 @@ import time
 import pytest
 
 import simgpu
-from slurm_gpu import config, health, hooks
-from slurm_gpu.nvml import NvmlReader
+from slurm_gpu import config
+from slurm_gpu.policy import health
+from slurm_gpu.hooks import flows as hooks
+from slurm_gpu.gpu.nvml import NvmlReader
 
 
 def run_check(node, *args, timeout=60):
@@ -266,7 +268,7 @@ def test_severity_off_removes_check(sim_node):
 
 def test_healthcheck_checks_leftovers_only_when_no_gpu_is_allocated(sim_node):
     import types
-    from slurm_gpu.cli_admin import default_checker
+    from slurm_gpu.cli.admin import default_checker
     node = sim_node(simgpu.h100_sxm(2))
     simgpu.set_gpu(node.state, 1, memory_used=8 << 30)
     os.environ["SIMNVML_STATE"] = str(node.state)
@@ -299,7 +301,7 @@ def test_accounting_stats_work_without_pynvmls_private_function_lookup(sim_node,
     # A future nvidia-ml-py may drop _nvmlGetFunctionPointer: the public wrapper then answers.
     import time as _time
     import pynvml
-    from slurm_gpu import nvml
+    from slurm_gpu.gpu import nvml
     node = sim_node(simgpu.h100_sxm(1))
     now_us = int(_time.time() * 1e6)
     simgpu.set_gpu(node.state, 0, acct=[dict(pid=4242, gpu_util=70, mem_util=20, max_mem_bytes=5 << 30,

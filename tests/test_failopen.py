@@ -19,10 +19,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import simgpu
-from slurm_gpu import config, hookmain, slurm
+from slurm_gpu import config
+from slurm_gpu.hooks import main as hookmain
+from slurm_gpu.slurm import model as slurm
+from slurm_gpu.slurm import backend as slurm_backend
 from slurm_gpu.errors import ConfigError, SlurmError
 
-PROLOG = "from slurm_gpu.hookmain import prolog_main; prolog_main()"
+PROLOG = "from slurm_gpu.hooks.main import prolog_main; prolog_main()"
 
 
 def job_env(gpus="0", **extra):
@@ -171,12 +174,12 @@ def test_anything_raised_by_the_flow_fails_open_with_one_line(sim_node, fallback
 
 def test_prolog_fails_open_when_the_hooks_module_cannot_be_imported(sim_node, fallback):
     node = sim_node()
-    code = "import sys; sys.modules['slurm_gpu.hooks'] = None; " + PROLOG  # as if hooks.py were broken
+    code = "import sys; sys.modules['slurm_gpu.hooks.flows'] = None; " + PROLOG  # as if hooks.py were broken
     cp = run_prolog(hook_env(node, fallback), code=code)
     assert cp.returncode == 0 and "Traceback (most recent call last)" not in cp.stderr, cp.stderr[-2000:]
     assert len(cp.stderr.splitlines()) == 1
     (line,) = lines(fallback)
-    assert "internal-error" in line and "slurm_gpu.hooks" in line
+    assert "internal-error" in line and "slurm_gpu.hooks.flows" in line
 
 
 # ------------------------------------------------------------------ 2. ASCII digits only
@@ -201,7 +204,7 @@ _ANY_TEXT = st.text(st.characters(exclude_categories=()), max_size=30) | st.samp
     "SLURM_JOB_ID", "SLURM_JOB_GPUS", "SLURMD_NODENAME", "SLURM_JOB_UID", "SLURM_JOB_RESTART_COUNT", "SLURM_JOB_USER")}))
 def test_any_environment_is_a_job_or_one_input_error(env):
     from slurm_gpu.errors import InputError
-    from slurm_gpu.jobenv import MAX_GPU_INDEX, MAX_ID, from_env
+    from slurm_gpu.slurm.jobenv import MAX_GPU_INDEX, MAX_ID, from_env
     try:
         job = from_env(env, default_node="n1")
     except InputError as e:
@@ -215,7 +218,7 @@ def test_any_environment_is_a_job_or_one_input_error(env):
 @settings(max_examples=200, deadline=None)
 @given(st.text(st.characters(exclude_categories=()), max_size=40))
 def test_any_value_makes_one_printable_log_line(value):
-    from slurm_gpu.hooklog import HookLog
+    from slurm_gpu.hooks.log import HookLog
     line = HookLog("prolog", syslog_on=False, level="error").info("x", job=value, node=value)
     assert line.isprintable() and len(line.splitlines()) == 1
     line.encode("utf-8")
@@ -315,7 +318,7 @@ class FakeSlurm(slurm.SlurmBackend):
 
 def healthcheck(monkeypatch, cfg_path, backend, fallback):
     from slurm_gpu.cli import main
-    monkeypatch.setattr(slurm, "get_backend", lambda cfg: backend)
+    monkeypatch.setattr(slurm_backend, "get_backend", lambda cfg: backend)
     monkeypatch.setenv("SLURM_GPU_FALLBACK_LOG", str(fallback))
     return CliRunner().invoke(main, ["--config", str(cfg_path), "healthcheck", "--node", "gpu01"])
 

@@ -88,7 +88,7 @@ def test_real_gpu_prolog_and_epilog_round_trip(real_env, tmp_path):
                SLURM_CLUSTER_NAME="smoke", SLURM_JOB_USER="root", SLURM_JOB_UID="0")
     codes = {}
     for hook in ("prolog_main", "epilog_main"):
-        cp = subprocess.run([sys.executable, "-c", f"from slurm_gpu.hookmain import {hook}; {hook}()"], env=job,
+        cp = subprocess.run([sys.executable, "-c", f"from slurm_gpu.hooks.main import {hook}; {hook}()"], env=job,
                             capture_output=True, text=True, timeout=120)
         codes[hook] = cp.returncode
         print(hook, cp.returncode, (tmp_path / "hooks.log").read_text()[-2000:])

@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 import simgpu
-from slurm_gpu import gpumap, hooks, slurmconf
-from slurm_gpu.jobenv import from_env
-from slurm_gpu.slurmconf import GresConfigError
+from slurm_gpu.slurm import gpumap
+from slurm_gpu.hooks import flows as hooks
+from slurm_gpu.slurm import conf as slurmconf
+from slurm_gpu.slurm.jobenv import from_env
+from slurm_gpu.slurm.conf import GresConfigError
 from test_hooks import RecordingSlurm, deps_for, job_env, rows
 
 GOLDEN_MIG_MINORS = Path(__file__).resolve().parent / "golden" / "gres" / "mig-minors"
@@ -335,7 +337,7 @@ def test_healthcheck_on_mig_node_expects_physical_gpus_not_slurms_slice_count(si
     # 3 configured" would drain every MIG node at every HealthCheckInterval.
     import types
     from slurm_gpu import config
-    from slurm_gpu.cli_admin import default_checker
+    from slurm_gpu.cli.admin import default_checker
     node = mig_node(sim_node)
     monkeypatch.setenv("SIMNVML_STATE", str(node.state))
     monkeypatch.setenv("SLURM_CONF", str(node.tmp / "slurm.conf"))

@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from slurm_gpu import gres, hostlist, inventory
+from slurm_gpu.gres import generate as gres
+from slurm_gpu.slurm import hostlist
+from slurm_gpu.gres import inventory
 from slurm_gpu.cli import main
 from slurm_gpu.errors import InputError
-from slurm_gpu.snapshot import GpuSnapshot, MigDevice, NodeSnapshot, NvLink, failed, unsupported, value
+from slurm_gpu.gpu.snapshot import GpuSnapshot, MigDevice, NodeSnapshot, NvLink, failed, unsupported, value
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden" / "gres"
@@ -595,7 +597,7 @@ def test_check_refuses_a_key_slurm_does_not_know():
 
 
 def test_slurm_config_lines_are_joined_and_escaped_as_parse_config_does():
-    from slurm_gpu import slurmconf
+    from slurm_gpu.slurm import conf as slurmconf
     text = ("Name=gpu File=/dev/nvi\\\ndia[0-1] # comment \\#1\n"   # joined where the '\' was, no space
             "Name=gpu Type=a\\#b   \\   \n  File=/dev/nvidia2\n"      # '\#' is '#'; white space after '\'
             "# Name=gpu File=/dev/nvidia9\n")

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 import gres_corpus as corpus
-from slurm_gpu import gres, slurmconf
+from slurm_gpu.gres import generate as gres
+from slurm_gpu.slurm import conf as slurmconf
 
 
 def test_every_corpus_file_has_its_public_source_noted():

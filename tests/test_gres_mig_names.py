@@ -34,7 +34,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu import gres, inventory, slurmconf
+from slurm_gpu.gres import generate as gres
+from slurm_gpu.gres import inventory
+from slurm_gpu.slurm import conf as slurmconf
 from slurm_gpu.errors import InputError
 
 OLD = (22, 5, 8)
@@ -221,7 +223,7 @@ def test_cli_without_any_slurm_version_for_mig_types_says_how_to_give_one(tmp_pa
 
 
 def test_inventory_keeps_the_instance_memory_and_full_profile():
-    from slurm_gpu.snapshot import GpuSnapshot, MigDevice, NodeSnapshot, value
+    from slurm_gpu.gpu.snapshot import GpuSnapshot, MigDevice, NodeSnapshot, value
 
     devs = (MigDevice(0, "MIG-a", 1, 0, 40192 << 20, "NVIDIA A100-SXM4-80GB MIG 1c.3g.40gb"),)
     g = GpuSnapshot(index=0, minor_number=value(0), uuid=value("GPU-0"), name=value("NVIDIA A100-SXM4-80GB"),

@@ -16,12 +16,13 @@ import types
 import pytest
 
 import simgpu
-from slurm_gpu import config, hooks
+from slurm_gpu import config
+from slurm_gpu.hooks import flows as hooks
 from slurm_gpu.errors import SlurmError
-from slurm_gpu.hooklog import HookLog
-from slurm_gpu.jobenv import from_env
-from slurm_gpu.nvml import NvmlReader
-from slurm_gpu.store import Store
+from slurm_gpu.hooks.log import HookLog
+from slurm_gpu.slurm.jobenv import from_env
+from slurm_gpu.gpu.nvml import NvmlReader
+from slurm_gpu.store.node import Store
 
 
 class RecordingSlurm:
@@ -242,12 +243,12 @@ def test_epilog_spools_when_database_unwritable_and_next_write_ingests(sim_node)
 
 def test_bad_slurm_job_gpus_is_logged_error_not_traceback(sim_node):
     node = sim_node()
-    cp = subprocess.run([sys.executable, "-c", "from slurm_gpu.hookmain import prolog_main; prolog_main()"],
+    cp = subprocess.run([sys.executable, "-c", "from slurm_gpu.hooks.main import prolog_main; prolog_main()"],
                         env=node.env(**job_env(gpus="0,abc")), capture_output=True, text=True, timeout=60)
     assert cp.returncode == 0  # fail_open
     assert "Traceback" not in cp.stderr and "SLURM_JOB_GPUS='0,abc'" in node.log_text()
     node.write_config("[hooks]\nfail_open = false\n")
-    cp = subprocess.run([sys.executable, "-c", "from slurm_gpu.hookmain import prolog_main; prolog_main()"],
+    cp = subprocess.run([sys.executable, "-c", "from slurm_gpu.hooks.main import prolog_main; prolog_main()"],
                         env=node.env(**job_env(gpus="0,abc")), capture_output=True, text=True, timeout=60)
     assert cp.returncode == 1
 
@@ -256,7 +257,7 @@ def test_missing_job_id_is_a_clear_error(sim_node):
     node = sim_node()
     env = node.env(**job_env())
     del env["SLURM_JOB_ID"]
-    cp = subprocess.run([sys.executable, "-c", "from slurm_gpu.hookmain import prolog_main; prolog_main()"],
+    cp = subprocess.run([sys.executable, "-c", "from slurm_gpu.hooks.main import prolog_main; prolog_main()"],
                         env=env, capture_output=True, text=True, timeout=60)
     assert cp.returncode == 0 and "SLURM_JOB_ID is not set" in node.log_text()
 
@@ -264,7 +265,7 @@ def test_missing_job_id_is_a_clear_error(sim_node):
 def test_broken_config_fails_open_with_one_line(sim_node):
     node = sim_node()
     node.write_config("[health]\nmax_temperature_c = 'hot'\n")
-    cp = subprocess.run([sys.executable, "-c", "from slurm_gpu.hookmain import prolog_main; prolog_main()"],
+    cp = subprocess.run([sys.executable, "-c", "from slurm_gpu.hooks.main import prolog_main; prolog_main()"],
                         env=node.env(**job_env()), capture_output=True, text=True, timeout=60)
     assert cp.returncode == 0
     assert "max_temperature_c" in cp.stderr and "Traceback" not in cp.stderr
@@ -289,7 +290,7 @@ def test_hook_deadline_ends_a_stuck_hook(sim_node):
     node.write_config("[hooks]\nprolog_deadline_s = 1.5\n", nvml_timeout_s=30.0)
     simgpu.inject_hang(node.state, 0, "nvmlDeviceGetUUID", 120)
     t0 = time.monotonic()
-    cp = subprocess.run([sys.executable, "-c", "from slurm_gpu.hookmain import prolog_main; prolog_main()"],
+    cp = subprocess.run([sys.executable, "-c", "from slurm_gpu.hooks.main import prolog_main; prolog_main()"],
                         env=node.env(**job_env(gpus="0")), capture_output=True, text=True, timeout=60)
     assert time.monotonic() - t0 < 10
     assert cp.returncode == 0 and "deadline-exceeded" in node.log_text()
@@ -423,7 +424,7 @@ def test_prolog_on_node_whose_driver_does_not_load_fails_the_job_and_tries_to_dr
     node = sim_node()
     node.write_config(slurm_timeout_s=2.0)
     node.state.unlink()  # the simulated driver then answers DRIVER_NOT_LOADED
-    cp = subprocess.run([sys.executable, "-c", "from slurm_gpu.hookmain import prolog_main; prolog_main()"],
+    cp = subprocess.run([sys.executable, "-c", "from slurm_gpu.hooks.main import prolog_main; prolog_main()"],
                         env=node.env(**job_env(gpus="0"), SLURM_CONF="/nonexistent/slurm.conf"),
                         capture_output=True, text=True, timeout=60)
     log = node.log_text()
@@ -436,7 +437,7 @@ def test_hooks_do_not_import_click_jinja2_or_sqlite_utils(sim_node):
     # Start-up time is part of every job start: the heavy libraries belong to the admin CLI only.
     node = sim_node(simgpu.h100_sxm(2))
     for main in ("prolog_main", "epilog_main"):
-        cp = subprocess.run([sys.executable, "-X", "importtime", "-c", f"from slurm_gpu.hookmain import {main}; {main}()"],
+        cp = subprocess.run([sys.executable, "-X", "importtime", "-c", f"from slurm_gpu.hooks.main import {main}; {main}()"],
                             env=node.env(**job_env(gpus="0")), capture_output=True, text=True, timeout=60)
         assert cp.returncode == 0, cp.stderr[-2000:]
         mods = {line.split("|")[2].strip().split(".")[0] for line in cp.stderr.splitlines()
@@ -463,7 +464,7 @@ def test_gpu_time_starts_when_slurmd_started_the_prolog_not_after_python_imports
     node = sim_node(simgpu.h100_sxm(1))
     t0 = time.time()
     cp = subprocess.run([sys.executable, "-c", "import time; time.sleep(0.5); "
-                         "from slurm_gpu.hookmain import prolog_main; prolog_main()"],
+                         "from slurm_gpu.hooks.main import prolog_main; prolog_main()"],
                         env=node.env(**job_env(gpus="0")), capture_output=True, text=True, timeout=60)
     assert cp.returncode == 0, cp.stderr
     (start,) = rows(node.db, "SELECT start_time FROM job_starts")

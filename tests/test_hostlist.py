@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_gpu import hostlist
+from slurm_gpu.slurm import hostlist
 
 
 @pytest.mark.parametrize("expr, names", [

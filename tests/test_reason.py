@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_gpu import reason as R
-from slurm_gpu.reason import PREFIX, auto_resumable, format_reason, is_manual, is_ours, reason_context
+from slurm_gpu.slurm import reason as R
+from slurm_gpu.slurm.reason import PREFIX, auto_resumable, format_reason, is_manual, is_ours, reason_context
 
 HOSTILE = [
     "line one\nline two\r\nline three",

@@ -18,7 +18,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import pytest
 from click.testing import CliRunner
 
-from slurm_gpu import report, schema
+from slurm_gpu.report import query as report
+from slurm_gpu.store import schema
 from slurm_gpu.cli import main
 
 GOLDEN = pathlib.Path(__file__).parent / "golden" / "report"
@@ -616,7 +617,7 @@ def test_utilisation_over_100_percent_is_clamped_and_said(tmp_path):
 
 def _live_store_db(tmp_path: pathlib.Path):
     """A node database written by the Store whose records are still in the WAL (a hook holds it open)."""
-    from slurm_gpu.store import Store
+    from slurm_gpu.store.node import Store
 
     path = tmp_path / "node" / "usage.db"
     st = Store(str(path), str(tmp_path / "spool"))

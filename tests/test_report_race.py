@@ -4,7 +4,7 @@ The hooks open the database, write one record and close it; the last connection 
 checkpoints the WAL into the main file and deletes the `-wal` file.  A report that found no
 `-wal` file used to read the main file as `immutable=1` (no locks at all) while such a
 checkpoint rewrote its pages: 3-4 % of the reports gave wrong totals.  Here real processes
-write through slurm_gpu.store.Store while reports run, and every report must describe one
+write through slurm_gpu.store.node.Store while reports run, and every report must describe one
 committed state of the database.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from click.testing import CliRunner
 
 from slurm_gpu.cli import main
-from slurm_gpu.store import Store
+from slurm_gpu.store.node import Store
 
 GPUS_PER_JOB = 4
 JOB_S = 3600.0
@@ -31,7 +31,7 @@ T0 = 1_790_000_000.0
 WRITER = r"""
 import os, sys, time
 sys.path.insert(0, {repo!r})
-from slurm_gpu.store import Store
+from slurm_gpu.store.node import Store
 sys.path.insert(0, {tests!r})
 from test_report_race import job_end
 path, spool, first, stop = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
@@ -95,7 +95,7 @@ def test_reports_racing_hook_writers_never_give_wrong_totals(tmp_path: pathlib.P
     st = Store(str(db), str(spool))
     conn = st.connect()
     conn.execute("BEGIN")
-    from slurm_gpu.store import _apply
+    from slurm_gpu.store.node import _apply
     for j in range(2_000_001, 2_001_001):
         _apply(conn, job_end(j))
     conn.execute("COMMIT")
@@ -131,7 +131,7 @@ def test_reports_racing_hook_writers_never_give_wrong_totals(tmp_path: pathlib.P
 
 
 def test_writer_arriving_during_an_immutable_read_makes_the_report_read_again(tmp_path: pathlib.Path):
-    from slurm_gpu import report
+    from slurm_gpu.report import query as report
 
     db, spool = tmp_path / "usage.db", tmp_path / "spool"
     st = Store(str(db), str(spool))
@@ -140,7 +140,7 @@ def test_writer_arriving_during_an_immutable_read_makes_the_report_read_again(tm
     assert not os.path.exists(str(db) + "-wal")
     here = pathlib.Path(__file__).resolve().parent
     write_one = (f"import sys; sys.path.insert(0, {str(here.parent)!r}); sys.path.insert(0, {str(here)!r})\n"
-                 "from slurm_gpu.store import Store\nfrom test_report_race import job_end\n"
+                 "from slurm_gpu.store.node import Store\nfrom test_report_race import job_end\n"
                  f"st = Store({str(db)!r}, {str(spool)!r}); st.write(job_end(2)); st.close()\n")
     seen = []
 

@@ -16,12 +16,14 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from slurm_gpu import slurm
+from slurm_gpu.slurm import model as slurm
+from slurm_gpu.slurm import backend as slurm_backend
 from slurm_gpu.config import defaults
 from slurm_gpu.errors import ExitCode, NvmlUnavailable, SlurmError
-from slurm_gpu.reason import format_reason
-from slurm_gpu.slurm import NodeInfo, gpu_count, node_health_cycle, parse_gres, split_state, tres_gpu_count
-from slurm_gpu.slurm_cli_backend import CliBackend, parse_show_line, split_records
+from slurm_gpu.slurm.reason import format_reason
+from slurm_gpu.slurm.model import NodeInfo, gpu_count, parse_gres, split_state, tres_gpu_count
+from slurm_gpu.hooks.healthcheck import node_health_cycle
+from slurm_gpu.slurm.cli_backend import CliBackend, parse_show_line, split_records
 
 FAKE_PYSLURM = Path(__file__).resolve().parent / "fake_pyslurm"
 
@@ -88,7 +90,7 @@ def test_show_line_with_spaces_in_values_parses():
 
 
 def test_reason_with_brackets_equals_and_fake_suffix_is_read_whole():
-    from slurm_gpu.slurm_cli_backend import node_from_fields
+    from slurm_gpu.slurm.cli_backend import node_from_fields
     info = node_from_fields(parse_show_line(LINE_DRAINED))
     assert info.reason == HOSTILE_REASON
     assert info.reason_user == "root"
@@ -169,7 +171,7 @@ def test_environment_is_passed_through_with_iso_time_format(tmp_path):
 
 
 def test_binaries_are_found_without_path_in_the_fallback_dirs(tmp_path, monkeypatch):
-    import slurm_gpu.slurm_cli_backend as cb
+    import slurm_gpu.slurm.cli_backend as cb
     make_tool(tmp_path / "opt", "scontrol")
     monkeypatch.setattr(cb, "FALLBACK_DIRS", ("/nonexistent", str(tmp_path / "opt")))
     b = CliBackend(env={"SLURM_CONF": "/x"}, timeout_s=5)  # no PATH, like a hook
@@ -184,7 +186,7 @@ def test_slurm_bin_dir_wins_over_path(tmp_path):
 
 
 def test_missing_scontrol_is_a_clear_error(tmp_path, monkeypatch):
-    import slurm_gpu.slurm_cli_backend as cb
+    import slurm_gpu.slurm.cli_backend as cb
     monkeypatch.setattr(cb, "FALLBACK_DIRS", (str(tmp_path / "none"),))
     with pytest.raises(SlurmError) as e:
         CliBackend(bin_dir=str(tmp_path / "empty"), env={}, timeout_s=5).node("gpu01")
@@ -289,51 +291,51 @@ def _cfg(tmp_path, backend: str, version_line: str):
 
 
 def test_auto_uses_pyslurm_when_it_matches_the_running_slurm(tmp_path, fake_pyslurm):
-    b = slurm.get_backend(_cfg(tmp_path, "auto", "slurm 25.11.2"))
+    b = slurm_backend.get_backend(_cfg(tmp_path, "auto", "slurm 25.11.2"))
     assert b.name == "pyslurm" and "matches Slurm 25.11" in b.why
 
 
 def test_auto_falls_back_to_cli_on_version_mismatch(tmp_path, fake_pyslurm):
-    b = slurm.get_backend(_cfg(tmp_path, "auto", "slurm-wlm 22.05.8"))
+    b = slurm_backend.get_backend(_cfg(tmp_path, "auto", "slurm-wlm 22.05.8"))
     assert b.name == "cli" and "for Slurm 25.11, running Slurm is 22.05" in b.why
 
 
 def test_auto_falls_back_to_cli_when_pyslurm_is_missing(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyslurm", None)  # import pyslurm -> ImportError
-    b = slurm.get_backend(_cfg(tmp_path, "auto", "slurm 25.11.2"))
+    b = slurm_backend.get_backend(_cfg(tmp_path, "auto", "slurm 25.11.2"))
     assert b.name == "cli" and "not importable" in b.why
     assert calls(tmp_path) == []  # no version probe without pyslurm: the hook path stays cheap
 
 
 def test_explicit_pyslurm_mismatch_is_an_error_not_a_silent_switch(tmp_path, fake_pyslurm):
     with pytest.raises(SlurmError) as e:
-        slurm.get_backend(_cfg(tmp_path, "pyslurm", "slurm 24.11.1"))
+        slurm_backend.get_backend(_cfg(tmp_path, "pyslurm", "slurm 24.11.1"))
     assert "pyslurm 25.11.0 is for Slurm 25.11, running Slurm is 24.11" in e.value.message
 
 
 def test_explicit_pyslurm_missing_is_an_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyslurm", None)
     with pytest.raises(SlurmError, match="cannot be imported"):
-        slurm.get_backend(_cfg(tmp_path, "pyslurm", "slurm 25.11.2"))
+        slurm_backend.get_backend(_cfg(tmp_path, "pyslurm", "slurm 25.11.2"))
 
 
 def test_explicit_cli_never_imports_pyslurm(tmp_path, fake_pyslurm):
     sys.modules.pop("pyslurm", None)
-    b = slurm.get_backend(_cfg(tmp_path, "cli", "slurm 25.11.2"))
+    b = slurm_backend.get_backend(_cfg(tmp_path, "cli", "slurm 25.11.2"))
     assert b.name == "cli" and "pyslurm" not in sys.modules
 
 
 def test_version_text_parsing():
-    assert slurm.slurm_major_minor("slurm 22.05.8") == (22, 5)
-    assert slurm.slurm_major_minor("25.5.0") == (25, 5)
-    assert slurm.slurm_major_minor("slurm-wlm 24.11.5") == (24, 11)
-    assert slurm.slurm_major_minor("garbage") is None
+    assert slurm_backend.slurm_major_minor("slurm 22.05.8") == (22, 5)
+    assert slurm_backend.slurm_major_minor("25.5.0") == (25, 5)
+    assert slurm_backend.slurm_major_minor("slurm-wlm 24.11.5") == (24, 11)
+    assert slurm_backend.slurm_major_minor("garbage") is None
 
 
 # ------------------------------------------------------------------ pyslurm backend (stand-in)
 
 def test_pyslurm_backend_reads_nodes_like_the_cli_backend(fake_pyslurm):
-    from slurm_gpu.slurm_pyslurm_backend import PyslurmBackend
+    from slurm_gpu.slurm.pyslurm_backend import PyslurmBackend
     fake_pyslurm._add_node("gpu01", gres={"gpu:h100": 4}, gres_used={"gpu:h100": {"count": "2", "indexes": "0-1"}},
                            base="MIXED")
     fake_pyslurm._add_node("gpu02", flags=["DRAIN"], reason="maintenance", reason_user="alice", reason_time=1700000000)
@@ -346,7 +348,7 @@ def test_pyslurm_backend_reads_nodes_like_the_cli_backend(fake_pyslurm):
 
 
 def test_pyslurm_backend_drains_and_resumes(fake_pyslurm):
-    from slurm_gpu.slurm_pyslurm_backend import PyslurmBackend
+    from slurm_gpu.slurm.pyslurm_backend import PyslurmBackend
     fake_pyslurm._add_node("gpu01")
     b = PyslurmBackend(fake_pyslurm, timeout_s=5)
     r = format_reason("GPU 2 lost", "healthcheck")
@@ -358,7 +360,7 @@ def test_pyslurm_backend_drains_and_resumes(fake_pyslurm):
 
 
 def test_pyslurm_backend_errors_are_slurm_errors(fake_pyslurm):
-    from slurm_gpu.slurm_pyslurm_backend import PyslurmBackend
+    from slurm_gpu.slurm.pyslurm_backend import PyslurmBackend
     b = PyslurmBackend(fake_pyslurm, timeout_s=5)
     with pytest.raises(SlurmError, match="unknown node 'nope': Node 'nope' does not exist"):
         b.node("nope")
@@ -369,7 +371,7 @@ def test_pyslurm_backend_errors_are_slurm_errors(fake_pyslurm):
 
 
 def test_pyslurm_backend_gives_up_on_a_hanging_rpc(fake_pyslurm):
-    from slurm_gpu.slurm_pyslurm_backend import PyslurmBackend
+    from slurm_gpu.slurm.pyslurm_backend import PyslurmBackend
     fake_pyslurm._add_node("gpu01")
     fake_pyslurm._CONTROLLER["hang_s"] = 5
     t0 = time.monotonic()
@@ -379,7 +381,7 @@ def test_pyslurm_backend_gives_up_on_a_hanging_rpc(fake_pyslurm):
 
 
 def test_pyslurm_backend_job_from_slurmctld_then_slurmdbd(fake_pyslurm):
-    from slurm_gpu.slurm_pyslurm_backend import PyslurmBackend
+    from slurm_gpu.slurm.pyslurm_backend import PyslurmBackend
     fake_pyslurm._add_job(7, user_name="alice", account="physics", partition="gpu", state="RUNNING",
                           allocated_nodes="gpu01", gres_per_node={"gpu": 2}, start_time=1700000000, end_time=None)
     fake_pyslurm._add_job(8, live=False, user_name="bob", account="chem", partition="gpu", state="COMPLETED",
@@ -580,7 +582,7 @@ def make_slurm(bin_dir: Path, nodes: Dict[str, Dict[str, Any]], *, before_update
         #!{sys.executable}
         import json, sys
         sys.path.insert(0, {str(REPO)!r})
-        from slurm_gpu.hostlist import expand
+        from slurm_gpu.slurm.hostlist import expand
         STATE = {str(bin_dir / "slurm.json")!r}
         LINE = {LINE_IDLE!r}
         argv = sys.argv[1:]
@@ -792,8 +794,8 @@ def test_unreachable_slurmctld_stops_the_batch_with_one_error(tmp_path):
 
 
 def test_hostlist_batches_keep_every_argument_short_and_every_range_within_slurms_limit():
-    from slurm_gpu.hostlist import compress, expand
-    from slurm_gpu.slurm import hostlist_batches
+    from slurm_gpu.slurm.hostlist import compress, expand
+    from slurm_gpu.slurm.model import hostlist_batches
     names = [f"n{i}" for i in range(1, 70001)]
     batches = hostlist_batches(names)
     assert [len(b) for b in batches] == [65536, 70000 - 65536]
@@ -804,7 +806,7 @@ def test_hostlist_batches_keep_every_argument_short_and_every_range_within_slurm
 
 
 def test_pyslurm_backend_drains_and_resumes_many_nodes_in_one_rpc(fake_pyslurm):
-    from slurm_gpu.slurm_pyslurm_backend import PyslurmBackend
+    from slurm_gpu.slurm.pyslurm_backend import PyslurmBackend
     for i in range(1, 11):
         fake_pyslurm._add_node(f"gpu{i:02d}")
     b = PyslurmBackend(fake_pyslurm, timeout_s=5)
@@ -824,7 +826,7 @@ def test_pyslurm_backend_drains_and_resumes_many_nodes_in_one_rpc(fake_pyslurm):
 
 
 def test_pyslurm_batch_with_a_vanished_node_is_settled_one_by_one(fake_pyslurm):
-    from slurm_gpu.slurm_pyslurm_backend import PyslurmBackend
+    from slurm_gpu.slurm.pyslurm_backend import PyslurmBackend
     for n in ("gpu01", "gpu02", "gpu03"):
         fake_pyslurm._add_node(n, flags=["DRAIN"], reason=OURS)
     fake_pyslurm._add_node("gpu04")  # not drained: RESUME is an invalid state for it
@@ -844,8 +846,8 @@ def test_memory_backend_without_hostlist_updates_still_gets_the_batch_interface(
 @pytest.mark.parametrize("expr", ["gpu[001-064,066]", "n[8-10]", "a[1-2],b[7],login", "rack[1-2]-gpu[01-02]",
                                   "n[1-2]x", "node5", " gpu[1-2] ", "r[1-3]n[1-4096]", "gpu[1-65536]"])
 def test_hostlist_size_counts_what_expand_gives_without_expanding(expr):
-    from slurm_gpu.cli_admin import _hostlist_size
-    from slurm_gpu.hostlist import expand
+    from slurm_gpu.cli.admin import _hostlist_size
+    from slurm_gpu.slurm.hostlist import expand
     assert _hostlist_size(expr) == len(expand(expr))
 
 

@@ -11,8 +11,8 @@ import textwrap
 
 import pytest
 
-from slurm_gpu.schema import MIGRATIONS, REPORT_INDEX_KEYS, SCHEMA_VERSION
-from slurm_gpu.store import Store, integrity_check
+from slurm_gpu.store.schema import MIGRATIONS, REPORT_INDEX_KEYS, SCHEMA_VERSION
+from slurm_gpu.store.node import Store, integrity_check
 
 
 def job_end(job_id, node="n1", gpus=2, restart=0):
@@ -124,9 +124,9 @@ def test_v1_database_with_rows_migrates_to_v2_on_next_write_and_keeps_its_rows(t
     c.execute("PRAGMA journal_mode = WAL")
     c.close()
     # Rows written by a v1 slurm-gpu: the Store of that version only ran migration 0.
-    from slurm_gpu import store as store_mod
+    from slurm_gpu.store import node as store_mod
     c = sqlite3.connect(path, isolation_level=None)
-    from slurm_gpu.schema import JOB_GPU_COLUMNS
+    from slurm_gpu.store.schema import JOB_GPU_COLUMNS
     v1_insert = f"INSERT INTO job_gpus ({', '.join(JOB_GPU_COLUMNS)}) VALUES ({', '.join('?' * len(JOB_GPU_COLUMNS))})"
     v1_job_insert = store_mod._insert("jobs", store_mod._JOB_COLUMNS)
     for j in (1, 2):
@@ -164,7 +164,7 @@ def test_64_concurrent_writers_lose_nothing(tmp_path):
         import sys
         sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})
         sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
-        from slurm_gpu.store import Store
+        from slurm_gpu.store.node import Store
         from test_store import job_end
         st = Store({str(db)!r}, {str(spool)!r}, busy_timeout_s=30)
         print(st.write(job_end(int(sys.argv[1]), gpus=8)))

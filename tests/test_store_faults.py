@@ -18,11 +18,12 @@ import types
 import pytest
 
 import simgpu
-from slurm_gpu import config, hooks
-from slurm_gpu.hooklog import HookLog
-from slurm_gpu.jobenv import from_env
-from slurm_gpu.schema import SCHEMA_VERSION
-from slurm_gpu.store import Store, integrity_check
+from slurm_gpu import config
+from slurm_gpu.hooks import flows as hooks
+from slurm_gpu.hooks.log import HookLog
+from slurm_gpu.slurm.jobenv import from_env
+from slurm_gpu.store.schema import SCHEMA_VERSION
+from slurm_gpu.store.node import Store, integrity_check
 from test_hooks import RecordingSlurm, deps_for, job_env, rows
 from test_store import count, job_end
 
@@ -541,7 +542,7 @@ class MemSlurm:
         self.actions = []
 
     def _info(self, name):
-        from slurm_gpu.slurm import NodeInfo, split_state
+        from slurm_gpu.slurm.model import NodeInfo, split_state
         r = self.reasons.get(name, "")
         state = "IDLE+DRAIN" if r else "IDLE"
         return NodeInfo(name, state, split_state(state), r, "root" if r else "", 1.7e9 if r else None, "gpu:h100:1", "", 1, 0)
@@ -550,14 +551,14 @@ class MemSlurm:
         return self._info(name)
 
     def lookup_nodes(self, names):
-        from slurm_gpu.slurm import NodeLookup
+        from slurm_gpu.slurm.model import NodeLookup
         return NodeLookup({n: self._info(n) for n in names}, {})
 
     def drain(self, name, reason):
         self.actions.append(("drain", name, reason))
 
     def drain_many(self, names, reason):
-        from slurm_gpu.slurm import BatchResult
+        from slurm_gpu.slurm.model import BatchResult
         for n in names:
             self.drain(n, reason)
         return BatchResult(done=list(names), requests=1)
@@ -569,7 +570,8 @@ def _app(cfg):
 
 def test_manual_drain_is_recorded_in_the_drains_table(tmp_path, monkeypatch):
     from click.testing import CliRunner
-    from slurm_gpu import cli as cli_mod, cli_admin
+    from slurm_gpu import cli as cli_mod
+    from slurm_gpu.cli import admin as cli_admin
     cfg = store_cfg(tmp_path, tmp_path / "u.db", tmp_path / "spool")
     backend = MemSlurm(gpu02="maintenance")
     monkeypatch.setattr(cli_admin, "_backend", lambda app: backend)
@@ -584,8 +586,8 @@ def test_manual_drain_is_recorded_in_the_drains_table(tmp_path, monkeypatch):
 @pytest.mark.parametrize("allow_resume,context,source", [(True, "healthcheck", "healthcheck"),
                                                          (False, "drain --unhealthy", "drain --unhealthy")])
 def test_healthcheck_and_drain_unhealthy_drains_are_recorded(tmp_path, monkeypatch, allow_resume, context, source):
-    from slurm_gpu import cli_admin
-    from slurm_gpu.health import CheckResult
+    from slurm_gpu.cli import admin as cli_admin
+    from slurm_gpu.policy.health import CheckResult
     cfg = store_cfg(tmp_path, tmp_path / "u.db", tmp_path / "spool")
     backend = MemSlurm()
     monkeypatch.setattr(cli_admin, "_backend", lambda app: backend)
@@ -627,9 +629,9 @@ def test_disk_full_is_reported_as_disk_full_not_cannot_rollback(tmp_path):
 
 
 def test_healthcheck_drain_that_did_not_reach_slurm_is_recorded_as_failed(tmp_path, monkeypatch):
-    from slurm_gpu import cli_admin
+    from slurm_gpu.cli import admin as cli_admin
     from slurm_gpu.errors import SlurmError
-    from slurm_gpu.health import CheckResult
+    from slurm_gpu.policy.health import CheckResult
     cfg = store_cfg(tmp_path, tmp_path / "u.db", tmp_path / "spool")
 
     class Down(MemSlurm):

@@ -7,7 +7,7 @@ from calendar import timegm
 import pytest
 
 from slurm_gpu.errors import InputError
-from slurm_gpu.timespec import format_time, parse_time
+from slurm_gpu.report.timespec import format_time, parse_time
 
 NOW = float(timegm((2026, 11, 15, 13, 45, 30)))  # Sunday 2026-11-15T13:45:30Z
 MIDNIGHT = float(timegm((2026, 11, 15, 0, 0, 0)))

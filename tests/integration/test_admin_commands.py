@@ -143,8 +143,8 @@ def test_a_batch_update_slurm_half_refuses_is_settled_without_redoing_what_it_ap
     'Invalid node name specified' (exit 1) yet drains gpu01 and gpu02; a RESUME of a list with a
     node that is not drained fails with 'Invalid node state specified' yet resumes the others.
     The backend re-reads the batch once and redoes only what did not happen."""
-    from slurm_gpu.reason import format_reason
-    from slurm_gpu.slurm_cli_backend import CliBackend
+    from slurm_gpu.slurm.reason import format_reason
+    from slurm_gpu.slurm.cli_backend import CliBackend
     b = CliBackend(env=tb.env, timeout_s=10)
     text = format_reason("batch probe", "manual by test")
     res = b.drain_many(["gpu01", "nope", "gpu02"], text)
@@ -368,7 +368,7 @@ exec {sys.executable} -m slurm_gpu.cli healthcheck
 # ------------------------------------------------------------------ job facts
 
 def test_job_facts_agree_between_slurmctld_sacct_json_and_sacct_parsable(tb):
-    from slurm_gpu.slurm_cli_backend import CliBackend
+    from slurm_gpu.slurm.cli_backend import CliBackend
     jid = tb.sbatch("sleep 1", args=["--gres=gpu:2", "-w", "gpu01", "-p", "gpu"])
     assert tb.wait_job(jid) == "COMPLETED"
     b = CliBackend(env=tb.env, timeout_s=10)

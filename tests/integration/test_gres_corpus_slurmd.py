@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 
 import gres_corpus as corpus
-from slurm_gpu import hostlist, slurmconf
+from slurm_gpu.slurm import hostlist
+from slurm_gpu.slurm import conf as slurmconf
 
 from .test_gres_slurmd import _need_slurmd, device_files  # noqa: F401  (fixture)
 from .test_gresmap_slurmd import _slurmd_order

@@ -25,7 +25,8 @@ from typing import List
 
 import pytest
 
-from slurm_gpu import gres, inventory
+from slurm_gpu.gres import generate as gres
+from slurm_gpu.gres import inventory
 from testbed import unavailable
 
 HERE = Path(__file__).resolve().parent.parent
@@ -100,7 +101,7 @@ def _files(text: str) -> List[str]:
     for line in text.splitlines():
         m = re.search(r"\b(?:File|MultipleFiles)=(\S+)", line)
         if m and not line.startswith("#"):
-            from slurm_gpu import hostlist
+            from slurm_gpu.slurm import hostlist
             out += hostlist.expand(m.group(1))
     return out
 

@@ -21,7 +21,8 @@ from typing import List
 import pytest
 
 import simgpu
-from slurm_gpu import hostlist, slurmconf
+from slurm_gpu.slurm import hostlist
+from slurm_gpu.slurm import conf as slurmconf
 from .test_gres_slurmd import _need_slurmd, device_files  # noqa: F401  (fixture)
 from .test_hooks_slurm import Site, _script, wait_running
 

@@ -1,4 +1,4 @@
-"""Differential: slurm_gpu.hostlist against Slurm's own hostlist code, `scontrol show hostnames`.
+"""Differential: slurm_gpu.slurm.hostlist against Slurm's own hostlist code, `scontrol show hostnames`.
 
 `scontrol show hostnames|hostlist|hostlistsorted` need no daemon, only a readable slurm.conf
 with ClusterName and SlurmctldHost (without one scontrol exits: "Could not establish a
@@ -22,7 +22,7 @@ from typing import List, Optional
 
 import pytest
 
-from slurm_gpu import hostlist
+from slurm_gpu.slurm import hostlist
 
 from .conftest import _unavailable
 

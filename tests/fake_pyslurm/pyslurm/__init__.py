@@ -1,4 +1,4 @@
-"""A stand-in for pyslurm 25.11, in memory, for testing slurm_gpu.slurm_pyslurm_backend.
+"""A stand-in for pyslurm 25.11, in memory, for testing slurm_gpu.slurm.pyslurm_backend.
 
 pyslurm builds only against the Slurm release it is made for (25.11 on PyPI) and our
 machines run Slurm 22.05, so the real module cannot be installed here.  This stand-in

@@ -1,0 +1,4 @@
+"""`python -m slurm_gpu.cli`."""
+from slurm_gpu.cli import run
+
+run()

@@ -1,0 +1,528 @@
+"""`slurm-gpu drain / resume / status / healthcheck`: admin control of node health.
+
+Thin click shells over slurm_gpu.slurm.model (the Slurm adapter) and slurm_gpu.slurm.reason.  Exit codes
+(docs/exit-codes.md): 0 done, 1 unhealthy (healthcheck / drain --unhealthy found a FAIL),
+2 usage or config error, 4 Slurm error (slurmctld unreachable, unknown node), 6 refused
+(resume of a node slurm-gpu did not drain, without --force).
+"""
+from __future__ import annotations
+
+import getpass
+import os
+import sys
+import time
+from typing import Any, Callable, List, Optional, Sequence, Set, Tuple
+
+import click
+
+from slurm_gpu.cli import fail
+from slurm_gpu.errors import ExitCode, InputError, SlurmGpuError
+from slurm_gpu.slurm.model import BatchResult
+
+HEALTHCHECK_DEADLINE_S = 45.0  # Slurm kills HealthCheckProgram after 60 s
+
+
+# ------------------------------------------------------------------ shared helpers
+
+def _admin_name() -> str:
+    """Who asked: the sudo caller if any (Slurm records uid 0 for every sudo drain)."""
+    for var in ("SUDO_USER", "LOGNAME", "USER"):
+        v = os.environ.get(var)
+        if v and v != "root":
+            return v
+    try:
+        return getpass.getuser()
+    except Exception:
+        return "unknown"
+
+
+def this_node(explicit: Optional[str]) -> str:
+    """--node, else SLURMD_NODENAME (set by slurmd for HealthCheckProgram), else the short host name."""
+    from slurm_gpu.config import node_name
+    return explicit or node_name()
+
+
+DEFAULT_MAX_NODES = 1024  # config slurm_max_nodes
+
+
+def _hostlist_size(expr: str) -> Optional[int]:
+    """hostlist.count as a command's input error."""
+    from slurm_gpu.slurm import hostlist
+    try:
+        return hostlist.count(expr)
+    except ValueError as e:
+        raise InputError(str(e),
+                         f"check the range for a typo, or split it into ranges of at most {hostlist.SLURM_MAX_RANGE} hosts") from None
+
+
+def _apply(todo: List[str], dry_run: bool, change: Callable[[List[str]], Any]) -> Any:
+    """One batched change of the nodes to change (nothing with --dry-run: reported as done)."""
+    if dry_run or not todo:
+        return BatchResult(done=list(todo) if dry_run else [])
+    return change(todo)
+
+
+def expand_nodes(args: Sequence[str], backend: Any = None, *, limit: Optional[int] = None,
+                 command: str = "drain") -> List[str]:
+    """Hostlist expressions (gpu[01-04,07], a,b) -> unique node names in the order given.
+
+    With `limit`: more names than that (counted before anything is expanded) is an InputError
+    whose hint says how to raise the limit.
+    """
+    from slurm_gpu.slurm.hostlist import expand
+    sizes = [_hostlist_size(a) for a in args]
+    if limit is not None and all(n is not None for n in sizes):
+        total = sum(n for n in sizes if n is not None)
+        if total > limit:
+            shown = " ".join(args)
+            if len(shown) > 80:
+                shown = shown[:79] + "\u2026"
+            raise InputError(f"{shown} names {total} nodes; one {command} may change at most {limit} (slurm_max_nodes)",
+                             f"split the list, or raise the cap: --max-nodes {total} for this run, "
+                             f"or slurm_max_nodes = {total} in the slurm-gpu config file")
+    out: List[str] = []
+    seen = set()
+    for arg in args:
+        try:
+            names = expand(arg)
+        except ValueError as e:
+            raise InputError(f"invalid node list {arg!r}: {e}", "use a Slurm hostlist such as gpu[01-04,07] or gpu01,gpu02") from None
+        for n in names:
+            if n not in seen:
+                seen.add(n)
+                out.append(n)
+        if limit is not None and len(out) > limit:  # only where a list did not parse for counting
+            raise InputError(f"the node list names more than {limit} nodes; one {command} may change at most {limit} "
+                             f"(slurm_max_nodes)", "split the list, or raise the cap with --max-nodes N or slurm_max_nodes")
+    return out
+
+
+def _max_nodes(app: Any, override: Optional[int]) -> int:
+    if override:
+        return int(override)
+    return int(getattr(app.config, "slurm_max_nodes", DEFAULT_MAX_NODES))
+
+
+def _log(app: Any, what: str):
+    from slurm_gpu.hooks.log import HookLog
+    try:
+        return HookLog.from_config(what, app.config)
+    except Exception:  # logging must never stop an admin action
+        return HookLog(what, syslog_on=False)
+
+
+def _backend(app: Any):
+    from slurm_gpu.slurm.backend import get_backend
+    return get_backend(app.config)
+
+
+def _record_drains(app: Any, drains: List[dict]) -> None:
+    """Every drain goes into this node's database (drains table), like the hooks' own.
+
+    A drain of several nodes run from one machine is recorded in that machine's database
+    (store.database).  The drain itself never depends on this: a record that cannot be
+    written is said in one line."""
+    if not drains:
+        return
+    try:
+        from slurm_gpu.store.node import Store
+        st = Store.from_config(app.config)
+        where = st.write({"kind": "drain", "drains": drains}, ingest=False)
+    except Exception as e:
+        msg = e.message if isinstance(e, SlurmGpuError) else f"{type(e).__name__}: {e}"
+        click.echo(f"slurm-gpu: warning: drain not recorded in the node database: {msg}", err=True)
+        return
+    if not where.startswith("db"):
+        click.echo(f"slurm-gpu: warning: drain record kept in {where.split(':', 1)[1]} ({st.unavailable or 'refused'}); "
+                   "`slurm-gpu db ingest` writes it to the database", err=True)
+
+
+def _drain_row(node: str, source: str, reason: str, outcome: str, kept: Optional[str] = None) -> dict:
+    return {"time": time.time(), "node": node, "source": source, "job_id": None, "reason": reason,
+            "ok": int(outcome == "drained"), "outcome": outcome, "kept_reason": kept}
+
+
+def _when(ts: Optional[float]) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else ""
+
+
+def _who(info: Any) -> str:
+    bits = []
+    if info.reason_user:
+        bits.append(f"by {info.reason_user}")
+    if info.reason_time:
+        bits.append(f"since {_when(info.reason_time)}")
+    return " ".join(bits)
+
+
+def _err_line(e: SlurmGpuError) -> None:
+    click.echo(f"slurm-gpu: error: {e.message}", err=True)
+    if e.hint:
+        click.echo(f"hint: {e.hint}", err=True)
+
+
+# ------------------------------------------------------------------ drain
+
+MAX_NODES_HELP = (f"Allow up to N nodes in this run (default: slurm_max_nodes from the config, {DEFAULT_MAX_NODES} "
+                  "if unset); more is refused before Slurm is asked.")
+
+
+def _summary(total: int, parts: Sequence[Tuple[int, str]], dry_run: bool) -> None:
+    if total > 1:
+        said = ", ".join(f"{n} {what}" for n, what in parts if n)
+        click.echo(f"summary{' (dry run)' if dry_run else ''}: {total} nodes: {said or 'nothing to do'}")
+
+
+@click.command()
+@click.argument("nodes", nargs=-1, metavar="[NODE]...")
+@click.option("--reason", "-r", metavar="TEXT",
+              help="Why (required unless --unhealthy). Stored as 'slurm-gpu: TEXT [manual by USER]'.")
+@click.option("--unhealthy", is_flag=True,
+              help="Check THIS node's GPUs and drain it only if a check FAILs (one-shot, for cron or by hand; never resumes).")
+@click.option("--node", "node_name", metavar="NAME",
+              help="With --unhealthy: this node's Slurm name (default: $SLURMD_NODENAME, else the short host name).")
+@click.option("--dry-run", "-n", is_flag=True, help="Print what would change; change nothing.")
+@click.option("--max-nodes", type=click.IntRange(1, 1 << 20), metavar="N", help=MAX_NODES_HELP)
+@click.pass_obj
+def drain(app, nodes, reason, unhealthy, node_name, dry_run, max_nodes):
+    """Drain nodes with a slurm-gpu reason, so that `slurm-gpu resume` may lift it later.
+
+    NODE accepts Slurm hostlists: gpu[01-04,07]. A node already drained by someone else keeps
+    its reason (it is not overwritten, and so never becomes resumable by slurm-gpu).
+
+    All named nodes are read with one `scontrol show node` and drained with one
+    `scontrol update NodeName=<hostlist>`; one line per node, then a summary. More than
+    slurm_max_nodes nodes (default 1024) is refused before Slurm is asked (--max-nodes N).
+
+    \b
+    Examples:
+      slurm-gpu drain gpu07 --reason "GPU 3 replaced, burn-in pending"
+      slurm-gpu drain 'gpu[001-128]' --reason "rack 7 power work" --dry-run
+      slurm-gpu drain --unhealthy          # on a node: drain it if its GPUs FAIL
+    \b
+    Exit codes: 0 done (or nothing to do), 1 --unhealthy found a FAIL, 2 usage/config error
+    (also: too many nodes), 4 Slurm error (unknown node, slurmctld unreachable).
+    """
+    if unhealthy:
+        if nodes or reason:
+            raise fail(InputError("--unhealthy checks this node and writes its own reason: give neither NODE nor --reason",
+                                  "use --node NAME if this node's Slurm name is not its host name"))
+        _run_health(app, node_name, allow_resume=False, dry_run=dry_run, deadline_s=HEALTHCHECK_DEADLINE_S,
+                    context="drain --unhealthy")
+        return
+    if node_name:
+        raise fail(InputError("--node is for --unhealthy; list the nodes to drain as arguments", "slurm-gpu drain gpu01 --reason TEXT"))
+    if not nodes:
+        raise fail(InputError("no node given", "slurm-gpu drain NODE... --reason TEXT (or --unhealthy)"))
+    from slurm_gpu.slurm.reason import MANUAL, format_reason, sanitize
+    if not reason or not sanitize(reason):
+        raise fail(InputError("a drain needs a reason (--reason TEXT)", "say why, e.g. --reason \"GPU 3 ECC errors, RMA opened\""))
+    admin = _admin_name()
+    text = format_reason(reason, f"{MANUAL} by {admin}")
+    try:
+        names = expand_nodes(nodes, limit=_max_nodes(app, max_nodes), command="drain")
+        backend = _backend(app)
+        look = backend.lookup_nodes(names)
+    except SlurmGpuError as e:
+        raise fail(e)
+    log = _log(app, "drain")
+    skip: Set[str] = set()
+    todo: List[str] = []
+    for name in names:
+        if name in look.found:
+            info = look.found[name]
+            if info.drained and not info.drained_by_us:
+                skip.add(name)
+            else:
+                todo.append(name)
+    result = _apply(todo, dry_run, lambda names: backend.drain_many(names, text))
+    done = set(result.done)
+    for name in names:
+        if name in look.failed:
+            _err_line(look.failed[name])
+            continue
+        info = look.found[name]
+        if name in skip:
+            click.echo(f"{name}: already {info.state} {_who(info)}: {info.reason!r} - not ours, reason left as is")
+            continue
+        verb = "re-drain" if info.drained else "drain"
+        if dry_run:
+            click.echo(f"{name}: would {verb} ({info.state}): {text}")
+        elif name in done:
+            log.info("drain", node=name, reason=text, by=admin, was=info.state)
+            click.echo(f"{name}: {verb}ed: {text}")
+        elif name in result.failed:
+            _err_line(result.failed[name])
+    if result.stopped is not None:
+        _err_line(result.stopped)
+    if not dry_run:
+        _record_drains(app, [_drain_row(n, MANUAL, text, "drained") for n in names if n in done]
+                       + [_drain_row(n, MANUAL, text, "failed") for n in names if n in result.failed]
+                       + [_drain_row(n, MANUAL, text, "kept", look.found[n].reason or "") for n in names if n in skip])
+    failed = len(look.failed) + len(result.failed)
+    not_tried = len(todo) - len(done) - len(result.failed)
+    _summary(len(names), [(len(done), "would be drained" if dry_run else "drained"),
+                          (len(skip), "left alone (drained by someone else)"), (failed, "failed"),
+                          (not_tried, "not tried")], dry_run)
+    if not dry_run and todo:
+        log.info("drain-batch", nodes=len(todo), drained=len(done), failed=len(result.failed), requests=result.requests,
+                 stopped=result.stopped.message if result.stopped else None)
+    code = ExitCode.SLURM_ERROR if (failed or result.stopped is not None) else ExitCode.OK
+    sys.exit(int(code))
+
+
+# ------------------------------------------------------------------ resume
+
+@click.command()
+@click.argument("nodes", nargs=-1, required=True, metavar="NODE...")
+@click.option("--force", is_flag=True,
+              help="Also resume nodes drained or downed by someone else (an admin, Slurm itself). Think twice.")
+@click.option("--dry-run", "-n", is_flag=True, help="Print what would change; change nothing.")
+@click.option("--max-nodes", type=click.IntRange(1, 1 << 20), metavar="N", help=MAX_NODES_HELP)
+@click.pass_obj
+def resume(app, nodes, force, dry_run, max_nodes):
+    """Resume nodes that slurm-gpu drained.
+
+    A node drained for another reason (an admin's 'maintenance', Slurm's 'Prolog error' or
+    'Not responding', a reboot) is refused unless --force: one line per refused node names
+    the reason and who set it. A node that is not drained is left as it is.
+
+    All named nodes are read with one `scontrol show node` and resumed with one
+    `scontrol update NodeName=<hostlist> State=RESUME`; one line per node, then a summary.
+    More than slurm_max_nodes nodes (default 1024) is refused before Slurm is asked.
+
+    \b
+    Exit codes: 0 done (or nothing to do), 2 usage/config error (also: too many nodes),
+    4 Slurm error, 6 at least one node refused.
+    """
+    try:
+        names = expand_nodes(nodes, limit=_max_nodes(app, max_nodes), command="resume")
+        backend = _backend(app)
+        look = backend.lookup_nodes(names)
+    except SlurmGpuError as e:
+        raise fail(e)
+    log = _log(app, "resume")
+    admin = _admin_name()
+    idle: Set[str] = set()
+    refused: Set[str] = set()
+    todo: List[str] = []
+    for name in names:
+        if name in look.found:
+            info = look.found[name]
+            if not (info.drained or info.down):
+                idle.add(name)
+            elif not info.drained_by_us and not force:
+                refused.add(name)
+            else:
+                todo.append(name)
+    result = _apply(todo, dry_run, backend.resume_many)
+    done = set(result.done)
+    for name in names:
+        if name in look.failed:
+            _err_line(look.failed[name])
+            continue
+        info = look.found[name]
+        if name in idle:
+            click.echo(f"{name}: not drained ({info.state}), nothing to do")
+        elif name in refused:
+            click.echo(f"{name}: refused: {info.state} {_who(info)} with reason {info.reason or '(none)'!r}, "
+                       f"not set by slurm-gpu (use --force to resume anyway)", err=True)
+        elif dry_run:
+            click.echo(f"{name}: would resume ({info.state}, reason: {info.reason or '(none)'})")
+        elif name in done:
+            log.info("resume", node=name, was=info.state, reason=info.reason, by=admin,
+                     forced=force and not info.drained_by_us)
+            click.echo(f"{name}: resumed (was {info.state}: {info.reason or 'no reason'})")
+        elif name in result.failed:
+            _err_line(result.failed[name])
+    if result.stopped is not None:
+        _err_line(result.stopped)
+    failed = len(look.failed) + len(result.failed)
+    not_tried = len(todo) - len(done) - len(result.failed)
+    _summary(len(names), [(len(done), "would be resumed" if dry_run else "resumed"), (len(idle), "not drained"),
+                          (len(refused), "refused (not drained by slurm-gpu)"), (failed, "failed"),
+                          (not_tried, "not tried")], dry_run)
+    if not dry_run and todo:
+        log.info("resume-batch", nodes=len(todo), resumed=len(done), failed=len(result.failed),
+                 requests=result.requests, stopped=result.stopped.message if result.stopped else None)
+    slurm_failed = failed or result.stopped is not None
+    sys.exit(int(ExitCode.SLURM_ERROR if slurm_failed else ExitCode.REFUSED if refused else ExitCode.OK))
+
+
+# ------------------------------------------------------------------ status
+
+STATUS_COLUMNS = ["node", "state", "gpus", "gpus_alloc", "drained_by", "reason", "reason_user", "since"]
+STATUS_JSON_COLUMNS = ["node", "state", "states", "gpus_configured", "gpus_allocated", "gres", "gres_used",
+                       "drained_by", "reason", "reason_user", "reason_time", "since"]
+
+
+def status_rows(infos: Sequence[Any]) -> List[dict]:
+    rows = []
+    for i in infos:
+        since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(i.reason_time)) if i.reason_time else None
+        rows.append({
+            "node": i.name, "state": i.state, "states": sorted(i.states),
+            "gpus": i.gpus_configured, "gpus_alloc": i.gpus_allocated,
+            "gpus_configured": i.gpus_configured, "gpus_allocated": i.gpus_allocated,
+            "gres": i.gres, "gres_used": i.gres_used,
+            "drained_by": i.drain_owner or None,
+            "reason": i.reason or None, "reason_user": i.reason_user or None,
+            "reason_time": i.reason_time, "since": since,
+        })
+    return rows
+
+
+@click.command()
+@click.argument("nodes", nargs=-1, metavar="[NODE]...")
+@click.option("--all", "all_nodes", is_flag=True, help="Include nodes without GPUs.")
+@click.option("--json", "as_json", is_flag=True, help="JSON (same as --format json).")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "markdown"]), default="table",
+              show_default=True, help="Output format.")
+@click.option("--drained", "only_drained", is_flag=True, help="Only drained or down nodes.")
+@click.pass_obj
+def status(app, nodes, all_nodes, as_json, fmt, only_drained):
+    """GPU nodes at a glance: state, GPUs configured/allocated, who drained them, why, since when.
+
+    DRAINED_BY is 'slurm-gpu' (resumable with `slurm-gpu resume`), 'other' (an admin or
+    Slurm itself: resume refuses it without --force) or empty. NODE accepts hostlists.
+
+    \b
+    Exit codes: 0 done, 2 usage/config error, 4 Slurm error.
+    """
+    from slurm_gpu.render import render
+    try:
+        backend = _backend(app)
+        names = expand_nodes(nodes, backend) if nodes else None
+        infos = backend.nodes(names)
+    except SlurmGpuError as e:
+        raise fail(e)
+    if names is None and not all_nodes:
+        infos = [i for i in infos if i.gpus_configured > 0]
+    if only_drained:
+        infos = [i for i in infos if i.drained or i.down]
+    fmt = "json" if as_json else fmt
+    rows = status_rows(infos)
+    click.echo(render(rows, STATUS_JSON_COLUMNS if fmt == "json" else STATUS_COLUMNS, fmt))
+
+
+# ------------------------------------------------------------------ healthcheck
+
+def default_checker(cfg: Any) -> Callable[[Any], list]:
+    """The real GPU check: hooks.check_node, expecting the GPU count Slurm has configured.
+
+    When Slurm has no GPU of the node allocated, every GPU must be idle: leftover processes
+    and leaked memory count (a prolog drain for leaked memory is then not resumed while the
+    memory is still held).  With jobs running, those two checks are left out.
+    """
+    def check(info: Any) -> list:
+        from slurm_gpu.hooks import flows as hooks
+        from slurm_gpu.slurm.gpumap import configured_gpus
+        idle = True if getattr(info, "gpus_allocated", 1) == 0 else None
+        # Slurm counts MIG slices as GPUs; the driver counts physical GPUs: take the number of
+        # GPUs gres.conf names when it can be read.
+        conf = os.environ.get("SLURM_CONF") or cfg.get("", "slurm_conf")
+        expected = configured_gpus(conf, info.name) or info.gpus_configured or None
+        _snap, results = hooks.check_node(cfg, expected_count=expected, idle=idle)
+        return results
+    return check
+
+
+def _run_health(app, node_name: Optional[str], *, allow_resume: bool, dry_run: bool, deadline_s: float,
+                context: str = "healthcheck", checker: Optional[Callable] = None) -> None:
+    from slurm_gpu.errors import ConfigError
+    from slurm_gpu.slurm.reason import HEALTHCHECK
+    from slurm_gpu.hooks.healthcheck import node_health_cycle
+    name = this_node(node_name)
+    reason_context = HEALTHCHECK if context == "healthcheck" else context
+
+    def config_broken(e: ConfigError) -> None:
+        """One line for the admin; a drain only while the hooks here run ungated (docs/hooks.md, "Configuration errors")."""
+        from slurm_gpu.config import defaults
+        from slurm_gpu.policy.health import CheckResult
+        from slurm_gpu.hooks.log import fallback_path, write_fallback
+        from slurm_gpu.hooks.main import config_problem
+        from slurm_gpu.slurm.backend import get_backend
+        line, fault = config_problem(app.config_path, e)
+        click.echo(f"slurm-gpu: error: {line}", err=True)
+        write_fallback(fallback_path(), "healthcheck", "config-error", node=name, error=e.message, hint=e.hint)
+        if fault:
+            try:  # the file is unusable: reach Slurm with the default settings
+                outcome = node_health_cycle(get_backend(defaults()), name, lambda info: [CheckResult("config", "FAIL", None, "", fault)],
+                                            allow_resume=False, dry_run=dry_run, deadline_s=deadline_s, context=reason_context)
+                click.echo(outcome.message)
+            except SlurmGpuError as se:
+                click.echo(f"slurm-gpu: error: could not drain: {se.message}", err=True)
+        sys.exit(int(e.exit_code))
+
+    try:
+        cfg = app.config
+    except ConfigError as e:
+        config_broken(e)
+    try:
+        backend = _backend(app)
+    except SlurmGpuError as e:
+        raise fail(e)
+    log = _log(app, "healthcheck")
+    try:
+        outcome = node_health_cycle(backend, name, checker or default_checker(cfg), allow_resume=allow_resume,
+                                    dry_run=dry_run, deadline_s=deadline_s,
+                                    context=reason_context)
+    except SlurmGpuError as e:
+        log.error("slurm-error", node=name, error=e.message)
+        if getattr(e, "drain_reason", None):
+            _record_drains(app, [_drain_row(name, context, e.drain_reason, "failed")])
+        raise fail(e)
+    if outcome.action == "drained":
+        # Only drains tried are recorded: a node found already drained is seen again at every
+        # HealthCheckInterval, and a row each time would bury the drains that happened.
+        _record_drains(app, [_drain_row(name, context, outcome.reason, "drained")])
+    for r in outcome.results:
+        if getattr(r, "status", "") in ("WARN", "FAIL"):
+            where = "node" if r.gpu_index is None else f"GPU {r.gpu_index}"
+            click.echo(f"{r.status:4}  {r.check:18}  {where}: {r.message}")
+    level = "error" if outcome.action in ("timeout", "error") else "warning" if outcome.worst == "FAIL" else "info"
+    log.event(outcome.action, level, node=name, status=outcome.worst, reason=outcome.reason or None,
+              message=outcome.message)
+    if outcome.action in ("timeout", "error"):
+        click.echo(f"slurm-gpu: error: {outcome.message}", err=True)
+    else:
+        click.echo(outcome.message)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if outcome.action == "timeout":
+        # A check thread may still sit inside the driver: do not let it hold up (or crash) the exit.
+        os._exit(outcome.exit_code)
+    sys.exit(outcome.exit_code)
+
+
+@click.command()
+@click.option("--node", "node_name", metavar="NAME",
+              help="This node's Slurm name (default: $SLURMD_NODENAME, set by slurmd; else the short host name).")
+@click.option("--dry-run", "-n", is_flag=True, help="Check and print what would change; change nothing.")
+@click.option("--deadline", "deadline_s", type=click.FloatRange(5, 3600), default=HEALTHCHECK_DEADLINE_S,
+              show_default=True, help="Whole-run budget in seconds (Slurm kills HealthCheckProgram after 60 s).")
+@click.pass_obj
+def healthcheck(app, node_name, dry_run, deadline_s):
+    """Check this node's GPUs and drain/resume it in Slurm: the HealthCheckProgram mode.
+
+    On a FAIL the node is drained with 'slurm-gpu: <fault> [healthcheck]' unless it is already
+    drained (whoever drained it: an admin's reason is never overwritten). When the GPUs are
+    healthy again and the drain is slurm-gpu's own automatic one (healthcheck, prolog,
+    epilog), the node is resumed. Drains by anyone else, and manual `slurm-gpu drain`s, are
+    never touched. If the check does not finish in time nothing is changed.
+
+    slurm.conf runs a program without arguments: use the `slurm-gpu-healthcheck` executable
+    (docs/admin-guide.md).
+
+    \b
+    Exit codes: 0 healthy (WARN allowed; resumed if it was our drain), 1 FAIL (drained now
+    or already drained) or the check overran --deadline, 2 usage/config error,
+    4 Slurm error (slurmctld unreachable, node unknown to Slurm).
+    """
+    _run_health(app, node_name, allow_resume=True, dry_run=dry_run, deadline_s=deadline_s)
+
+
+def healthcheck_main() -> None:  # pragma: no cover - console entry `slurm-gpu-healthcheck`
+    """HealthCheckProgram= takes a path and passes no arguments: this is `slurm-gpu healthcheck`."""
+    from slurm_gpu.cli import main
+    main(args=["healthcheck", *sys.argv[1:]], prog_name="slurm-gpu-healthcheck")

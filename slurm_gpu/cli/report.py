@@ -1,0 +1,246 @@
+"""`slurm-gpu report`: thin click shell over slurm_gpu.report.query (docs/report.md)."""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import click
+
+from slurm_gpu import render
+from slurm_gpu.cli import fail
+from slurm_gpu.errors import InputError, SlurmGpuError
+
+FORMAT_CHOICES = render.FORMATS + ("html",)
+
+
+def _common_options(f: Callable) -> Callable:
+    """Options every report command takes; given before or after the subcommand name."""
+    opts = [
+        click.option("--db", "dbs", multiple=True, metavar="PATH",
+                     help="Node database or directory of *.db files (repeatable). Default: report.sources from the "
+                          "config, else this node's store.database. Opened read-only, consistent while hooks write; "
+                          "records found in several files count once. Gather node databases with `slurm-gpu db "
+                          "backup`, not cp (a copy without its -wal file misses records)."),
+        click.option("--tz", type=click.Choice(["utc", "local"]), default=None,
+                     help="Time zone of calendar times in --since/--until, of day/week/month groups and of "
+                          "printed times (default: report.tz, 'utc')."),
+        click.option("--idle-threshold", type=float, default=None, metavar="PCT",
+                     help="A job's GPU whose mean utilisation is below PCT counts as idle (default: "
+                          "report.idle_threshold_pct, 5)."),
+        click.option("--format", "fmt", type=click.Choice(FORMAT_CHOICES), default=None,
+                     help="Output format (default: table). table/markdown/html show units that suit the figures "
+                          "(GPU-h, GPU-min or GPU-s; kWh or Wh; a job's GPU time as [D-]HH:MM:SS) and control "
+                          "characters in names as escapes; csv/json carry GPU-hours and kWh (6 decimals), csv "
+                          "quotes text that a spreadsheet would run as a formula. html: one self-contained page "
+                          "with charts."),
+        click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None,
+                     help="Write to this file instead of stdout."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _window_options(f: Callable) -> Callable:
+    opts = [
+        click.option("--since", "-S", default=None, metavar="TIME",
+                     help="Start of the window: 2026-11-01, 2026-11-01T13:00, now-7days, today, yesterday, ... "
+                          "GPU time is clipped to the window (default: all records)."),
+        click.option("--until", "-E", default=None, metavar="TIME",
+                     help="End of the window (exclusive), same forms as --since (default: open)."),
+        click.option("--user", "-u", "users", multiple=True, metavar="LIST", help="Only these users (comma list, repeatable)."),
+        click.option("--account", "-A", "accounts", multiple=True, metavar="LIST", help="Only these accounts."),
+        click.option("--partition", "-p", "partitions", multiple=True, metavar="LIST", help="Only these partitions."),
+        click.option("--node", "-N", "nodes", multiple=True, metavar="LIST", help="Only these nodes."),
+        click.option("--cluster", "-M", "clusters", multiple=True, metavar="LIST", help="Only these clusters."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+_META_KEY = "slurm_gpu.report.query.group_options"
+
+
+def _merged(ctx: click.Context, local: Dict[str, Any]) -> Dict[str, Any]:
+    """Subcommand options override the same options given on the group (`report --since X jobs`)."""
+    out = dict(ctx.meta.get(_META_KEY, {}))
+    for k, v in local.items():
+        if v is None or v == ():
+            out.setdefault(k, v)
+        else:
+            out[k] = v
+    return out
+
+
+def _config(ctx: click.Context):
+    """The config loaded by the top-level group (--config), or the default lookup when run on its own."""
+    cfg = getattr(ctx.obj, "config", None) if ctx.obj is not None else None
+    if cfg is None:
+        from slurm_gpu import config
+        cfg = config.load(None)
+    return cfg
+
+
+def _build_query(ctx: click.Context, o: Dict[str, Any], job_id: Optional[int] = None):
+    from slurm_gpu.report import query as report
+    from slurm_gpu.report.timespec import parse_time
+
+    cfg = _config(ctx)
+    tz = o.get("tz") or cfg.get("report", "tz")
+    now = time.time()
+    since = parse_time(o["since"], now_s=now, tz=tz, option="--since") if o.get("since") else None
+    until = parse_time(o["until"], now_s=now, tz=tz, option="--until") if o.get("until") else None
+    threshold = o.get("idle_threshold")
+    query = report.Query(
+        since_s=since, until_s=until,
+        users=report.split_list(o.get("users") or ()), accounts=report.split_list(o.get("accounts") or ()),
+        partitions=report.split_list(o.get("partitions") or ()), nodes=report.split_list(o.get("nodes") or ()),
+        clusters=report.split_list(o.get("clusters") or ()),
+        idle_threshold_pct=cfg.get("report", "idle_threshold_pct") if threshold is None else threshold,
+        tz=tz, job_id=job_id,
+    )
+    dbs: Sequence[str] = o.get("dbs") or ()
+    if not dbs:
+        dbs = list(cfg.get("report", "sources")) or [cfg.path_value("store", "database")]
+    return query, list(dbs)
+
+
+def _emit(o: Dict[str, Any], text: str) -> None:
+    if o.get("output"):
+        try:
+            with open(o["output"], "w", encoding="utf-8") as f:
+                f.write(text if text.endswith("\n") else text + "\n")
+        except OSError as e:
+            raise InputError(f"cannot write {o['output']}: {e.strerror}", "choose a writable path for --output") from None
+    else:
+        click.echo(text)
+
+
+def _render(o: Dict[str, Any], table, src) -> str:
+    from slurm_gpu.report import query as report
+
+    fmt = o.get("fmt") or "table"
+    if fmt == "html":
+        from slurm_gpu.report import html as report_html
+        return report_html.render_report(table, src, table.kind)
+    if fmt in ("json", "csv"):
+        return render.render(list(table.rows), table.columns, fmt)
+    headers, formats = report.human_view(table)
+    rows = list(table.rows)
+    if fmt == "table" and table.kind == "summary" and len(rows) > 1 and table.total:
+        rows.append(table.total)
+    return render.render(rows, table.columns, fmt, headers, formats)
+
+
+def _produce(ctx: click.Context, o: Dict[str, Any], build: Callable[[Any], Any], job_id: Optional[int] = None) -> None:
+    """Build the table and its text from one consistent read of the databases, then print it."""
+    from slurm_gpu.report import query as report
+
+    query, dbs = _build_query(ctx, o, job_id=job_id)
+
+    def read(src):
+        table = build(src)
+        return table, _render(o, table, src)
+
+    table, text = report.read_consistently(dbs, query, read)
+    for note in table.notes:
+        click.echo(f"slurm-gpu: note: {note}", err=True)
+    if not table.rows:
+        click.echo("slurm-gpu: no GPU records match (check --since/--until, the filters and --db)", err=True)
+    _emit(o, text)
+
+
+def _run(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except SlurmGpuError as err:
+        raise fail(err)
+
+
+@click.group("report", invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--by", "by", multiple=True, metavar="KEYS",
+              help="Group by user, account, partition, node, gpu-model, cluster, day, week or month; comma list "
+                   "(e.g. --by account,month), at most one of day/week/month. Default: user.")
+@_window_options
+@_common_options
+@click.pass_context
+def report_cmd(ctx: click.Context, by: Tuple[str, ...], **opts: Any) -> None:
+    """GPU accounting: GPU-hours allocated and used, utilisation, memory, energy and idle GPUs.
+
+    Without a subcommand: one row per group (--by) and a TOTAL line computed from the exact
+    sums. `report jobs` lists jobs, `report job JOBID` shows one job per node and GPU. GPU time
+    runs from the prolog's start to the epilog's start (Slurm's allocation). Records whose
+    times cannot be placed (end before start, 1e18, inf) are skipped and utilisation outside
+    0-100 % is clamped, each said in a note on stderr. Columns are explained in docs/report.md.
+
+    \b
+    Examples:
+      slurm-gpu report --db /shared/slurm-gpu/ --since now-30days --by account,month
+      slurm-gpu report jobs --idle --since yesterday --format csv
+      slurm-gpu report --since 2026-11-01 --until 2026-12-01 --format html -o nov.html
+    """
+    ctx.meta[_META_KEY] = dict(opts)
+    if ctx.invoked_subcommand is not None:
+        if by:
+            raise fail(InputError(f"--by applies to the summary, not to 'report {ctx.invoked_subcommand}'",
+                                  "drop --by, or use --sort/--limit with 'report jobs'"))
+        return
+
+    def go() -> None:
+        from slurm_gpu.report import query as report
+        keys = report.parse_by(by)
+        _produce(ctx, opts, lambda src: report.summary(src, keys))
+
+    _run(go)
+
+
+@report_cmd.command("jobs")
+@click.option("--sort", default=None, metavar="COL",
+              help="Sort by this column, smallest first; -COL for largest first (default: -gpu_hours_alloc, "
+                   "with --idle -gpu_hours_idle). Columns: job_id, user, account, start, end, gpus, "
+                   "gpu_hours_alloc, gpu_hours_used, gpu_util_mean_pct, gpu_util_min_pct, energy_kwh, gpu_hours_idle, ...")
+@click.option("--limit", "-n", type=int, default=None, metavar="N", help="Show only the first N jobs.")
+@click.option("--idle", "idle_only", is_flag=True,
+              help="Only jobs that held at least one GPU below the idle threshold (for efficiency emails).")
+@_window_options
+@_common_options
+@click.pass_context
+def jobs_cmd(ctx: click.Context, sort: Optional[str], limit: Optional[int], idle_only: bool, **opts: Any) -> None:
+    """List jobs with their GPU figures (one row per job run; GPU time clipped to the window).
+
+    The table shows a job's GPU time as [D-]HH:MM:SS, exact to the second; csv/json in GPU-hours.
+    """
+    o = _merged(ctx, opts)
+
+    def go() -> None:
+        from slurm_gpu.report import query as report
+        _produce(ctx, o, lambda src: report.jobs(src, sort=sort, limit=limit, idle_only=idle_only))
+
+    _run(go)
+
+
+@report_cmd.command("job")
+@click.argument("job_id", metavar="JOBID")
+@click.option("--cluster", "-M", "clusters", multiple=True, metavar="LIST", help="Only records of these clusters.")
+@_common_options
+@click.pass_context
+def job_cmd(ctx: click.Context, job_id: str, **opts: Any) -> None:
+    """Show one job per node and GPU (every restart), with its counters and XID events."""
+    o = _merged(ctx, opts)
+    # A window given on the group does not hide records of the job asked for by id.
+    o["since"] = o["until"] = None
+    for k in ("users", "accounts", "partitions", "nodes"):
+        o[k] = ()
+
+    def go() -> None:
+        from slurm_gpu.report import query as report
+        try:
+            jid = int(job_id)
+            if jid < 0:
+                raise ValueError
+        except ValueError:
+            raise InputError(f"job id {job_id!r} is not a number", "give the numeric Slurm job id, e.g. report job 4711") from None
+        _produce(ctx, o, report.job, job_id=jid)
+
+    _run(go)

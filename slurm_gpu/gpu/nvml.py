@@ -1,0 +1,631 @@
+"""The driver gateway: the only module that imports pynvml.
+
+Reads every GPU into a frozen `GpuSnapshot` (three outcomes per field), performs the few
+writes the hooks need, and puts every call under a deadline: a GPU that fell off the bus
+can make NVML block, and a hook must never hang a node.
+
+Deadline model: each GPU is read by its own daemon thread that records which NVML call it
+is in and since when.  The caller waits; a GPU whose current call exceeds `timeout_s` is
+abandoned and reported with ``unreachable = "NVML call X timed out after Ns"`` while the
+other GPUs are reported normally.  An abandoned thread stays blocked in C; the process
+exits regardless (daemon thread), and that GPU is never touched again by this reader.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import pynvml
+
+from slurm_gpu.gpu import snapshot as S
+from slurm_gpu.errors import NvmlUnavailable, NvmlWriteError
+from slurm_gpu.gpu.snapshot import GpuSnapshot, MigDevice, NodeSnapshot, NvLink, Process, Reading
+
+# Errors that mean "this GPU does not offer that reading" rather than "something is wrong".
+_UNSUPPORTED_CODES = {
+    pynvml.NVML_ERROR_NOT_SUPPORTED,
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,  # older driver without the function
+    pynvml.NVML_ERROR_NO_PERMISSION,  # not root, or a restricted container: not a GPU fault
+}
+# Errors after which nothing more can be read from the GPU.
+_FATAL_CODES = {pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_RESET_REQUIRED, pynvml.NVML_ERROR_UNKNOWN,
+                pynvml.NVML_ERROR_TIMEOUT}
+_NO_LINK_CODES = {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT, pynvml.NVML_ERROR_NOT_FOUND,
+                  pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}
+# The v2 memory call is missing or refused on older drivers: then v1 answers.
+_V1_FALLBACK_CODES = {pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, pynvml.NVML_ERROR_NOT_SUPPORTED,
+                      getattr(pynvml, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25)}
+_MAX_NVLINKS = 18  # NVLink 4 (H100/H200); newer parts expose more, probed until the first missing link
+_CPUSET_WORDS = 16  # 1024 CPUs
+
+
+def _text(v: Any) -> str:
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+
+def _cpus_from_mask(words: Sequence[int]) -> Tuple[int, ...]:
+    bits = ctypes.sizeof(ctypes.c_ulong) * 8
+    return tuple(w_i * bits + b for w_i, w in enumerate(words) for b in range(bits) if (int(w) >> b) & 1)
+
+
+_NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of a process outside MIG
+
+
+def _process(x: Any) -> Process:
+    def inst(name: str) -> Optional[int]:
+        v = getattr(x, name, None)
+        return None if v is None or int(v) == _NO_INSTANCE else int(v)
+    return Process(int(x.pid), None if x.usedGpuMemory is None else int(x.usedGpuMemory),
+                   inst("gpuInstanceId"), inst("computeInstanceId"))
+
+
+class _GpuLost(Exception):
+    """Internal: stop reading a GPU after a fatal error."""
+
+
+class _GpuReader:
+    """Reads one GPU, recording each call so the caller can enforce the deadline."""
+
+    def __init__(self, index: int, ident_only: bool = False, body: Optional[Callable[["_GpuReader"], Any]] = None):
+        self.index = index
+        self.ident_only = ident_only
+        self.body = body  # a task other than reading the GPU (writes, process lists, accounting)
+        self.result: Any = None
+        self.error: Optional[BaseException] = None
+        self.fields: Dict[str, Any] = {}
+        self.current: Optional[str] = None
+        self.started = 0.0
+        self.done = threading.Event()
+        self.unreachable = ""
+        self.lock = threading.Lock()
+
+    def call(self, name: str, fn: Callable, *args: Any) -> Any:
+        with self.lock:
+            self.current, self.started = name, time.monotonic()
+        try:
+            return fn(*args)
+        finally:
+            with self.lock:
+                self.current = None
+
+    def reading(self, field: str, name: str, fn: Callable, *args: Any, convert: Callable = lambda v: v) -> Reading:
+        try:
+            r = S.value(convert(self.call(name, fn, *args)))
+        except pynvml.NVMLError as e:
+            r = self._error(name, e)
+        self.fields[field] = r
+        return r
+
+    def _error(self, name: str, e: "pynvml.NVMLError") -> Reading:
+        code = getattr(e, "value", None)
+        if code in _UNSUPPORTED_CODES:
+            return S.unsupported(name, str(e))
+        if code in _FATAL_CODES:
+            self.unreachable = f"{e} ({name})"
+            raise _GpuLost()
+        return S.failed(name, str(e))
+
+    def run(self) -> None:
+        try:
+            if self.body is not None:
+                self.result = self.body(self)
+            else:
+                self._read_all()
+        except _GpuLost:
+            pass
+        except (NvmlWriteError, pynvml.NVMLError) as e:
+            self.error = e
+        except Exception as e:  # a bug or an unexpected binding error must not lose the other GPUs
+            self.unreachable = f"unexpected error reading GPU: {type(e).__name__}: {e}"
+        finally:
+            self.done.set()
+
+    def _read_all(self) -> None:
+        p = pynvml
+        try:
+            h = self.call("nvmlDeviceGetHandleByIndex", p.nvmlDeviceGetHandleByIndex, self.index)
+        except p.NVMLError as e:
+            self.unreachable = f"{e} (nvmlDeviceGetHandleByIndex)"
+            return
+        self.handle = h
+        self.reading("uuid", "nvmlDeviceGetUUID", p.nvmlDeviceGetUUID, h, convert=_text)
+        self.reading("minor_number", "nvmlDeviceGetMinorNumber", p.nvmlDeviceGetMinorNumber, h)
+        if self.ident_only:
+            # What mapping Slurm's GPU indices needs: the device minor, MIG instances, the name
+            # (AutoDetect's Type=) and the bus id (XID lines).
+            self.reading("pci_bus_id", "nvmlDeviceGetPciInfo", p.nvmlDeviceGetPciInfo, h, convert=lambda i: _text(i.busId))
+            self.reading("name", "nvmlDeviceGetName", p.nvmlDeviceGetName, h, convert=_text)
+            self._read_mig(h)
+            return
+        self.reading("name", "nvmlDeviceGetName", p.nvmlDeviceGetName, h, convert=_text)
+        self.reading("serial", "nvmlDeviceGetSerial", p.nvmlDeviceGetSerial, h, convert=_text)
+        self.reading("pci_bus_id", "nvmlDeviceGetPciInfo", p.nvmlDeviceGetPciInfo, h, convert=lambda i: _text(i.busId))
+        mem = self.reading("_mem", "nvmlDeviceGetMemoryInfo", _memory_info, self, h)
+        self.fields.pop("_mem")
+        self.fields["memory_total_bytes"] = S.value(mem.value[0]) if mem.ok else mem
+        self.fields["memory_used_bytes"] = S.value(mem.value[1]) if mem.ok else mem
+        self.reading("temperature_c", "nvmlDeviceGetTemperature", p.nvmlDeviceGetTemperature, h, p.NVML_TEMPERATURE_GPU)
+        self.reading("power_draw_mw", "nvmlDeviceGetPowerUsage", p.nvmlDeviceGetPowerUsage, h)
+        self.reading("energy_mj", "nvmlDeviceGetTotalEnergyConsumption", p.nvmlDeviceGetTotalEnergyConsumption, h)
+        util = self.reading("_util", "nvmlDeviceGetUtilizationRates", p.nvmlDeviceGetUtilizationRates, h,
+                            convert=lambda u: (int(u.gpu), int(u.memory)))
+        self.fields.pop("_util")
+        self.fields["gpu_utilization_pct"] = S.value(util.value[0]) if util.ok else util
+        self.fields["memory_utilization_pct"] = S.value(util.value[1]) if util.ok else util
+        for field, etype, ctype in (
+            ("ecc_volatile_corrected", p.NVML_MEMORY_ERROR_TYPE_CORRECTED, p.NVML_VOLATILE_ECC),
+            ("ecc_volatile_uncorrected", p.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, p.NVML_VOLATILE_ECC),
+            ("ecc_aggregate_corrected", p.NVML_MEMORY_ERROR_TYPE_CORRECTED, p.NVML_AGGREGATE_ECC),
+            ("ecc_aggregate_uncorrected", p.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, p.NVML_AGGREGATE_ECC),
+        ):
+            self.reading(field, "nvmlDeviceGetTotalEccErrors", p.nvmlDeviceGetTotalEccErrors, h, etype, ctype)
+        self.reading("retired_pages_sbe", "nvmlDeviceGetRetiredPages", p.nvmlDeviceGetRetiredPages, h,
+                     p.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS, convert=len)
+        self.reading("retired_pages_dbe", "nvmlDeviceGetRetiredPages", p.nvmlDeviceGetRetiredPages, h,
+                     p.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR, convert=len)
+        self.reading("retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus",
+                     p.nvmlDeviceGetRetiredPagesPendingStatus, h, convert=bool)
+        rr = self.reading("_rr", "nvmlDeviceGetRemappedRows", p.nvmlDeviceGetRemappedRows, h,
+                          convert=lambda t: tuple(int(x) for x in t))
+        self.fields.pop("_rr")
+        for i, field in enumerate(("remapped_rows_corrected", "remapped_rows_uncorrected", "remapped_rows_pending",
+                                   "remapped_rows_failure")):
+            v = rr.value[i] if rr.ok else None
+            self.fields[field] = (S.value(bool(v) if i >= 2 else v)) if rr.ok else rr
+        fn = getattr(p, "nvmlDeviceGetCurrentClocksEventReasons", None) or p.nvmlDeviceGetCurrentClocksThrottleReasons
+        self.reading("clock_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons", fn, h, convert=int)
+        self.reading("persistence_mode", "nvmlDeviceGetPersistenceMode", p.nvmlDeviceGetPersistenceMode, h,
+                     convert=lambda v: v == p.NVML_FEATURE_ENABLED)
+        self.reading("performance_state", "nvmlDeviceGetPerformanceState", p.nvmlDeviceGetPerformanceState, h, convert=int)
+        self.reading("pcie_gen_current", "nvmlDeviceGetCurrPcieLinkGeneration", p.nvmlDeviceGetCurrPcieLinkGeneration, h)
+        self.reading("pcie_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration", p.nvmlDeviceGetMaxPcieLinkGeneration, h)
+        self.reading("pcie_width_current", "nvmlDeviceGetCurrPcieLinkWidth", p.nvmlDeviceGetCurrPcieLinkWidth, h)
+        self.reading("pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth", p.nvmlDeviceGetMaxPcieLinkWidth, h)
+        self.fields["nvlinks"] = self._nvlinks(h)
+        self.reading("processes", "nvmlDeviceGetComputeRunningProcesses", p.nvmlDeviceGetComputeRunningProcesses, h,
+                     convert=lambda ps: tuple(_process(x) for x in ps))
+        self._read_mig(h)
+        self.reading("accounting_mode", "nvmlDeviceGetAccountingMode", p.nvmlDeviceGetAccountingMode, h,
+                     convert=lambda v: v == p.NVML_FEATURE_ENABLED)
+        self.reading("cpu_affinity", "nvmlDeviceGetCpuAffinity", p.nvmlDeviceGetCpuAffinity, h, _CPUSET_WORDS,
+                     convert=_cpus_from_mask)
+
+    def _read_mig(self, h: Any) -> None:
+        p = pynvml
+        mig = self.reading("_mig", "nvmlDeviceGetMigMode", p.nvmlDeviceGetMigMode, h, convert=lambda t: (bool(t[0]), bool(t[1])))
+        self.fields.pop("_mig")
+        self.fields["mig_mode_current"] = S.value(mig.value[0]) if mig.ok else mig
+        self.fields["mig_mode_pending"] = S.value(mig.value[1]) if mig.ok else mig
+        self.fields["mig_devices"] = self._mig_devices(h) if mig.ok and mig.value[0] else (S.value(()) if mig.ok else mig)
+
+    def _nvlinks(self, h: Any) -> Reading:
+        p = pynvml
+        links: List[NvLink] = []
+        for link in range(_MAX_NVLINKS):
+            try:
+                state = self.call("nvmlDeviceGetNvLinkState", p.nvmlDeviceGetNvLinkState, h, link)
+            except p.NVMLError as e:
+                if getattr(e, "value", None) in _NO_LINK_CODES:
+                    if link == 0:
+                        return S.unsupported("nvmlDeviceGetNvLinkState", str(e))
+                    break
+                links.append(NvLink(link, self._error("nvmlDeviceGetNvLinkState", e), S.unsupported()))
+                continue
+            try:
+                remote = S.value(_text(self.call("nvmlDeviceGetNvLinkRemotePciInfo", p.nvmlDeviceGetNvLinkRemotePciInfo,
+                                                 h, link).busId))
+            except p.NVMLError as e:
+                remote = self._error("nvmlDeviceGetNvLinkRemotePciInfo", e)
+            links.append(NvLink(link, S.value(state == p.NVML_FEATURE_ENABLED), remote))
+        return S.value(tuple(links))
+
+    def _mig_devices(self, h: Any) -> Reading:
+        p = pynvml
+        try:
+            count = self.call("nvmlDeviceGetMaxMigDeviceCount", p.nvmlDeviceGetMaxMigDeviceCount, h)
+        except p.NVMLError as e:
+            return self._error("nvmlDeviceGetMaxMigDeviceCount", e)
+        devs: List[MigDevice] = []
+        for k in range(count):
+            try:
+                mh = self.call("nvmlDeviceGetMigDeviceHandleByIndex", p.nvmlDeviceGetMigDeviceHandleByIndex, h, k)
+            except p.NVMLError as e:
+                if getattr(e, "value", None) in (p.NVML_ERROR_NOT_FOUND, p.NVML_ERROR_INVALID_ARGUMENT):
+                    continue
+                return self._error("nvmlDeviceGetMigDeviceHandleByIndex", e)
+            try:
+                info = self.call("nvmlDeviceGetMemoryInfo", p.nvmlDeviceGetMemoryInfo, mh)
+                mem: Optional[int] = int(info.total)
+                used: Optional[int] = int(info.used)
+            except p.NVMLError:
+                mem = used = None
+            try:
+                name = _text(self.call("nvmlDeviceGetName", p.nvmlDeviceGetName, mh))
+            except p.NVMLError:
+                name = ""
+            try:
+                devs.append(MigDevice(
+                    index=k,
+                    uuid=_text(self.call("nvmlDeviceGetUUID", p.nvmlDeviceGetUUID, mh)),
+                    gpu_instance_id=int(self.call("nvmlDeviceGetGpuInstanceId", p.nvmlDeviceGetGpuInstanceId, mh)),
+                    compute_instance_id=int(self.call("nvmlDeviceGetComputeInstanceId", p.nvmlDeviceGetComputeInstanceId, mh)),
+                    memory_total_bytes=mem, name=name, memory_used_bytes=used))
+            except p.NVMLError as e:
+                return self._error("nvmlDeviceGetMigDeviceHandleByIndex", e)
+        return S.value(tuple(devs))
+
+    def snapshot(self) -> GpuSnapshot:
+        fields = dict(self.fields)  # the thread may still be writing if abandoned
+        return GpuSnapshot(index=self.index, unreachable=self.unreachable, **fields)
+
+
+def _run_with_deadline(fn: Callable[[], Any], timeout_s: float, name: str) -> Any:
+    """Run fn in a daemon thread; raise TimeoutError naming the call if it does not return in time."""
+    box: Dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["v"] = fn()
+        except BaseException as e:  # re-raised in the caller
+            box["e"] = e
+
+    t = threading.Thread(target=target, name=f"nvml-{name}", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise TimeoutError(f"NVML call {name} timed out after {timeout_s:g}s")
+    if "e" in box:
+        raise box["e"]
+    return box.get("v")
+
+
+_LOADED: Dict[str, Any] = {}
+
+
+def _load_library(path: str) -> None:
+    """Load a specific libnvidia-ml.so.1 so that pynvml's CDLL('libnvidia-ml.so.1') reuses it (same SONAME)."""
+    if not path or path in _LOADED:
+        return
+    if not os.path.exists(path):
+        raise NvmlUnavailable(f"NVML library {path} does not exist",
+                              "fix nvml_library in the config (or --nvml-lib), or leave it empty to use the system driver")
+    try:
+        _LOADED[path] = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:
+        raise NvmlUnavailable(f"cannot load NVML library {path}: {e}",
+                              "point nvml_library at the driver's libnvidia-ml.so.1") from None
+    # pynvml loads by SONAME; if it already holds another library, point it at ours.
+    if getattr(pynvml, "nvmlLib", None) is not None and getattr(pynvml.nvmlLib, "_name", path) != path:
+        cache = getattr(pynvml, "_nvmlGetFunctionPointer_cache", None)
+        if not isinstance(cache, dict):
+            raise NvmlUnavailable(f"this nvidia-ml-py ({_pynvml_version()}) cannot be pointed at {path}: "
+                                  "it has no function-pointer cache to reset",
+                                  "load the configured library before any other NVML use, or pin nvidia-ml-py 12.x/13.x")
+        pynvml.nvmlLib = _LOADED[path]
+        cache.clear()
+
+
+_NO_DRIVER_HINT = ("is the NVIDIA driver installed and loaded (nvidia-smi)? For a non-standard install set "
+                   "nvml_library in /etc/slurm-gpu/config.toml or pass --nvml-lib PATH")
+
+
+class NvmlReader:
+    """A session with the driver: `snapshot()` for checks, the write methods for hooks."""
+
+    def __init__(self, library: str = "", timeout_s: float = 5.0):
+        self.library = library
+        self.timeout_s = timeout_s
+        self._initialised = False
+        self._stuck: Dict[int, str] = {}  # GPUs abandoned because a call hung: never touch them again
+        self._handles: Dict[int, Any] = {}
+
+    # -- session ---------------------------------------------------------------------------
+    def open(self) -> "NvmlReader":
+        if self._initialised:
+            return self
+        _load_library(self.library)
+        try:
+            _run_with_deadline(pynvml.nvmlInit, self.timeout_s, "nvmlInit")
+        except TimeoutError as e:
+            raise NvmlUnavailable(f"{e}: the driver does not answer", "check dmesg for NVIDIA XID errors; the node may need a reboot") from None
+        except pynvml.NVMLError as e:
+            code = getattr(e, "value", None)
+            if code == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
+                raise NvmlUnavailable("NVML library libnvidia-ml.so.1 not found", _NO_DRIVER_HINT) from None
+            raise NvmlUnavailable(f"NVML initialisation failed: {e}", _NO_DRIVER_HINT) from None
+        self._initialised = True
+        return self
+
+    def close(self) -> None:
+        if self._initialised and not self._stuck:
+            try:
+                _run_with_deadline(pynvml.nvmlShutdown, self.timeout_s, "nvmlShutdown")
+            except (TimeoutError, pynvml.NVMLError):
+                pass
+        self._initialised = False
+
+    def __enter__(self) -> "NvmlReader":
+        return self.open()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _node_readings(self) -> Tuple[Reading, Reading, Reading]:
+        """Driver version, CUDA driver version and GPU count, in one thread under one deadline."""
+        calls = (("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion, _text),
+                 ("nvmlSystemGetCudaDriverVersion", pynvml.nvmlSystemGetCudaDriverVersion, int),
+                 ("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount, int))
+
+        def read_all() -> Tuple[Reading, ...]:
+            out = []
+            for name, fn, convert in calls:
+                try:
+                    out.append(S.value(convert(fn())))
+                except pynvml.NVMLError as e:
+                    code = getattr(e, "value", None)
+                    out.append(S.unsupported(name, str(e)) if code in _UNSUPPORTED_CODES else S.failed(name, str(e)))
+            return tuple(out)
+
+        try:
+            return _run_with_deadline(read_all, self.timeout_s, "nvmlSystemGetDriverVersion")  # type: ignore[return-value]
+        except TimeoutError as e:
+            return tuple(S.failed(name, str(e)) for name, _, _ in calls)  # type: ignore[return-value]
+
+    # -- reads -----------------------------------------------------------------------------
+    def identities(self) -> NodeSnapshot:
+        """A cheap read of every GPU's UUID, minor number and PCI bus id (to map Slurm's indices)."""
+        return self.snapshot(None, ident_only=True)
+
+    def snapshot(self, indices: Optional[Sequence[int]] = None, ident_only: bool = False) -> NodeSnapshot:
+        """Read the node; `indices` limits per-GPU reads (node-wide facts are always read)."""
+        self.open()
+        taken = time.time()
+        driver, cuda, count = self._node_readings()
+        n = count.value if count.ok else 0
+        wanted = sorted(set(range(n) if indices is None else indices))
+        readers = self._parallel(wanted, ident_only=ident_only, count=n)
+        for r in readers:
+            h = getattr(r, "handle", None)
+            if h is not None and not r.unreachable:
+                self._handles[r.index] = h
+        gpus = tuple(r.snapshot() for r in readers)
+        return NodeSnapshot(hostname=os.uname().nodename.split(".")[0], taken_at=taken, driver_version=driver,
+                            cuda_driver_version=cuda, gpu_count=count, gpus=gpus)
+
+    def _wait(self, readers: List[_GpuReader]) -> None:
+        pending = [r for r in readers if not r.done.is_set()]
+        while pending:
+            now = time.monotonic()
+            next_deadline = now + self.timeout_s
+            still: List[_GpuReader] = []
+            for r in pending:
+                if r.done.is_set():
+                    continue
+                with r.lock:
+                    current, started = r.current, r.started
+                if current is not None and now - started >= self.timeout_s:
+                    msg = f"NVML call {current} timed out after {self.timeout_s:g}s"
+                    r.unreachable = msg
+                    self._stuck[r.index] = msg
+                    continue
+                if current is not None:
+                    next_deadline = min(next_deadline, started + self.timeout_s)
+                still.append(r)
+            pending = still
+            if pending:
+                # Wake at the earliest deadline, or as soon as the first pending reader finishes.
+                pending[0].done.wait(max(0.001, min(next_deadline - time.monotonic(), 0.05)))
+
+    def _parallel(self, indices: Sequence[int], body: Optional[Callable[[_GpuReader], Any]] = None,
+                  ident_only: bool = False, count: Optional[int] = None) -> List[_GpuReader]:
+        """Run one worker thread per GPU (a read, or `body`) under the per-call deadline."""
+        workers = [_GpuReader(i, ident_only, body) for i in indices]
+        for w in workers:
+            if w.index in self._stuck:
+                w.unreachable = self._stuck[w.index]
+                w.done.set()
+            elif count is not None and w.index >= count:
+                w.unreachable = f"no GPU with index {w.index} (the driver reports {count})"
+                w.done.set()
+            else:
+                threading.Thread(target=w.run, name=f"nvml-gpu{w.index}", daemon=True).start()
+        self._wait(workers)
+        return workers
+
+    def _on_gpus(self, indices: Sequence[int], task: Callable[[_GpuReader, Any], Any]) -> Dict[int, Any]:
+        """Run task(worker, handle) on each GPU in parallel: {index: result}, or NvmlWriteError for that GPU."""
+        self.open()
+
+        def body(w: _GpuReader) -> Any:
+            h = self._handles.get(w.index)
+            if h is None:
+                h = w.call("nvmlDeviceGetHandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, w.index)
+            return task(w, h)
+
+        out: Dict[int, Any] = {}
+        for w in self._parallel(sorted(set(indices)), body):
+            if w.unreachable:
+                out[w.index] = NvmlWriteError(f"GPU {w.index}: {w.unreachable}",
+                                              "the GPU may have fallen off the bus; check dmesg for XID 79")
+            elif isinstance(w.error, pynvml.NVMLError):
+                out[w.index] = NvmlWriteError(f"GPU {w.index}: {w.current or 'NVML call'} failed: {w.error}",
+                                              _write_hint(w.error))
+            elif w.error is not None:
+                out[w.index] = w.error
+            else:
+                out[w.index] = w.result
+        return out
+
+    @staticmethod
+    def _one(results: Dict[int, Any], index: int) -> Any:
+        r = results[index]
+        if isinstance(r, BaseException):
+            raise r
+        return r
+
+    # -- per-GPU reads for the hooks --------------------------------------------------------
+    def processes_many(self, indices: Sequence[int]) -> Dict[int, Any]:
+        """{index: tuple[Process] | NvmlWriteError}: compute processes on each GPU."""
+        def task(w: _GpuReader, h: Any) -> Tuple[Process, ...]:
+            ps = w.call("nvmlDeviceGetComputeRunningProcesses", pynvml.nvmlDeviceGetComputeRunningProcesses, h)
+            return tuple(_process(x) for x in ps)
+        return self._on_gpus(indices, task)
+
+    def processes(self, index: int) -> Tuple[Process, ...]:
+        return self._one(self.processes_many([index]), index)
+
+    def accounting_many(self, indices: Sequence[int]) -> Dict[int, Any]:
+        """{index: Reading[tuple[AccountingRecord]] | NvmlWriteError}: the driver's per-process accounting."""
+        def task(w: _GpuReader, h: Any) -> Reading:
+            try:
+                pids = w.call("nvmlDeviceGetAccountingPids", pynvml.nvmlDeviceGetAccountingPids, h)
+                out = []
+                for pid in pids:
+                    st = w.call("nvmlDeviceGetAccountingStats", _accounting_stats, h, pid)
+                    mem = int(st.maxMemoryUsage)
+                    out.append(AccountingRecord(int(pid), int(st.gpuUtilization), int(st.memoryUtilization),
+                                                None if mem == _NOT_AVAILABLE_U64 else mem, int(st.time),
+                                                int(st.startTime), bool(st.isRunning)))
+                return S.value(tuple(out))
+            except pynvml.NVMLError as e:
+                if getattr(e, "value", None) in _UNSUPPORTED_CODES:
+                    return S.unsupported("nvmlDeviceGetAccountingPids", str(e))
+                return S.failed("nvmlDeviceGetAccountingPids", str(e))
+        return self._on_gpus(indices, task)
+
+    def accounting_stats(self, index: int) -> Reading:
+        return self._one(self.accounting_many([index]), index)
+
+    # -- writes (strict: a failure is an NvmlWriteError naming the GPU and the NVML error) ---
+    def prepare(self, indices: Sequence[int], *, persistence: bool = False, reset_clocks: bool = False,
+                accounting: bool = False) -> Dict[int, Any]:
+        """Put GPUs into a known state, all GPUs in parallel.
+
+        Returns {index: {operation: done} | NvmlWriteError}; done is False when the GPU does
+        not support the operation (nothing to reset is not an error).
+        """
+        p = pynvml
+        ops: List[Tuple[str, Callable, Tuple[Any, ...]]] = []
+        if persistence:
+            ops.append(("nvmlDeviceSetPersistenceMode", p.nvmlDeviceSetPersistenceMode, (p.NVML_FEATURE_ENABLED,)))
+        if reset_clocks:
+            ops += [("nvmlDeviceResetApplicationsClocks", p.nvmlDeviceResetApplicationsClocks, ()),
+                    ("nvmlDeviceResetGpuLockedClocks", p.nvmlDeviceResetGpuLockedClocks, ()),
+                    ("nvmlDeviceResetMemoryLockedClocks", p.nvmlDeviceResetMemoryLockedClocks, ())]
+        if accounting:
+            # Accounting must be on before the job's first process starts; PIDs of earlier
+            # jobs would be mistaken for this job's, so they are cleared.
+            ops += [("nvmlDeviceSetAccountingMode", p.nvmlDeviceSetAccountingMode, (p.NVML_FEATURE_ENABLED,)),
+                    ("nvmlDeviceClearAccountingPids", p.nvmlDeviceClearAccountingPids, ())]
+
+        def task(w: _GpuReader, h: Any) -> Dict[str, bool]:
+            done: Dict[str, bool] = {}
+            for name, fn, args in ops:
+                if name == "nvmlDeviceClearAccountingPids" and not done.get("nvmlDeviceSetAccountingMode"):
+                    continue
+                try:
+                    w.call(name, fn, h, *args)
+                    done[name] = True
+                except p.NVMLError as e:
+                    if getattr(e, "value", None) in (p.NVML_ERROR_NOT_SUPPORTED, p.NVML_ERROR_FUNCTION_NOT_FOUND):
+                        done[name] = False
+                        continue
+                    raise NvmlWriteError(f"GPU {w.index}: {name} failed: {e}", _write_hint(e)) from None
+            return done
+        return self._on_gpus(indices, task)
+
+    def set_persistence_mode(self, index: int) -> bool:
+        return self._one(self.prepare([index], persistence=True), index)["nvmlDeviceSetPersistenceMode"]
+
+    def reset_clocks(self, index: int) -> Dict[str, bool]:
+        return self._one(self.prepare([index], reset_clocks=True), index)
+
+    def enable_accounting(self, index: int) -> Dict[str, bool]:
+        return self._one(self.prepare([index], accounting=True), index)
+
+    def is_stuck(self, index: int) -> bool:
+        return index in self._stuck
+
+
+_NOT_AVAILABLE_U64 = 2**64 - 1
+
+
+def _pynvml_version() -> str:
+    try:
+        from importlib.metadata import version
+        return "nvidia-ml-py " + version("nvidia-ml-py")
+    except Exception:
+        return "unknown version"
+
+
+def _accounting_stats(handle: Any, pid: int) -> Any:
+    """nvmlDeviceGetAccountingStats without pynvml's wrapper, which raises TypeError (not an
+    NVMLError) when the driver reports maxMemoryUsage as not available (2**64-1).
+
+    That takes pynvml's private function lookup; a release without it gets the public
+    wrapper, whose TypeError then means "max memory not available"."""
+    get_fn = getattr(pynvml, "_nvmlGetFunctionPointer", None)
+    struct = getattr(pynvml, "c_nvmlAccountingStats_t", None)
+    if get_fn is None or struct is None:
+        try:
+            return pynvml.nvmlDeviceGetAccountingStats(handle, pid)
+        except TypeError:
+            return _NoMaxMemory()
+    st = struct()
+    fn = get_fn("nvmlDeviceGetAccountingStats")
+    ret = fn(handle, ctypes.c_uint(pid), ctypes.byref(st))
+    if ret != pynvml.NVML_SUCCESS:
+        raise pynvml.NVMLError(ret)
+    return st
+
+
+class _NoMaxMemory:
+    """Accounting stats whose peak memory the driver does not know (public-wrapper fallback)."""
+
+    def __init__(self) -> None:
+        self.gpuUtilization = self.memoryUtilization = self.time = self.startTime = self.isRunning = 0
+        self.maxMemoryUsage = _NOT_AVAILABLE_U64
+
+
+def _memory_info(w: "_GpuReader", h: Any) -> Tuple[int, int]:
+    """(total, used) bytes.  Drivers >= 515 count memory they reserve for themselves as "used"
+    in the v1 call: a GPU nobody uses would look like leaked memory, so v2 comes first."""
+    p = pynvml
+    v2 = getattr(p, "nvmlMemory_v2", None)
+    if v2 is not None:
+        try:
+            m = w.call("nvmlDeviceGetMemoryInfo_v2", p.nvmlDeviceGetMemoryInfo, h, v2)
+            return int(m.total), int(m.used)
+        except p.NVMLError as e:
+            if getattr(e, "value", None) not in _V1_FALLBACK_CODES:
+                raise
+        except TypeError:  # a release whose nvmlDeviceGetMemoryInfo takes no version
+            pass
+    m = w.call("nvmlDeviceGetMemoryInfo", p.nvmlDeviceGetMemoryInfo, h)
+    return int(m.total), int(m.used)
+
+
+def _write_hint(e: Exception) -> str:
+    code = getattr(e, "value", None)
+    if code == pynvml.NVML_ERROR_NO_PERMISSION:
+        return "GPU settings need root: run the hook as root (slurmd does)"
+    if code in _FATAL_CODES:
+        return "the GPU needs a reset or the node a reboot; drain it and check dmesg"
+    return "see `slurm-gpu check` for the GPU's state"
+
+
+@dataclass(frozen=True)
+class AccountingRecord:
+    """One process as the driver's accounting saw it (kept after the process exits)."""
+
+    pid: int
+    gpu_utilization_pct: int  # mean over the process lifetime (driver-sampled)
+    memory_utilization_pct: int
+    max_memory_bytes: Optional[int]  # None: the driver does not know
+    time_ms: int  # process run time
+    start_time_us: int  # unix epoch, microseconds
+    is_running: bool

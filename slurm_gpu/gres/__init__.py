@@ -1,0 +1,1 @@
+"""gres.conf from the hardware: inventories and the generated file."""

@@ -1,0 +1,473 @@
+"""A node's static GPU facts, as `slurm-gpu inventory` writes them and `gres-conf --inventory` reads them.
+
+An inventory holds only what does not change while the node runs: GPU names, device minor
+numbers, PCI bus ids, CPU affinity (and the Slurm core ids it maps to), NvLink peers and
+MIG devices with their nvidia-caps minors.  No readings, no times: two runs on the same
+node give the same file, and two nodes with the same hardware give files that differ only
+in hostname and UUIDs (``hardware_facts`` compares them).
+
+Format ``slurm-gpu-inventory/1``::
+
+    {"format": "slurm-gpu-inventory/1", "hostname": "gpu001",
+     "gpus": [{"index": 0, "minor": 0, "uuid": "GPU-...", "name": "NVIDIA H100 80GB HBM3",
+               "pci_bus_id": "00000000:18:00.0", "cpu_affinity": "0-47,96-143", "cores": "0-47",
+               "nvlink_peers": {"00000000:2a:00.0": 2}, "mig_enabled": false, "mig_devices": []}]}
+
+CPU lists use the kernel's cpulist syntax ("0-3,8").  ``cores`` are Slurm's abstract core
+ids (core 0 = first core of the first socket; hyper-thread siblings share one id), which
+is what gres.conf ``Cores=`` wants; ``cpu_affinity`` keeps the raw CPU ids NVML reported.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from slurm_gpu.errors import InputError
+from slurm_gpu.gpu.snapshot import GpuSnapshot, NodeSnapshot, Reading
+
+FORMAT = "slurm-gpu-inventory/1"
+# "3g.20gb", compute-instance profiles "1c.3g.20gb", extensions "1g.10gb+me", "1g.24gb+me.all"
+_MIG_PROFILE = re.compile(r"(?:\d+c\.)?\d+g\.\d+gb(?:\+[a-z0-9.+]+)?", re.IGNORECASE)
+
+
+class InventoryError(InputError):
+    """A malformed inventory file or a node whose GPUs cannot be inventoried."""
+
+
+# --- cpu lists -----------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=4096)  # a cluster repeats a handful of CPU lists thousands of times
+def parse_cpulist(text: str) -> Tuple[int, ...]:
+    """'0-3,8' -> (0, 1, 2, 3, 8).  Raises ValueError naming the bad part."""
+    text = text.strip()
+    if not text:
+        return ()
+    out = set()
+    for part in text.split(","):
+        part = part.strip()
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"bad CPU list item {part!r} (expected N or N-M)")
+        a, b = int(lo), int(hi) if sep else int(lo)
+        if b < a:
+            raise ValueError(f"CPU range {part!r} runs backwards")
+        out.update(range(a, b + 1))
+    return tuple(sorted(out))
+
+
+def format_cpulist(cpus: Iterable[int]) -> str:
+    """(0, 1, 2, 3, 8) -> '0-3,8'."""
+    return _format_cpulist(tuple(cpus))
+
+
+@functools.lru_cache(maxsize=4096)
+def _format_cpulist(cpus: Tuple[int, ...]) -> str:
+    vals = sorted(set(cpus))
+    parts: List[str] = []
+    i = 0
+    while i < len(vals):
+        j = i
+        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
+            j += 1
+        parts.append(str(vals[i]) if i == j else f"{vals[i]}-{vals[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def read_cpu_topology(sysfs_cpu_dir: str) -> Optional[Dict[int, int]]:
+    """Map each online CPU id to Slurm's abstract core id, from /sys/devices/system/cpu.
+
+    Cores are the sets of hyper-thread siblings; they are numbered by socket, then by their
+    lowest CPU id, as Slurm (via hwloc's logical order) numbers them.  None when the
+    topology cannot be read (containers without sysfs): callers fall back to CPU ids.
+    """
+    try:
+        entries = os.listdir(sysfs_cpu_dir)
+    except OSError:
+        return None
+    cores: Dict[Tuple[int, Tuple[int, ...]], None] = {}
+    for e in entries:
+        if not re.fullmatch(r"cpu\d+", e):
+            continue
+        topo = os.path.join(sysfs_cpu_dir, e, "topology")
+        try:
+            with open(os.path.join(topo, "physical_package_id")) as f:
+                pkg = int(f.read().strip())
+            with open(os.path.join(topo, "thread_siblings_list")) as f:
+                siblings = parse_cpulist(f.read())
+        except (OSError, ValueError):
+            continue  # offline CPUs have no topology directory
+        cores[(pkg, siblings)] = None
+    if not cores:
+        return None
+    mapping: Dict[int, int] = {}
+    for core_id, (_, siblings) in enumerate(sorted(cores, key=lambda k: (k[0], k[1][0] if k[1] else -1))):
+        for cpu in siblings:
+            mapping[cpu] = core_id
+    return mapping
+
+
+def read_mig_minors(path: str) -> Dict[str, int]:
+    """Parse /proc/driver/nvidia-caps/mig-minors: 'gpu0/gi1/ci0/access 22' lines."""
+    out: Dict[str, int] = {}
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            parts = line.split()
+            if not parts:
+                continue
+            if len(parts) != 2 or not parts[1].isdigit():
+                raise InventoryError(f"{path}:{lineno}: expected '<name> <minor>', got {line.strip()!r}",
+                                     "is this the driver's /proc/driver/nvidia-caps/mig-minors? (gres.mig_minors_path)")
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+# --- the model -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class InvMig:
+    index: int
+    uuid: str
+    name: str  # NVML name of the MIG device, e.g. "NVIDIA A100-SXM4-40GB MIG 3g.20gb"
+    profile: str  # "3g.20gb", "1c.3g.20gb", "1g.10gb+me": the profile in the NVML name
+    gpu_instance_id: int
+    compute_instance_id: int
+    gi_cap_minor: int  # /dev/nvidia-caps/nvidia-cap<gi_cap_minor>
+    ci_cap_minor: int
+    # The instance's memory in MiB as NVML reports it (its memory-info total, which public
+    # nvidia-smi outputs show equal to the profile's memorySizeMB); Slurm up to 23.02.5 names
+    # MIG types from it.  None in inventories written before slurm-gpu kept it.
+    memory_mib: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class InvGpu:
+    index: int
+    minor: int  # /dev/nvidia<minor>
+    uuid: str
+    name: str
+    pci_bus_id: str  # normalised: lower case, 8-digit domain
+    cpu_affinity: Tuple[int, ...]
+    cores: Tuple[int, ...]
+    nvlink_peers: Tuple[Tuple[str, int], ...]  # (remote PCI bus id, active link count), sorted
+    mig_enabled: bool = False
+    mig_devices: Tuple[InvMig, ...] = ()
+
+
+@dataclass(frozen=True)
+class Inventory:
+    hostname: str
+    gpus: Tuple[InvGpu, ...]
+    source: str = ""  # file it was read from, for messages
+
+    def devices(self) -> Tuple[InvGpu, ...]:
+        """GPUs in Slurm's device order: sorted by PCI bus id (gres.conf Links= positions)."""
+        return tuple(sorted(self.gpus, key=lambda g: (g.pci_bus_id, g.index)))
+
+    def links(self, gpu: InvGpu) -> Tuple[int, ...]:
+        """Direct NvLink count to every GPU of the node in device order, -1 for itself.
+
+        Links to anything that is not a GPU of this node (an NVSwitch) are not counted: that
+        is what Slurm's AutoDetect=nvml does, and through a switch every GPU is equally near.
+        """
+        return self._links(gpu, self.devices())
+
+    @staticmethod
+    def _links(gpu: InvGpu, devices: Tuple[InvGpu, ...]) -> Tuple[int, ...]:
+        peers = dict(gpu.nvlink_peers)
+        return tuple(-1 if d is gpu else peers.get(d.pci_bus_id, 0) for d in devices)
+
+    def switch_links(self, gpu: InvGpu) -> int:
+        gpu_ids = {d.pci_bus_id for d in self.gpus}
+        return sum(n for bus, n in gpu.nvlink_peers if bus not in gpu_ids)
+
+    def hardware_facts(self) -> List[Dict[str, Any]]:
+        """What must be equal for two nodes to share gres.conf lines (no uuid/hostname/bus ids)."""
+        facts = []
+        devices = self.devices()
+        for d in devices:
+            facts.append({
+                "name": d.name,
+                "minor": d.minor,
+                "cores": format_cpulist(d.cores),
+                "links": ",".join(str(x) for x in self._links(d, devices)),
+                "mig_enabled": d.mig_enabled,
+                "mig_devices": [
+                    {"profile": m.profile, "name": m.name, "memory_mib": m.memory_mib, "gpu_instance_id": m.gpu_instance_id,
+                     "compute_instance_id": m.compute_instance_id, "gi_cap_minor": m.gi_cap_minor,
+                     "ci_cap_minor": m.ci_cap_minor}
+                    for m in d.mig_devices
+                ],
+            })
+        return facts
+
+
+# --- from a snapshot -----------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=65536)
+def normalise_bus_id(bus_id: str) -> str:
+    """'0000:18:00.0' and '00000000:18:00.0' name the same device; NVML uses both forms."""
+    b = bus_id.strip().lower()
+    dom, sep, rest = b.partition(":")
+    if sep and rest.count(":") == 1 and len(dom) < 8:
+        b = dom.zfill(8) + ":" + rest
+    return b
+
+
+def _need(gpu: GpuSnapshot, field: str, hostname: str) -> Any:
+    r: Reading = getattr(gpu, field)
+    if r.ok and r.value is not None:
+        return r.value
+    what = "is not supported by the driver" if r.unsupported else f"could not be read ({r.describe()})"
+    raise InventoryError(f"node {hostname}: {gpu.label}: {field} {what}",
+                         "run `slurm-gpu check` on this node; gres.conf needs every GPU's name, minor number and PCI bus id")
+
+
+def inventory_from_snapshot(snap: NodeSnapshot, hostname: Optional[str] = None,
+                            cpu_to_core: Optional[Mapping[int, int]] = None,
+                            mig_minors: Optional[Mapping[str, int]] = None,
+                            mig_minors_path: str = "/proc/driver/nvidia-caps/mig-minors") -> Inventory:
+    """Keep the static facts of a snapshot.  `cpu_to_core` None: CPU ids are taken as core ids."""
+    host = hostname or snap.hostname
+    gpus: List[InvGpu] = []
+    for g in snap.gpus:
+        if g.unreachable:
+            raise InventoryError(f"node {host}: {g.label} is unreachable: {g.unreachable}",
+                                 "a GPU that cannot be read cannot go into gres.conf; fix or drain the node first")
+        minor = int(_need(g, "minor_number", host))
+        name = str(_need(g, "name", host))
+        bus = normalise_bus_id(str(_need(g, "pci_bus_id", host)))
+        uuid = str(g.uuid.get("") or "")
+        if g.cpu_affinity.failed:
+            _need(g, "cpu_affinity", host)
+        cpus = tuple(sorted(g.cpu_affinity.get(()) or ()))
+        if cpu_to_core is None:
+            cores = cpus
+        else:
+            missing = [c for c in cpus if c not in cpu_to_core]
+            if missing:
+                raise InventoryError(f"node {host}: {g.label}: CPU {missing[0]} of its affinity is not an online CPU",
+                                     "check /sys/devices/system/cpu (gres.cpu_topology_dir)")
+            cores = tuple(sorted({cpu_to_core[c] for c in cpus}))
+        peers: Dict[str, int] = {}
+        if g.nvlinks.failed:
+            _need(g, "nvlinks", host)
+        for link in g.nvlinks.get(()) or ():
+            if link.active.failed or (link.active.get(False) and link.remote_bus_id.failed):
+                raise InventoryError(f"node {host}: {g.label}: NvLink {link.link} could not be read "
+                                     f"({(link.active if link.active.failed else link.remote_bus_id).describe()})",
+                                     "run `slurm-gpu check` on this node; Links= would be wrong without it")
+            if link.active.get(False):
+                rb = normalise_bus_id(str(link.remote_bus_id.get("")))
+                peers[rb] = peers.get(rb, 0) + 1
+        mig_on = bool(g.mig_mode_current.get(False))
+        migs: List[InvMig] = []
+        if mig_on:
+            devs = _need(g, "mig_devices", host)
+            if not devs:
+                raise InventoryError(f"node {host}: {g.label}: MIG mode is enabled but no MIG devices exist",
+                                     "create MIG instances (nvidia-smi mig -cgi ... -C) or disable MIG mode")
+            if mig_minors is None:
+                try:
+                    mig_minors = read_mig_minors(mig_minors_path)
+                except OSError as e:
+                    raise InventoryError(f"node {host}: cannot read {mig_minors_path}: {e.strerror}",
+                                         "MIG device files need the nvidia-caps minors; set gres.mig_minors_path") from None
+            for m in devs:
+                migs.append(_mig(host, g, minor, m, mig_minors, mig_minors_path))
+        gpus.append(InvGpu(g.index, minor, uuid, name, bus, cpus, cores, tuple(sorted(peers.items())), mig_on, tuple(migs)))
+    return Inventory(host, tuple(sorted(gpus, key=lambda x: x.index)))
+
+
+def _mig(host: str, g: GpuSnapshot, minor: int, m: Any, minors: Mapping[str, int], path: str) -> InvMig:
+    pm = _MIG_PROFILE.search(m.name or "")
+    if not pm:
+        raise InventoryError(f"node {host}: {g.label}: MIG device {m.index} has no profile in its name ({m.name!r})",
+                             "expected an NVML name like 'NVIDIA A100-SXM4-40GB MIG 3g.20gb'")
+    gi_key = f"gpu{minor}/gi{m.gpu_instance_id}/access"
+    ci_key = f"gpu{minor}/gi{m.gpu_instance_id}/ci{m.compute_instance_id}/access"
+    for key in (gi_key, ci_key):
+        if key not in minors:
+            raise InventoryError(f"node {host}: {g.label}: MIG device {m.index}: no '{key}' in {path}",
+                                 "the driver lists every GPU/compute instance there; is gres.mig_minors_path right?")
+    mem = getattr(m, "memory_total_bytes", None)
+    return InvMig(m.index, m.uuid, m.name, pm.group(0).lower(), int(m.gpu_instance_id),
+                  int(m.compute_instance_id), minors[gi_key], minors[ci_key],
+                  int(mem) >> 20 if mem is not None else None)
+
+
+# --- JSON ----------------------------------------------------------------------------------
+
+def to_json(inv: Inventory) -> Dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "hostname": inv.hostname,
+        "gpus": [
+            {
+                "index": g.index, "minor": g.minor, "uuid": g.uuid, "name": g.name, "pci_bus_id": g.pci_bus_id,
+                "cpu_affinity": format_cpulist(g.cpu_affinity), "cores": format_cpulist(g.cores),
+                "nvlink_peers": dict(g.nvlink_peers), "mig_enabled": g.mig_enabled,
+                "mig_devices": [
+                    dict({"index": m.index, "uuid": m.uuid, "name": m.name, "profile": m.profile},
+                         **({"memory_mib": m.memory_mib} if m.memory_mib is not None else {}),
+                         gpu_instance_id=m.gpu_instance_id, compute_instance_id=m.compute_instance_id,
+                         gi_cap_minor=m.gi_cap_minor, ci_cap_minor=m.ci_cap_minor)
+                    for m in g.mig_devices
+                ],
+            }
+            for g in inv.gpus
+        ],
+    }
+
+
+def dumps(inv: Inventory) -> str:
+    return json.dumps(to_json(inv), indent=2) + "\n"
+
+
+class _Reader:
+    """Field access that turns every shape error into 'file (node X): gpus[3].minor: ...'."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.node = "?"
+
+    def fail(self, field: str, problem: str) -> InventoryError:
+        return InventoryError(f"inventory {self.source} (node {self.node}): {field}: {problem}",
+                              "regenerate it with `slurm-gpu inventory --output FILE` on that node")
+
+    def get(self, obj: Mapping[str, Any], key: str, field: str, kind: type, default: Any = ...) -> Any:
+        if key not in obj:
+            if default is not ...:
+                return default
+            raise self.fail(field, "missing")
+        v = obj[key]
+        if kind is int and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise self.fail(field, f"expected a non-negative integer, got {v!r}")
+        if kind is not int and not isinstance(v, kind):
+            raise self.fail(field, f"expected {kind.__name__}, got {v!r}")
+        return v
+
+    def cpus(self, obj: Mapping[str, Any], key: str, field: str) -> Tuple[int, ...]:
+        v = self.get(obj, key, field, str, "")
+        try:
+            return parse_cpulist(v)
+        except ValueError as e:
+            raise self.fail(field, str(e)) from None
+
+
+def from_json(d: Any, source: str = "<inventory>") -> Inventory:
+    r = _Reader(source)
+    if not isinstance(d, dict):
+        raise r.fail("(top level)", "expected a JSON object")
+    if isinstance(d.get("hostname"), str) and d["hostname"]:
+        r.node = d["hostname"]
+    if d.get("format") != FORMAT:
+        raise r.fail("format", f"expected {FORMAT!r}, got {d.get('format')!r}")
+    host = r.get(d, "hostname", "hostname", str)
+    if not host or any(c in host for c in "[],= \t\n#"):
+        raise r.fail("hostname", f"not a usable Slurm node name: {host!r}")
+    raw_gpus = r.get(d, "gpus", "gpus", list)
+    gpus: List[InvGpu] = []
+    for i, g in enumerate(raw_gpus):
+        f = f"gpus[{i}]"
+        if not isinstance(g, dict):
+            raise r.fail(f, "expected an object")
+        peers_raw = r.get(g, "nvlink_peers", f + ".nvlink_peers", dict, {})
+        peers = []
+        for bus, n in peers_raw.items():
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise r.fail(f"{f}.nvlink_peers[{bus!r}]", f"expected a link count, got {n!r}")
+            peers.append((normalise_bus_id(bus), n))
+        migs = []
+        for j, m in enumerate(r.get(g, "mig_devices", f + ".mig_devices", list, [])):
+            mf = f"{f}.mig_devices[{j}]"
+            if not isinstance(m, dict):
+                raise r.fail(mf, "expected an object")
+            profile = r.get(m, "profile", mf + ".profile", str)
+            if not _MIG_PROFILE.fullmatch(profile):
+                raise r.fail(mf + ".profile", f"expected '[<c>c.]<slices>g.<memory>gb[+ext]', got {profile!r}")
+            mig_name = r.get(m, "name", mf + ".name", str, "")
+            in_name = _MIG_PROFILE.search(mig_name)
+            if in_name and in_name.group(0).lower() != profile.lower():
+                # inventories before 1c./+me profiles were kept whole stored "3g.20gb" for them
+                profile = in_name.group(0).lower()
+            migs.append(InvMig(
+                r.get(m, "index", mf + ".index", int), r.get(m, "uuid", mf + ".uuid", str, ""),
+                mig_name, profile,
+                r.get(m, "gpu_instance_id", mf + ".gpu_instance_id", int),
+                r.get(m, "compute_instance_id", mf + ".compute_instance_id", int),
+                r.get(m, "gi_cap_minor", mf + ".gi_cap_minor", int), r.get(m, "ci_cap_minor", mf + ".ci_cap_minor", int),
+                r.get(m, "memory_mib", mf + ".memory_mib", int, None)))
+        mig_enabled = r.get(g, "mig_enabled", f + ".mig_enabled", bool, bool(migs))
+        if mig_enabled and not migs:
+            raise r.fail(f + ".mig_devices", "MIG is enabled but no MIG devices are listed")
+        name = r.get(g, "name", f + ".name", str)
+        if not name.strip():
+            raise r.fail(f + ".name", "empty")
+        bus = r.get(g, "pci_bus_id", f + ".pci_bus_id", str)
+        if not re.fullmatch(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-9a-fA-F]", bus.strip()):
+            raise r.fail(f + ".pci_bus_id", f"expected 'DDDDDDDD:BB:DD.F', got {bus!r}")
+        gpus.append(InvGpu(
+            r.get(g, "index", f + ".index", int), r.get(g, "minor", f + ".minor", int),
+            r.get(g, "uuid", f + ".uuid", str, ""), name, normalise_bus_id(bus),
+            r.cpus(g, "cpu_affinity", f + ".cpu_affinity"), r.cpus(g, "cores", f + ".cores"),
+            tuple(sorted(peers)), mig_enabled, tuple(migs)))
+    _check_unique(r, gpus, "index", lambda g: g.index)
+    _check_unique(r, gpus, "minor", lambda g: g.minor)
+    _check_unique(r, gpus, "pci_bus_id", lambda g: g.pci_bus_id)
+    return Inventory(host, tuple(sorted(gpus, key=lambda g: g.index)), source)
+
+
+def _check_unique(r: _Reader, gpus: Sequence[InvGpu], field: str, key: Any) -> None:
+    seen: Dict[Any, int] = {}
+    for i, g in enumerate(gpus):
+        k = key(g)
+        if k in seen:
+            raise r.fail(f"gpus[{i}].{field}", f"{k!r} repeats gpus[{seen[k]}].{field}")
+        seen[k] = i
+
+
+def load(path: str) -> Inventory:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise InventoryError(f"inventory {path}: cannot be read: {e.strerror}", "check the path and its permissions") from None
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InventoryError(f"inventory {path} (node ?): not valid JSON: {e}",
+                             "regenerate it with `slurm-gpu inventory --output FILE` on that node") from None
+    return from_json(data, path)
+
+
+def inventory_paths(args: Sequence[str]) -> List[str]:
+    """Files named, plus every *.json directly inside directories named (sorted)."""
+    out: List[str] = []
+    for a in args:
+        if os.path.isdir(a):
+            names = sorted(n for n in os.listdir(a) if n.endswith(".json") and not n.startswith("."))
+            if not names:
+                raise InventoryError(f"inventory directory {a} holds no *.json files",
+                                     "collect `slurm-gpu inventory --output DIR/$(hostname -s).json` from each node")
+            out.extend(os.path.join(a, n) for n in names)
+        elif os.path.exists(a):
+            out.append(a)
+        else:
+            raise InventoryError(f"inventory {a} does not exist", "pass a directory of inventories or inventory files")
+    return out
+
+
+def load_all(args: Sequence[str]) -> List[Inventory]:
+    invs = [load(p) for p in inventory_paths(args)]
+    seen: Dict[str, str] = {}
+    for inv in invs:
+        if inv.hostname in seen:
+            raise InventoryError(f"node {inv.hostname} appears in two inventories: {seen[inv.hostname]} and {inv.source}",
+                                 "keep one inventory per node")
+        seen[inv.hostname] = inv.source
+    return invs

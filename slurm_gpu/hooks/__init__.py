@@ -1,0 +1,1 @@
+"""Prolog, epilog and healthcheck flows, their entry points and their log."""

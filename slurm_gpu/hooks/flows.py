@@ -1,0 +1,721 @@
+"""Orchestration: the flows behind `check`, `healthcheck`, the prolog and the epilog.
+
+Kept light to import: the prolog/epilog path must not pay for click, jinja2 or sqlite-utils.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from slurm_gpu.policy import health
+from slurm_gpu.gpu import snapshot as S
+from slurm_gpu.gpu import xid
+from slurm_gpu.config import Config, node_name
+from slurm_gpu.errors import NvmlWriteError, SlurmGpuError
+from slurm_gpu.slurm.gpumap import JobGpu, JobGpuMap, MissingGpu, map_job_gpus  # noqa: F401  (MissingGpu: re-exported)
+from slurm_gpu.policy.health import CheckResult
+from slurm_gpu.slurm.jobenv import JobEnv
+from slurm_gpu.gpu.snapshot import GpuSnapshot, NodeSnapshot
+
+
+def make_reader(cfg: Config, library: Optional[str] = None):
+    from slurm_gpu.gpu.nvml import NvmlReader
+    return NvmlReader(library=library if library is not None else cfg.get("", "nvml_library"),
+                      timeout_s=cfg.get("", "nvml_timeout_s"))
+
+
+def read_xids(cfg: Config, now: Optional[float] = None) -> xid.XidReading:
+    source = cfg.get("xid", "source").replace("%n", node_name())
+    return xid.read(source, cfg.get("xid", "window_s"), timeout_s=cfg.get("", "nvml_timeout_s"), now=now)
+
+
+def scope_xids(events: Sequence[xid.XidEvent], snap: NodeSnapshot,
+               instances: Mapping[int, FrozenSet[int]]) -> List[xid.XidEvent]:
+    """On a GPU the job holds only MIG slices of, an XID the driver tagged with another GPU
+    instance (a contained error: GPU-I in the line) is that slice's business, not this job's."""
+    if not instances:
+        return list(events)
+    other: set = set()
+    for g in snap.gpus:
+        mine = instances.get(g.index)
+        if mine is not None:
+            bus = xid.bus_key(g.pci_bus_id.get(""))
+            other |= {(bus, e.gpu_instance) for e in events
+                      if e.bus == bus and e.gpu_instance is not None and e.gpu_instance not in mine}
+    return [e for e in events if (e.bus, e.gpu_instance) not in other]
+
+
+def check_node(
+    cfg: Config,
+    indices: Optional[Sequence[int]] = None,
+    *,
+    idle: "Optional[Iterable[int] | bool]" = None,
+    expected_count: Optional[int] = None,
+    reader=None,
+    snapshot: Optional[NodeSnapshot] = None,
+    now: Optional[float] = None,
+) -> Tuple[NodeSnapshot, List[CheckResult]]:
+    """Read (or take) a snapshot, read XIDs, and judge.  Raises NvmlUnavailable when there is no driver."""
+    now = time.time() if now is None else now
+    if snapshot is None:
+        reader = reader or make_reader(cfg)
+        snapshot = reader.snapshot(indices)
+        events, problem, undated = read_xids(cfg, now)
+    else:
+        events, problem, undated = [], "", 0  # offline evaluation of a saved snapshot: no live kernel log
+    results = health.evaluate(snapshot, cfg, gpus=indices, idle=idle, expected_count=expected_count,
+                              xid_events=events, xid_problem=problem, xid_undated=undated, now=now)
+    return snapshot, results
+
+
+# --- prolog / epilog -------------------------------------------------------------------------
+
+
+PROLOG_OK, PROLOG_FAULT = 0, 1
+
+
+@dataclass
+class HookDeps:
+    """What a hook talks to; tests inject fakes at these seams (DESIGN.md §2.9)."""
+
+    cfg: Config
+    log: Any  # HookLog
+    reader: Any = None  # NvmlReader
+    store: Any = None  # Store
+    slurm: Any = None  # SlurmBackend
+    now: Callable[[], float] = time.time
+    kill: Callable[[int, int], None] = None  # type: ignore[assignment]
+    pid_alive: Callable[[int], bool] = None  # type: ignore[assignment]
+    # (pid, job) -> does the process belong to the job?  Only those are ever killed.
+    owns: Callable[[int, JobEnv], bool] = None  # type: ignore[assignment]
+    slurm_conf: str = ""  # default: $SLURM_CONF (slurmd sets it), else the config's slurm_conf
+    # Unix time slurmd started this hook process (hookmain sets it; None: deps.now() when the
+    # flow begins).  Python's start-up and imports come before the flow's first clock read.
+    started: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if self.reader is None:
+            self.reader = make_reader(self.cfg)
+        if self.store is None:
+            from slurm_gpu.store.node import Store
+            self.store = Store.from_config(self.cfg)
+        if self.kill is None:
+            self.kill = os.kill
+        if self.pid_alive is None:
+            self.pid_alive = _pid_alive
+        if self.owns is None:
+            self.owns = process_belongs_to_job
+        if not self.slurm_conf:
+            self.slurm_conf = os.environ.get("SLURM_CONF") or self.cfg.get("", "slurm_conf")
+
+    def backend(self):
+        if self.slurm is None:
+            from slurm_gpu.slurm.backend import get_backend
+            self.slurm = get_backend(self.cfg)
+        return self.slurm
+
+
+def process_start_time(pid: str = "self") -> Optional[float]:
+    """Unix time a process started (/proc: start ticks after boot; boot from uptime, 10 ms
+    precision, unlike /proc/stat's whole-second btime).  None where /proc cannot say."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        with open("/proc/uptime", "rb") as f:
+            uptime = float(f.read().split()[0])
+        ticks = int(stat[stat.rfind(b")") + 2:].split()[19])
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie (a zombie holds no GPU context)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    # Field 3 follows the parenthesised command name, which may itself contain ')'.
+    state = stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]
+    return state not in (b"Z", b"X")
+
+
+_JOB_CGROUP = re.compile(rb"/job_(\d+)(?:/|$)", re.M)
+
+
+def process_identity(pid: int) -> Tuple[Optional[int], Optional[int]]:
+    """(real uid, Slurm job id) of a live process; None where the system does not show it.
+
+    The job id comes from the process's cgroup (task/cgroup puts it under .../job_<id>/) or,
+    without one, from its SLURM_JOB_ID (root may read every environment)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            uid = next((int(line.split()[1]) for line in f if line.startswith(b"Uid:")), None)
+    except (OSError, ValueError, IndexError):
+        return None, None
+    try:
+        with open(f"/proc/{pid}/cgroup", "rb") as f:
+            m = _JOB_CGROUP.search(f.read())
+        if m:
+            return uid, int(m.group(1))
+    except OSError:
+        pass
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for item in f.read().split(b"\0"):
+                if item.startswith(b"SLURM_JOB_ID=") and item[13:].isdigit():
+                    return uid, int(item[13:])
+    except OSError:
+        pass
+    return uid, None
+
+
+def process_belongs_to_job(pid: int, job: JobEnv) -> bool:
+    """The job's own process: the job's uid, and no other job id where the system shows one.
+
+    A process of another uid (a job sharing the GPU through shards/MPS, a system agent) or of
+    another job of the same user is never ours to kill."""
+    uid, job_id = process_identity(pid)
+    if uid is None or job.uid is None or uid != job.uid:
+        return False
+    return job_id is None or job_id == job.job_id
+
+
+def map_gpus(deps: "HookDeps", job: JobEnv) -> JobGpuMap:
+    """Slurm's GPU indices of the job -> GPUs (and MIG instances) through the node's Slurm config."""
+    return map_job_gpus(job.gpus, deps.reader.identities(), deps.cfg, job.node, deps.slurm_conf, deps.log)
+
+
+def scope_to_instances(snap: NodeSnapshot, instances: Mapping[int, FrozenSet[int]]) -> NodeSnapshot:
+    """On a GPU the job holds only MIG slices of, judge only those slices: other jobs may run on
+    the rest.  Processes of other GPU instances are dropped; memory in use is the job's slices'."""
+    if not instances:
+        return snap
+    gpus = []
+    for g in snap.gpus:
+        mine = instances.get(g.index)
+        if mine is None:
+            gpus.append(g)
+            continue
+        procs = g.processes
+        if procs.ok:
+            procs = S.value(tuple(p for p in procs.value if p.gpu_instance_id in mine))
+        migs = [m for m in (g.mig_devices.get(()) or ()) if m.gpu_instance_id in mine]
+        used = [m.memory_used_bytes for m in migs]
+        mem = S.value(sum(used)) if migs and None not in used else S.unsupported(
+            "nvmlDeviceGetMemoryInfo", "memory in use of a MIG instance not reported")
+        gpus.append(dataclasses.replace(g, processes=procs, memory_used_bytes=mem))
+    return dataclasses.replace(snap, gpus=tuple(gpus))
+
+
+def _without_pids(snap: NodeSnapshot, pids: Iterable[int]) -> NodeSnapshot:
+    drop = set(pids)
+    if not drop:
+        return snap
+    gpus = tuple(dataclasses.replace(g, processes=S.value(tuple(p for p in g.processes.value if p.pid not in drop)))
+                 if g.processes.ok else g for g in snap.gpus)
+    return dataclasses.replace(snap, gpus=gpus)
+
+
+def _results_events(results: Sequence[CheckResult], node: str, source: str, job_id: Optional[int], t: float) -> List[Dict[str, Any]]:
+    return [{"time": t, "node": node, "source": source, "job_id": job_id, "gpu_index": r.gpu_index,
+             "gpu_uuid": r.gpu_uuid or None, "check_name": r.check, "status": r.status, "message": r.message}
+            for r in results if r.status in (health.WARN, health.FAIL)]
+
+
+def _drain_node(deps: HookDeps, job: JobEnv, source: str, fault: str) -> Tuple[bool, Dict[str, Any]]:
+    """Drain this node with our reason.  Returns (the node is drained now, the drain record).
+
+    The record says what really happened (docs/hooks.md, drains table): `drained` (ok=1);
+    `kept` when the node was already drained and Slurm kept that reason (ok=0, kept_reason);
+    `failed` when slurmctld could not be reached; `off` with hooks.drain_on_fault = false."""
+    from slurm_gpu.slurm.reason import format_reason
+    reason = format_reason(fault, f"{source} job {job.job_id}")
+    drained, outcome, kept = False, "off", None
+    if deps.cfg.get("hooks", "drain_on_fault"):
+        try:
+            backend = deps.backend()
+            info = backend.node(job.node)
+            if info.drained:
+                # Keep the first reason: ours from an earlier hook (the epilog after a failed
+                # prolog sees the same fault) is the more precise one, and someone else's drain
+                # (an admin's maintenance) must not become ours and thus resumable.
+                deps.log.warning("already-drained", job=job.job_id, node=job.node, reason=reason,
+                                 existing=info.reason)
+                outcome, kept = "kept", info.reason or ""
+            else:
+                backend.drain(job.node, reason)
+                deps.log.warning("drain", job=job.job_id, node=job.node, reason=reason)
+                outcome = "drained"
+            drained = True
+        except SlurmGpuError as e:
+            deps.log.error("drain-failed", job=job.job_id, node=job.node, reason=reason, error=e.message)
+            outcome = "failed"
+    else:
+        deps.log.warning("fault-no-drain", job=job.job_id, node=job.node, reason=reason)
+    record = {"kind": "drain", "drain": {"time": deps.now(), "node": job.node, "source": source, "job_id": job.job_id,
+                                         "cluster": job.cluster, "restart_count": job.restart_count, "reason": reason,
+                                         "ok": int(outcome == "drained"), "outcome": outcome, "kept_reason": kept}}
+    return drained, record
+
+
+def _drain(deps: HookDeps, job: JobEnv, source: str, fault: str) -> bool:
+    """Drain this node with our reason; record it.  Returns True when the node is drained now."""
+    drained, record = _drain_node(deps, job, source, fault)
+    _write(deps, record, job)
+    return drained
+
+
+def _write(deps: HookDeps, record: Dict[str, Any], job: JobEnv) -> str:
+    """Database, else spool, else — whatever went wrong, even a bug of ours — the hook log and the
+    fallback log as one line of complete JSON that `slurm-gpu db ingest --from-log` replays.
+    Never raises: the drain decision must still run after a record that fits nowhere."""
+    # The job start a record belongs to: re-runs and replays of it are recognised by this.
+    record.setdefault("cluster", job.cluster)
+    record.setdefault("restart_count", job.restart_count)
+    try:
+        where = deps.store.write(record, ingest=False)
+    except Exception as e:
+        error = e.message if isinstance(e, SlurmGpuError) else f"{type(e).__name__}: {e}"
+        try:
+            data = json.dumps(record, sort_keys=True, default=str)
+        except Exception as je:  # a record that JSON cannot hold is a bug: say so, keep what is known
+            data = json.dumps({"kind": record.get("kind"), "unserialisable": f"{type(je).__name__}: {je}"})
+        fields = dict(job=job.job_id, node=job.node, kind=record.get("kind"), error=error,
+                      hint="replay with `slurm-gpu db ingest --from-log FILE`", record=data)
+        deps.log.error("record-lost-to-log", **fields)
+        from slurm_gpu.hooks.log import fallback_path, write_fallback
+        write_fallback(fallback_path(), getattr(deps.log, "hook", "hook"), "record-lost-to-log", **fields)
+        return "log"
+    if where.startswith("spool:"):
+        deps.log.warning("record-spooled", job=job.job_id, node=job.node, kind=record["kind"], file=where[6:],
+                         reason=getattr(deps.store, "unavailable", "") or None)
+    elif where.startswith("quarantine:"):
+        deps.log.error("record-quarantined", job=job.job_id, node=job.node, kind=record["kind"], file=where[11:],
+                       hint="the database refused this record; `slurm-gpu db check` lists it")
+    return where
+
+
+# What a hook spends at most on the spool (files, seconds) after its own records and its drain
+# decision; a bigger backlog is left for `slurm-gpu db ingest` (docs/hooks.md, "Nothing is
+# lost").  The prolog is on the job's start path: it takes a smaller share.
+HOOK_INGEST_BOUNDS = {"prolog": (50, 0.25), "epilog": (200, 1.0)}
+
+
+def _housekeeping(deps: HookDeps, job: JobEnv, hook: str) -> None:
+    max_files, max_s = HOOK_INGEST_BOUNDS[hook]
+    try:
+        rep = deps.store.housekeeping(max_files, max_s, prune=hook == "epilog")
+    except Exception as e:  # housekeeping must never change a hook's outcome
+        deps.log.error("spool-ingest-failed", job=job.job_id, node=job.node, error=f"{type(e).__name__}: {e}")
+        return
+    if rep.refused is not None:  # the spool directory itself: one line naming it, with what to do
+        deps.log.error("spool-refused", job=job.job_id, node=job.node, error=rep.refused.message, hint=rep.refused.hint)
+        return
+    quarantined = {name for name, _ in rep.quarantined}
+    for name, why in rep.quarantined:
+        deps.log.error("spool-quarantined", job=job.job_id, node=job.node, file=name, reason=why,
+                       hint="`slurm-gpu db check` lists quarantined files")
+    for p in rep.problems:
+        if p.split(":", 1)[0] not in quarantined:
+            deps.log.error("spool-problem", job=job.job_id, node=job.node, problem=p)
+    if rep.reclaimed:
+        deps.log.info("spool-reclaimed", job=job.job_id, node=job.node, files=rep.reclaimed)
+    if rep.left:
+        deps.log.warning("spool-backlog", job=job.job_id, node=job.node, ingested=rep.done, waiting=rep.left,
+                         hint="run `slurm-gpu db ingest`")
+
+
+def _find_start(deps: HookDeps, job: JobEnv) -> Any:
+    from slurm_gpu.store.node import StartLookup
+    try:
+        return deps.store.find_start(job.cluster, job.job_id, job.restart_count, job.node)
+    except Exception as e:  # a store without find_start, or a bug: the end is still recorded
+        return StartLookup({}, False, f"{type(e).__name__}: {e}")
+
+
+def _job_gpu_snapshot(deps: HookDeps, job: JobEnv) -> Tuple[Optional[JobGpuMap], NodeSnapshot, List[CheckResult]]:
+    """Map the job's GPUs, read them, and judge them (they must be idle)."""
+    try:
+        gmap = map_gpus(deps, job)
+    except MissingGpu as e:
+        return None, NodeSnapshot(node_name(), deps.now()), [CheckResult("gpu_count", health.FAIL, None, "", e.message, e.hint)]
+    nvml_indices = gmap.nvml_indices
+    now = deps.now()
+    events, problem, undated = read_xids(deps.cfg, now)
+    snap = deps.reader.snapshot(nvml_indices)
+    results = health.evaluate(scope_to_instances(snap, gmap.instances()), deps.cfg, gpus=nvml_indices,
+                              idle=nvml_indices, expected_count=gmap.configured,
+                              xid_events=scope_xids(events, snap, gmap.instances()), xid_problem=problem,
+                              xid_undated=undated, now=now)
+    return gmap, snap, results
+
+
+def _record_key(g: GpuSnapshot, jg: JobGpu) -> str:
+    """What a record is keyed by: the MIG device's UUID for a slice, else the GPU's."""
+    return jg.mig.uuid if jg.mig is not None else g.uuid_or_index
+
+
+def prolog(job: JobEnv, deps: HookDeps) -> int:
+    """Gate the job on its GPUs' health, then reset them and record the job start."""
+    log = deps.log
+    if not job.gpus:
+        log.info("no-gpus", job=job.job_id, node=job.node)
+        return PROLOG_OK
+    # GPU time starts when the prolog does: Slurm's allocation (PrologFlags=Alloc) began then,
+    # and sreport/sacct count the prolog's run time as the job's.
+    t = deps.started if deps.started is not None else deps.now()
+    gmap, snap, results = _job_gpu_snapshot(deps, job)
+    for r in results:
+        if r.status in (health.FAIL, health.WARN):
+            log.event("check", "warning" if r.status == health.WARN else "error", job=job.job_id, node=job.node,
+                      gpu=r.gpu_uuid or r.where, check=r.check, status=r.status, message=r.message)
+    if health.worst(results) == health.FAIL:
+        _drain(deps, job, "prolog", health.drain_fault(results))
+        _write(deps, {"kind": "health", "events": _results_events(results, job.node, "prolog", job.job_id, t)}, job)
+        _housekeeping(deps, job, "prolog")
+        return PROLOG_FAULT
+    assert gmap is not None  # a mapping failure is a FAIL above
+    prepared = _prepare(deps, job, gmap)
+    starts = []
+    for jg in gmap.gpus:
+        g = snap.gpu(jg.nvml_index)
+        uuid = _record_key(g, jg)
+        outcome = prepared.get(g.index)
+        if isinstance(outcome, NvmlWriteError):
+            # A GPU that stops answering while we reset it is a fault; other write errors
+            # (e.g. no permission) are our environment's problem and must not block the job.
+            if deps.reader.is_stuck(g.index):
+                _drain(deps, job, "prolog", f"{g.label} stopped responding during reset: {outcome.message}")
+                _housekeeping(deps, job, "prolog")
+                return PROLOG_FAULT
+            log.error("reset-failed", job=job.job_id, node=job.node, gpu=uuid, error=outcome.message)
+        starts.append({
+            "cluster": job.cluster, "job_id": job.job_id, "restart_count": job.restart_count, "node": job.node,
+            "gpu_uuid": uuid, "gpu_index": g.index, "start_time": t,
+            # The energy counter is the whole GPU's: a MIG slice's share of it is unknown.
+            "energy_mj": None if jg.mig is not None else g.energy_mj.get(),
+            "ecc_corrected": g.ecc_volatile_corrected.get(), "ecc_uncorrected": g.ecc_volatile_uncorrected.get(),
+            "retired_pages": _sum(g.retired_pages_sbe, g.retired_pages_dbe),
+            "remapped_rows": _sum(g.remapped_rows_corrected, g.remapped_rows_uncorrected),
+        })
+        log.info("pass", job=job.job_id, node=job.node, gpu=uuid, index=g.index, slurm_index=jg.slurm_index)
+    _write(deps, {"kind": "job_start", "starts": starts}, job)
+    warn = _results_events(results, job.node, "prolog", job.job_id, t)
+    if warn:
+        _write(deps, {"kind": "health", "events": warn}, job)
+    _housekeeping(deps, job, "prolog")
+    return PROLOG_OK
+
+
+def _prepare(deps: HookDeps, job: JobEnv, gmap: JobGpuMap) -> Dict[int, Any]:
+    """Persistence, clock reset and accounting on the job's whole GPUs.
+
+    A GPU the job holds MIG slices of is shared with whoever holds the others: resetting its
+    clocks or clearing its accounting would change their job, so only persistence is set."""
+    cfg = deps.cfg
+    sliced = set(gmap.instances())
+    whole = [i for i in gmap.nvml_indices if i not in sliced]
+    out = deps.reader.prepare(whole, persistence=cfg.get("hooks", "persistence_mode"),
+                              reset_clocks=cfg.get("hooks", "reset_clocks"),
+                              accounting=cfg.get("hooks", "accounting_mode")) if whole else {}
+    if sliced:
+        deps.log.info("mig-gpu-shared", job=job.job_id, node=job.node, gpus=",".join(map(str, sorted(sliced))),
+                      note="clocks and accounting of a GPU with MIG slices are left alone")
+        if cfg.get("hooks", "persistence_mode"):
+            out.update(deps.reader.prepare(sorted(sliced), persistence=True))
+    return out
+
+
+def _sum(*rs: Any) -> Optional[int]:
+    vals = [r.get() for r in rs if r.ok]
+    return sum(int(v) for v in vals) if vals else None
+
+
+def _leftovers(deps: HookDeps, job: JobEnv, gmap: JobGpuMap) -> Tuple[Dict[int, List[int]], Dict[int, List[int]]]:
+    """({GPU: pids of the job's own processes}, {GPU: pids of anyone else's}) on the job's GPUs.
+
+    On a GPU the job holds only MIG slices of, processes in other slices are not looked at."""
+    mine: Dict[int, List[int]] = {}
+    others: Dict[int, List[int]] = {}
+    instances = gmap.instances()
+    for i, procs in deps.reader.processes_many(gmap.nvml_indices).items():
+        if isinstance(procs, NvmlWriteError):
+            deps.log.error("process-list-failed", job=job.job_id, node=job.node, index=i, error=procs.message)
+            continue
+        for p in procs:
+            if p.pid in (0, 1, os.getpid()):
+                continue
+            if i in instances and p.gpu_instance_id not in instances[i]:
+                continue
+            (mine if deps.owns(p.pid, job) else others).setdefault(i, []).append(p.pid)
+    return mine, others
+
+
+def _kill_leftovers(deps: HookDeps, job: JobEnv, gmap: JobGpuMap) -> Tuple[Dict[int, List[int]], List[int]]:
+    """TERM, grace period, KILL for the job's own processes still on its GPUs.
+
+    Returns (survivors per GPU, every pid of the job that was found).  Processes of other
+    users or jobs are never signalled: the health checks report them (leftover_processes)."""
+    cfg, log = deps.cfg, deps.log
+    found, others = _leftovers(deps, job, gmap)
+    if others:
+        log.warning("leftover-processes-not-ours", job=job.job_id, node=job.node,
+                    pids=",".join(str(p) for ps in others.values() for p in ps),
+                    note="another user's or job's processes are never killed")
+    if not found:
+        return {}, []
+    everyone = sorted({p for ps in found.values() for p in ps})
+    if not cfg.get("hooks", "kill_leftovers"):
+        # The site kills nothing: the leftover_processes check reports them instead.
+        log.warning("leftover-processes-not-killed", job=job.job_id, node=job.node, pids=",".join(map(str, everyone)))
+        return {}, []
+    log.warning("leftover-processes", job=job.job_id, node=job.node, pids=",".join(map(str, everyone)))
+    targets = list(everyone)
+    for sig, wait in ((signal.SIGTERM, cfg.get("hooks", "kill_grace_s")), (signal.SIGKILL, 2.0)):
+        alive = [p for p in targets if deps.pid_alive(p)]
+        for p in alive:
+            try:
+                deps.kill(p, sig)
+            except ProcessLookupError:
+                pass
+            except PermissionError as e:
+                log.error("kill-failed", job=job.job_id, node=job.node, pid=p, error=str(e))
+        end = time.monotonic() + wait
+        while time.monotonic() < end and any(deps.pid_alive(p) for p in alive):
+            time.sleep(0.05)
+        targets = [p for p in targets if deps.pid_alive(p)]
+        if not targets:
+            break
+    # Ask the driver again: what it still lists and is still alive survived KILL.
+    survivors: Dict[int, List[int]] = {}
+    for i, procs in deps.reader.processes_many(sorted(found)).items():
+        if isinstance(procs, NvmlWriteError):
+            continue
+        left = [p.pid for p in procs if p.pid in everyone and deps.pid_alive(p.pid)]
+        if left:
+            survivors[i] = left
+    return survivors, everyone
+
+
+MIG_NOT_MEASURED = ("MIG slice: energy, utilisation and peak memory are counted by NVML for the whole GPU, "
+                    "not per instance; not recorded")
+
+
+def _usage(g: GpuSnapshot, jg: JobGpu, start: Optional[Dict[str, Any]], acct: Any, end: float, job: JobEnv,
+           xids: List[Dict[str, Any]]) -> Dict[str, Any]:
+    start_time = start["start_time"] if start else None
+    records = list(acct.value) if acct is not None and acct.ok and jg.mig is None else None
+    if start_time is None:
+        # No prolog record (slurm-gpu installed mid-job, or the prolog failed open): fall back
+        # to the first process the driver saw; the duration is then a lower bound.
+        starts = [rec.start_time_us / 1e6 for rec in records or [] if rec.start_time_us]
+        start_time = min(starts) if starts else end
+    if records is not None:
+        records = [rec for rec in records if not rec.start_time_us or rec.start_time_us / 1e6 >= start_time - 2.0]
+    duration = max(0.0, end - start_time)
+
+    def delta(now_v: Optional[int], key: str, scale: float = 1.0) -> Optional[float]:
+        then = start.get(key) if start else None
+        if now_v is None or then is None or now_v < then:
+            return None  # unknown, or the counter was reset (driver reload) during the job
+        return (now_v - then) / scale
+
+    def mean(attr: str) -> Optional[float]:
+        if records is None:
+            return None
+        if duration <= 0:
+            return 0.0
+        busy = sum(getattr(rec, attr) * rec.time_ms / 1000.0 for rec in records)
+        return round(min(100.0, busy / duration), 3)
+
+    energy = None if jg.mig is not None else delta(g.energy_mj.get(), "energy_mj", 1000.0)
+    peaks = [rec.max_memory_bytes for rec in records or [] if rec.max_memory_bytes is not None]
+    return {
+        "cluster": job.cluster, "job_id": job.job_id, "restart_count": job.restart_count, "node": job.node,
+        "gpu_uuid": _record_key(g, jg), "gpu_index": g.index,
+        "gpu_model": jg.mig.name or g.name.get() if jg.mig is not None else g.name.get(), "user": job.user,
+        "account": job.account, "partition": job.partition, "start_time": start_time, "end_time": end,
+        "duration_s": round(duration, 3), "energy_j": None if energy is None else round(energy, 3),
+        "gpu_util_mean_pct": mean("gpu_utilization_pct"), "mem_util_mean_pct": mean("memory_utilization_pct"),
+        "max_memory_bytes": max(peaks) if peaks else None,  # NULL, never 0, when no process reported it
+        "process_count": None if records is None else len(records),
+        "ecc_corrected_delta": delta(g.ecc_volatile_corrected.get(), "ecc_corrected"),
+        "ecc_uncorrected_delta": delta(g.ecc_volatile_uncorrected.get(), "ecc_uncorrected"),
+        "retired_pages_delta": delta(_sum(g.retired_pages_sbe, g.retired_pages_dbe), "retired_pages"),
+        "remapped_rows_delta": delta(_sum(g.remapped_rows_corrected, g.remapped_rows_uncorrected), "remapped_rows"),
+        "clock_event_reasons": g.clock_event_reasons.get(),
+        "xid_events": None if not xids else json.dumps(xids),
+        "parent_gpu_uuid": g.uuid_or_index if jg.mig is not None else None,
+        "notes": MIG_NOT_MEASURED if jg.mig is not None else None,
+    }
+
+
+def _job_xids(events: Sequence[xid.XidEvent], g: GpuSnapshot, jg: JobGpu, t0: float) -> List[Dict[str, Any]]:
+    """XIDs of the job's GPU since its start; on a MIG slice, those of its instance or of the whole GPU."""
+    bus = xid.bus_key(g.pci_bus_id.get(""))
+    gi = jg.mig.gpu_instance_id if jg.mig is not None else None
+    out = []
+    for e in events:
+        inst = e.gpu_instance
+        if e.bus != bus or (e.time or 0) < t0 or (gi is not None and inst is not None and inst != gi):
+            continue
+        out.append({"xid": e.xid, "time": e.time, "message": e.message[:200],
+                    **({"gpu_instance": inst} if inst is not None else {})})
+    return out
+
+
+def _read_accounting(deps: HookDeps, job: JobEnv, gmap: JobGpuMap) -> Dict[int, Any]:
+    """The driver's per-process accounting of the job's whole GPUs (MIG slices have none per instance)."""
+    whole = [i for i in gmap.nvml_indices if i not in gmap.instances()]
+    acct = deps.reader.accounting_many(whole) if whole else {}
+    for i, a in list(acct.items()):
+        if isinstance(a, NvmlWriteError):
+            deps.log.error("accounting-read-failed", job=job.job_id, node=job.node, index=i, error=a.message)
+            acct[i] = None
+    return acct
+
+
+def _reset_after(deps: HookDeps, job: JobEnv, gmap: JobGpuMap, snap: NodeSnapshot) -> None:
+    if not deps.cfg.get("hooks", "reset_clocks"):
+        return
+    sliced = gmap.instances()
+    whole = [g.index for g in snap.gpus if not g.unreachable and g.index not in sliced]
+    if not whole:
+        return
+    for i, outcome in deps.reader.prepare(whole, reset_clocks=True).items():
+        g = snap.gpu(i)
+        if isinstance(outcome, NvmlWriteError):
+            deps.log.error("reset-failed", job=job.job_id, node=job.node, gpu=g.uuid_or_index, error=outcome.message)
+        else:
+            deps.log.info("reset", job=job.job_id, node=job.node, gpu=g.uuid_or_index)
+
+
+def _epilog_fault(results: List[CheckResult], survivors: Dict[int, List[int]], snap: NodeSnapshot) -> str:
+    """The drain fault of the epilog ('' when healthy); a SIGKILL survivor comes first."""
+    if survivors:
+        g_idx = sorted(survivors)[0]
+        g = snap.gpu(g_idx)
+        label = g.label if g else f"GPU {g_idx}"
+        pids = ",".join(str(p) for ps in survivors.values() for p in ps)
+        fault = f"{label} processes survived SIGKILL after the job: pid {pids}"
+        results.append(CheckResult("leftover_processes", health.FAIL, g_idx, g.uuid.get("") if g else "", fault,
+                                   "processes stuck in the driver (D state) need a GPU reset or reboot"))
+        return fault
+    return health.drain_fault(results) if health.worst(results) == health.FAIL else ""
+
+
+def epilog(job: JobEnv, deps: HookDeps) -> int:
+    """Record what the job did with its GPUs, clean up, and check the GPUs again."""
+    log, cfg = deps.log, deps.cfg
+    if not job.gpus:
+        log.info("no-gpus", job=job.job_id, node=job.node)
+        return 0
+    # The job ended when the epilog started: what the epilog spends is not the job's GPU time.
+    end = deps.started if deps.started is not None else deps.now()
+    # 1. Which GPUs (and MIG slices) are the job's.
+    try:
+        gmap = map_gpus(deps, job)
+    except MissingGpu as e:
+        log.error("check", job=job.job_id, node=job.node, check="gpu_count", status=health.FAIL, message=e.message)
+        return 0 if _drain(deps, job, "epilog", e.message) else 1
+    indices = gmap.nvml_indices
+    # 2. The job's own processes go; everyone else's stay and are judged below.
+    survivors, killed = _kill_leftovers(deps, job, gmap)
+    # 3. What the driver counted, the kernel log and the GPUs' state now.
+    acct = _read_accounting(deps, job, gmap)
+    events, problem, undated = read_xids(cfg, deps.now())
+    snap = deps.reader.snapshot(indices)
+    judged = scope_to_instances(_without_pids(snap, killed), gmap.instances())
+    results = health.evaluate(judged, cfg, gpus=indices, idle=indices, expected_count=gmap.configured,
+                              xid_events=scope_xids(events, snap, gmap.instances()), xid_problem=problem,
+                              xid_undated=undated, now=end)
+    _reset_after(deps, job, gmap, snap)
+    # 4. Judge and drain first: a GPU fault reaches Slurm whatever the storage does.
+    fault = _epilog_fault(results, survivors, snap)
+    for x in results:
+        if x.status in (health.FAIL, health.WARN):
+            log.event("check", "warning" if x.status == health.WARN else "error", job=job.job_id, node=job.node,
+                      gpu=x.gpu_uuid or x.where, check=x.check, status=x.status, message=x.message)
+    events_out = _results_events(results, job.node, "epilog", job.job_id, end)
+    drained, drain_record = _drain_node(deps, job, "epilog", fault) if fault else (True, None)
+    # 5. One record per GPU or slice, against the prolog's start counters (docs/hooks.md,
+    #    "Nothing is lost": the rule for a missing start record).
+    lookup = _find_start(deps, job)
+    starts = lookup.starts
+    gpu_rows: List[Dict[str, Any]] = []
+    if not starts and lookup.prolog_failed:
+        # The prolog failed on this node (its drain is recorded): Slurm requeued the job and it
+        # never ran here.  The driver's accounting may still hold an earlier job's processes,
+        # since a failed prolog does not clear them: no usage is recorded.
+        log.info("no-usage-prolog-failed", job=job.job_id, node=job.node)
+    else:
+        if not starts:
+            # The job ran here (no failed prolog on record) but its start counters are unknown:
+            # slurm-gpu installed mid-job, a prolog that failed open, a start record lost, or a
+            # database that cannot be read right now.  What the end tells is kept, marked partial.
+            log.warning("start-record-unreadable" if lookup.unreadable else "no-start-record", job=job.job_id,
+                        node=job.node, error=lookup.unreadable or None,
+                        note="recording what the end tells, marked partial")
+        for jg in gmap.gpus:
+            g = snap.gpu(jg.nvml_index)
+            start = starts.get(_record_key(g, jg))
+            xids = _job_xids(events, g, jg, start["start_time"] if start else 0.0)
+            row = _usage(g, jg, start, acct.get(g.index), end, job, xids)
+            if start is None:
+                _mark_partial(row, g, jg, acct.get(g.index), lookup.unreadable)
+            gpu_rows.append(row)
+    if gpu_rows:
+        job_row = {"cluster": job.cluster, "job_id": job.job_id, "restart_count": job.restart_count,
+                   "node": job.node, "user": job.user, "uid": job.uid, "account": job.account,
+                   "partition": job.partition, "gpu_count": len(job.gpus),
+                   "start_time": min([g["start_time"] for g in gpu_rows], default=end), "end_time": end,
+                   "exit_code": job.exit_code, "partial": int(any(g.get("partial") for g in gpu_rows))}
+        _write(deps, {"kind": "job_end", "job": job_row, "gpus": gpu_rows, "events": events_out}, job)
+        for row in gpu_rows:
+            log.info("record", job=job.job_id, node=job.node, gpu=row["gpu_uuid"], energy_j=row["energy_j"],
+                     gpu_util=row["gpu_util_mean_pct"], max_mem=row["max_memory_bytes"],
+                     xids=len(json.loads(row["xid_events"])) if row["xid_events"] else 0,
+                     partial=1 if row.get("partial") else None)
+    elif events_out:
+        _write(deps, {"kind": "health", "events": events_out}, job)
+    if drain_record is not None:
+        _write(deps, drain_record, job)
+    # 6. Housekeeping last, bounded: a spool backlog never delays the drain or this job's record.
+    _housekeeping(deps, job, "epilog")
+    # Drained with our reason: exit 0 so Slurm does not overwrite it with "Epilog error".
+    # If the drain did not reach slurmctld, fail the epilog so that Slurm drains the node.
+    return 0 if drained else 1
+
+
+PARTIAL_NOTE = ("partial: the prolog's start record was not found{why}; start_time is the first process's start "
+                "(a lower bound), counter deltas are unknown and utilisation is over that shorter time; the "
+                "processes may include an earlier job's")
+
+
+def _mark_partial(row: Dict[str, Any], g: GpuSnapshot, jg: JobGpu, acct: Any, unreadable: str) -> None:
+    """A usage row without its start record: marked partial, with the end counters kept so that
+    the store completes the row if the start record turns up (spool, `db ingest --from-log`)."""
+    records = list(acct.value) if acct is not None and acct.ok and jg.mig is None else None
+
+    def busy_s(attr: str) -> Optional[float]:
+        return None if records is None else sum(getattr(r, attr) * r.time_ms / 1000.0 for r in records)
+
+    end = {"energy_mj": None if jg.mig is not None else g.energy_mj.get(),
+           "ecc_corrected": g.ecc_volatile_corrected.get(), "ecc_uncorrected": g.ecc_volatile_uncorrected.get(),
+           "retired_pages": _sum(g.retired_pages_sbe, g.retired_pages_dbe),
+           "remapped_rows": _sum(g.remapped_rows_corrected, g.remapped_rows_uncorrected),
+           "gpu_busy_s": busy_s("gpu_utilization_pct"), "mem_busy_s": busy_s("memory_utilization_pct"),
+           "xids": json.loads(row["xid_events"]) if row["xid_events"] else [], "notes": row["notes"]}
+    note = PARTIAL_NOTE.format(why=" (database unreadable)" if unreadable else "")
+    row.update(partial=1, end_counters=json.dumps(end, sort_keys=True),
+               notes=note if not row["notes"] else f"{note}; {row['notes']}")

@@ -1,0 +1,137 @@
+"""The healthcheck flow: check this node's GPUs and bring its Slurm state in line."""
+from __future__ import annotations
+
+import threading
+import time as _time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Tuple
+
+from slurm_gpu.errors import ExitCode, NvmlUnavailable, SlurmGpuError
+from slurm_gpu.slurm import reason as _reason
+from slurm_gpu.slurm.model import SlurmBackend
+
+
+@dataclass(frozen=True)
+class HealthOutcome:
+    """What one healthcheck run found and did to the node."""
+
+    node: str
+    worst: str  # PASS / WARN / FAIL / SKIP, or TIMEOUT / ERROR when the check did not finish
+    action: str  # drained | resumed | kept-drained | left-alone | none | would-drain | would-resume | timeout | error
+    message: str  # one line for the admin (and slurmd's log)
+    reason: str = ""  # the drain reason we set, or the one we found
+    results: Tuple[Any, ...] = ()
+    exit_code: int = 0
+
+
+def _summarise(results: Any) -> Tuple[str, str]:
+    """(worst status, drain fault text) via slurm_gpu.policy.health (imported lazily: it pulls the config)."""
+    from slurm_gpu.policy import health
+    return health.worst(results), health.drain_fault(results)
+
+
+def node_health_cycle(
+    backend: SlurmBackend,
+    node_name: str,
+    checker: Any,
+    *,
+    allow_resume: bool = True,
+    dry_run: bool = False,
+    deadline_s: float = 45.0,
+    context: str = _reason.HEALTHCHECK,
+    summarise: Any = _summarise,
+    clock: Any = None,
+) -> HealthOutcome:
+    """Check this node's GPUs and bring its Slurm state in line — the `healthcheck` flow.
+
+    checker(NodeInfo) -> results (``CheckResult`` list); it gets the node as Slurm sees it so
+    it can expect the configured GPU count.  On FAIL: drain with
+    ``slurm-gpu: <fault> [healthcheck]`` unless the node is already drained (whoever drained
+    it — an admin's reason is never overwritten).  When healthy and our automatic drain is on
+    the node: resume it (``allow_resume``; an admin's manual ``slurm-gpu drain`` is left).
+    A drain that is not ours is never touched.
+
+    The whole run stays within ``deadline_s``: the check gets what is left after keeping one
+    Slurm timeout in reserve for the drain/resume; a check that overruns changes nothing.
+    """
+    clock = clock or _time.monotonic
+    t0 = clock()
+    reserve = float(getattr(backend, "timeout_s", 10.0))
+    info = backend.node(node_name)
+
+    budget = deadline_s - (clock() - t0) - reserve
+    if budget < 1.0:
+        budget = max(1.0, deadline_s - (clock() - t0)) / 2  # tiny deadlines: split what is left
+    box: Dict[str, Any] = {}
+
+    def run_check() -> None:
+        try:
+            box["results"] = list(checker(info))
+        except BaseException as e:  # handed to the caller below
+            box["error"] = e
+
+    th = threading.Thread(target=run_check, name="slurm-gpu healthcheck", daemon=True)
+    th.start()
+    th.join(budget)
+    if th.is_alive():
+        return HealthOutcome(node_name, "TIMEOUT", "timeout",
+                             f"{node_name}: GPU check did not finish within {budget:.0f} s (deadline {deadline_s:g} s); "
+                             f"node state left unchanged ({info.state})",
+                             exit_code=int(ExitCode.UNHEALTHY))
+    err = box.get("error")
+    results: List[Any] = box.get("results", [])
+    if isinstance(err, NvmlUnavailable):
+        if info.gpus_configured <= 0:
+            return HealthOutcome(node_name, "SKIP", "none",
+                                 f"{node_name}: no GPUs configured in Slurm and no NVIDIA driver: nothing to check",
+                                 exit_code=int(ExitCode.OK))
+        worst, fault = "FAIL", f"NVIDIA driver unusable ({info.gpus_configured} GPUs configured): {err.message}"
+    elif isinstance(err, SlurmGpuError):
+        return HealthOutcome(node_name, "ERROR", "error", f"{node_name}: check failed: {err.message}; node state left unchanged",
+                             exit_code=int(err.exit_code))
+    elif err is not None:
+        return HealthOutcome(node_name, "ERROR", "error",
+                             f"{node_name}: internal error in the GPU check: {type(err).__name__}: {err}; node state left unchanged",
+                             exit_code=int(ExitCode.UNHEALTHY))
+    else:
+        worst, fault = summarise(results)
+    res = tuple(results)
+
+    if worst == "FAIL":
+        if info.drained or info.down:
+            whose = "slurm-gpu" if _reason.is_ours(info.reason) else (info.reason_user or "someone else")
+            return HealthOutcome(node_name, worst, "kept-drained",
+                                 f"{node_name}: FAIL: {fault}; already {info.state} by {whose} ({info.reason or 'no reason'}), reason left as is",
+                                 info.reason, res, int(ExitCode.UNHEALTHY))
+        text = _reason.format_reason(fault, context)
+        if dry_run:
+            return HealthOutcome(node_name, worst, "would-drain", f"{node_name}: FAIL: would drain: {text}", text, res,
+                                 int(ExitCode.UNHEALTHY))
+        try:
+            backend.drain(node_name, text)
+        except SlurmGpuError as e:
+            e.drain_reason = text  # type: ignore[attr-defined]  # the caller records the failed drain
+            raise
+        return HealthOutcome(node_name, worst, "drained", f"{node_name}: FAIL: drained: {text}", text, res,
+                             int(ExitCode.UNHEALTHY))
+
+    # Healthy (PASS / WARN / SKIP).
+    if info.drained and _reason.is_ours(info.reason):
+        if not allow_resume:
+            return HealthOutcome(node_name, worst, "kept-drained",
+                                 f"{node_name}: {worst}: healthy, drain left in place ({info.reason})", info.reason, res)
+        if not _reason.auto_resumable(info.reason):
+            return HealthOutcome(node_name, worst, "kept-drained",
+                                 f"{node_name}: {worst}: healthy, but drained manually through slurm-gpu ({info.reason}); "
+                                 f"`slurm-gpu resume {node_name}` lifts it", info.reason, res)
+        if dry_run:
+            return HealthOutcome(node_name, worst, "would-resume", f"{node_name}: {worst}: would resume (was: {info.reason})",
+                                 info.reason, res)
+        backend.resume(node_name)
+        return HealthOutcome(node_name, worst, "resumed", f"{node_name}: {worst}: healthy again, resumed (was: {info.reason})",
+                             info.reason, res)
+    if info.drained or info.down:
+        return HealthOutcome(node_name, worst, "left-alone",
+                             f"{node_name}: {worst}: healthy; {info.state} by {info.reason_user or 'someone else'} "
+                             f"({info.reason or 'no reason'}) is not ours, left alone", info.reason, res)
+    return HealthOutcome(node_name, worst, "none", f"{node_name}: {worst}: healthy ({info.state})", "", res)

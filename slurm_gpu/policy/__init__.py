@@ -1,0 +1,1 @@
+"""Judging GPUs: the health checks (pure) and the one drain decision."""

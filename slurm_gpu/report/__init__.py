@@ -1,0 +1,1 @@
+"""GPU accounting reports: sources, query planning, time windows, HTML."""

@@ -1,0 +1,1 @@
+"""Slurm: the job's environment, hostlists, the node's Slurm config, the data model and backends."""

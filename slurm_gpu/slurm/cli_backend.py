@@ -1,0 +1,441 @@
+"""The Slurm backend that runs the command-line tools: works with every Slurm version.
+
+* Node facts: ``scontrol -d -o show node [NAME]`` (one line per node; ``-d`` adds GresUsed).
+  22.05 has no ``scontrol --json``; the one-line format is stable across versions.
+* Drain / resume: ``scontrol update NodeName=X State=DRAIN Reason=<text>`` / ``State=RESUME``.
+  The reason is ONE argv element, never passed through a shell.
+* Many nodes: ONE ``scontrol -d -o show node <hostlist>`` reads them all (an unknown name is a
+  ``Node X not found`` line and exit 1, the others are still printed), ONE
+  ``scontrol update NodeName=<hostlist> ...`` changes them all (see SlurmBackend.drain_many).
+* Jobs: ``scontrol -o show job`` while slurmctld knows the job, then ``sacct --json``,
+  falling back to ``sacct -P`` where ``--json`` is missing or its schema is not understood.
+
+Binaries are looked up in ``slurm_bin_dir``, then PATH, then /usr/bin, /usr/local/bin,
+/opt/slurm/bin (slurmd runs hooks without PATH).  The environment is passed through —
+SLURM_CONF matters — with ``SLURM_TIME_FORMAT=standard`` so timestamps parse.  Every call has
+``timeout = slurm_timeout_s``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from slurm_gpu.errors import SlurmError
+from slurm_gpu.slurm.hostlist import compress
+from slurm_gpu.slurm.model import NodeInfo, NodeLookup, SlurmBackend, gpu_count, hostlist_batches, select_nodes, split_state, tres_gpu_count
+
+FALLBACK_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin")
+PING_HINT = "check that slurmctld is running and reachable: `scontrol ping` (SLURM_CONF={conf})"
+ADMIN_HINT = "drain/resume need Slurm administrator rights: run as root or as a user with AdminLevel=Operator"
+
+_UNREACHABLE = ("unable to contact slurm controller", "socket timed out", "connection refused",
+                "communication connection failure", "zero bytes were transmitted", "connect failure",
+                "unable to establish controller machine")
+_NO_CONFIG = ("could not establish a configuration source", "unable to process configuration file",
+              "unable to read configuration")
+_DENIED = ("access/permission denied", "permission denied", "invalid user id", "access denied")
+_KEY = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/]*)=")
+_REASON_TAIL = re.compile(r" \[([^\[\]@\s]*)@(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\](?=$|\s+[A-Z][A-Za-z_]*=)")
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
+_NOT_FOUND = re.compile(r"^Node (\S+) not found$")  # scontrol show node, per unknown name (on stdout in 22.05)
+
+
+def parse_time(text: Optional[str]) -> Optional[float]:
+    """Slurm's local ISO time ('2024-05-01T10:00:00') -> unix seconds; None for Unknown/None/N/A."""
+    if not text:
+        return None
+    text = text.strip()
+    if not re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", text):
+        return None
+    try:
+        return float(time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S")))
+    except (ValueError, OverflowError):
+        return None
+
+
+def _kv(text: str) -> Dict[str, str]:
+    """'A=1 B=two words C=3' -> {'A': '1', 'B': 'two words', 'C': '3'} (values may hold spaces)."""
+    out: Dict[str, str] = {}
+    matches = list(_KEY.finditer(text))
+    for i, m in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
+        out.setdefault(m.group(1), text[m.end():end].strip())
+    return out
+
+
+def parse_show_line(line: str) -> Dict[str, str]:
+    """One ``scontrol -o show node`` line -> dict.  ``Reason`` may contain anything (spaces,
+    '=', brackets); it ends at Slurm's own `` [user@time]`` suffix, split into ReasonUser and
+    ReasonTime."""
+    line = line.rstrip("\n")
+    m = re.search(r"(?:^|\s)Reason=", line)
+    if not m:
+        return _kv(line)
+    out = _kv(line[: m.start()])
+    tail = line[m.end():]
+    ends = list(_REASON_TAIL.finditer(tail))
+    if ends:
+        end = ends[-1]
+        out["Reason"] = tail[: end.start()]
+        out["ReasonUser"] = end.group(1)
+        out["ReasonTime"] = end.group(2)
+        for k, v in _kv(tail[end.end():]).items():
+            out.setdefault(k, v)
+    else:
+        out["Reason"] = tail.strip()
+    return out
+
+
+def node_from_fields(f: Dict[str, str]) -> NodeInfo:
+    state = f.get("State", "")
+    gres = f.get("Gres", "")
+    gres_used = f.get("GresUsed", "")
+    used = gpu_count(gres_used) if gres_used else None
+    if not used:
+        used = tres_gpu_count(f.get("AllocTRES")) or 0
+    reason = f.get("Reason", "")
+    if reason in ("(null)", "None"):
+        reason = ""
+    return NodeInfo(
+        name=f.get("NodeName", ""),
+        state=state,
+        states=split_state(state),
+        reason=reason,
+        reason_user=f.get("ReasonUser", ""),
+        reason_time=parse_time(f.get("ReasonTime")),
+        gres="" if gres == "(null)" else gres,
+        gres_used="" if gres_used in ("(null)", "N/A") else gres_used,
+        gpus_configured=gpu_count(gres) or (tres_gpu_count(f.get("CfgTRES")) or 0),
+        gpus_allocated=used,
+    )
+
+
+def split_records(out: str) -> List[str]:
+    """Lines of ``scontrol -o`` output; a line not starting a record (a reason holding a newline
+    set by some other tool) is glued back onto the one before."""
+    recs: List[str] = []
+    for line in out.splitlines():
+        if not line.strip():
+            continue
+        if recs and not re.match(r"^(NodeName|JobId)=", line):
+            recs[-1] += " " + line.strip()
+        else:
+            recs.append(line)
+    return recs
+
+
+class CliBackend(SlurmBackend):
+    name = "cli"
+    batch_updates = True
+
+    def __init__(self, cfg: Any = None, *, bin_dir: Optional[str] = None, timeout_s: Optional[float] = None,
+                 env: Optional[Dict[str, str]] = None):
+        self.bin_dir = bin_dir if bin_dir is not None else (getattr(cfg, "slurm_bin_dir", "") or "")
+        self.timeout_s = float(timeout_s if timeout_s is not None else getattr(cfg, "slurm_timeout_s", 10.0))
+        self._env = env
+        self._bins: Dict[str, str] = {}
+        self._sacct_json: Optional[bool] = None  # None: not tried yet
+
+    # ------------------------------------------------------------ process plumbing
+    def find(self, tool: str) -> str:
+        if tool in self._bins:
+            return self._bins[tool]
+        tried = []
+        if self.bin_dir:
+            p = os.path.join(self.bin_dir, tool)
+            tried.append(self.bin_dir)
+            if os.access(p, os.X_OK):
+                self._bins[tool] = p
+                return p
+        path_env = self._base_env().get("PATH")
+        if path_env:
+            p = shutil.which(tool, path=path_env)
+            tried.append("PATH")
+            if p:
+                self._bins[tool] = p
+                return p
+        for d in FALLBACK_DIRS:
+            p = os.path.join(d, tool)
+            tried.append(d)
+            if os.access(p, os.X_OK):
+                self._bins[tool] = p
+                return p
+        raise SlurmError(f"{tool} not found (looked in {', '.join(tried)})",
+                         "install the Slurm client commands or set slurm_bin_dir in the slurm-gpu config")
+
+    def _base_env(self) -> Dict[str, str]:
+        return dict(self._env) if self._env is not None else dict(os.environ)
+
+    def env(self) -> Dict[str, str]:
+        env = self._base_env()
+        env["SLURM_TIME_FORMAT"] = "standard"  # ISO timestamps whatever the admin's shell prefers
+        return env
+
+    def _conf(self) -> str:
+        return self._base_env().get("SLURM_CONF") or "default (/etc/slurm/slurm.conf or configless)"
+
+    def run(self, tool: str, args: Sequence[str], timeout_s: Optional[float] = None) -> Tuple[int, str, str]:
+        """(exit code, stdout, stderr); raises SlurmError when it cannot run or times out."""
+        argv = [self.find(tool)] + [str(a) for a in args]
+        t = self.timeout_s if timeout_s is None else timeout_s
+        shown = " ".join([tool] + [str(a) for a in args][:4])
+        try:
+            r = subprocess.run(argv, env=self.env(), stdin=subprocess.DEVNULL, capture_output=True, timeout=t)
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"slurmctld not reachable: `{shown}` did not answer within {t:g} s",
+                             PING_HINT.format(conf=self._conf()) + "; or raise slurm_timeout_s") from None
+        except OSError as e:
+            raise SlurmError(f"cannot run {argv[0]}: {e.strerror or e}",
+                             "check the Slurm client installation or slurm_bin_dir") from None
+        return (r.returncode, r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace"))
+
+    def _raise(self, rc: int, out: str, err: str, what: str, *, node: str = "", job: Optional[int] = None) -> None:
+        text = " ".join((err.strip() + " " + out.strip()).split()) or f"exit code {rc}"
+        low = text.lower()
+        if any(s in low for s in _NO_CONFIG):
+            raise SlurmError(f"no usable Slurm configuration: {text}",
+                             f"set SLURM_CONF to the site's slurm.conf (now: {self._conf()})")
+        if any(s in low for s in _UNREACHABLE):
+            raise SlurmError(f"slurmctld not reachable: {text}", PING_HINT.format(conf=self._conf()))
+        if node and ("invalid node name" in low or "not found" in low):
+            raise SlurmError(f"unknown node {node!r}: {text}", "list the cluster's nodes with `sinfo -N`")
+        if job is not None and "accounting storage is disabled" in low:
+            raise SlurmError(f"unknown job {job}: slurmctld no longer knows it and {text}",
+                             "job facts after the job ends need accounting (AccountingStorageType=accounting_storage/slurmdbd)")
+        if job is not None and "invalid job id" in low:
+            raise SlurmError(f"unknown job {job}: {text}", "the job id may be mistyped or purged from accounting")
+        if any(s in low for s in _DENIED):
+            raise SlurmError(f"{what}: permission denied: {text}", ADMIN_HINT)
+        raise SlurmError(f"{what} failed: {text}", PING_HINT.format(conf=self._conf()))
+
+    # ------------------------------------------------------------ nodes
+    @staticmethod
+    def _check_name(name: str) -> None:
+        # One argv element per name, but "gpu01 State=RESUME" would still confuse scontrol.
+        if not isinstance(name, str) or not _NODE_NAME.match(name):
+            raise SlurmError(f"invalid node name {name!r}", "node names are letters, digits, '.', '_' and '-'")
+
+    def version(self) -> str:
+        for tool in ("scontrol", "sinfo"):
+            try:
+                rc, out, err = self.run(tool, ["--version"], timeout_s=min(self.timeout_s, 5.0))
+            except SlurmError:
+                continue
+            if rc == 0 and out.strip():
+                return out.strip()
+        raise SlurmError("cannot determine the Slurm version (`scontrol --version` failed)",
+                         "check SLURM_CONF and the Slurm client installation")
+
+    def _show_nodes(self, name: Optional[str]) -> List[NodeInfo]:
+        args = ["-d", "-o", "show", "node"] + ([name] if name else [])
+        rc, out, err = self.run("scontrol", args)
+        if rc != 0:
+            self._raise(rc, out, err, "scontrol show node", node=name or "")
+        return [node_from_fields(parse_show_line(line)) for line in split_records(out)]
+
+    def node(self, name: str) -> NodeInfo:
+        self._check_name(name)
+        found = [n for n in self._show_nodes(name) if n.name == name]
+        if not found:
+            raise SlurmError(f"unknown node {name!r}: scontrol returned no such node", "list the cluster's nodes with `sinfo -N`")
+        return found[0]
+
+    def nodes(self, names: Optional[List[str]] = None) -> List[NodeInfo]:
+        if names is not None and len(names) == 1:
+            return [self.node(names[0])]
+        for n in names or []:
+            self._check_name(n)
+        return select_nodes(self._show_nodes(None), names, "`scontrol show node`")
+
+    def drain(self, name: str, reason: str) -> None:
+        self._check_name(name)
+        if not reason or not reason.strip():
+            raise SlurmError("a drain needs a reason", "pass the text formatted by slurm_gpu.slurm.reason.format_reason")
+        rc, out, err = self.run("scontrol", ["update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}"])
+        if rc != 0:
+            self._raise(rc, out, err, f"drain {name}", node=name)
+
+    def resume(self, name: str) -> None:
+        self._check_name(name)
+        rc, out, err = self.run("scontrol", ["update", f"NodeName={name}", "State=RESUME"])
+        if rc != 0:
+            self._raise(rc, out, err, f"resume {name}", node=name)
+
+    def lookup_nodes(self, names: Sequence[str]) -> NodeLookup:
+        """One ``scontrol -d -o show node <hostlist>`` per hostlist batch (one for up to 64k
+        nodes with short names).  scontrol prints every known node, a ``Node X not found`` line
+        per unknown one and exits 1 when there was one: that exit is not an error here."""
+        found: Dict[str, NodeInfo] = {}
+        failed: Dict[str, SlurmError] = {}
+        good = []
+        for n in names:
+            try:
+                self._check_name(n)
+            except SlurmError as e:
+                failed[n] = e
+            else:
+                good.append(n)
+        got: Dict[str, NodeInfo] = {}
+        for batch in hostlist_batches(good):
+            expr = compress(batch)
+            rc, out, err = self.run("scontrol", ["-d", "-o", "show", "node", expr])
+            not_found: Dict[str, str] = {}
+            rest = []
+            for line in out.splitlines():
+                m = _NOT_FOUND.match(line.strip())
+                if m:
+                    not_found[m.group(1)] = line.strip()
+                else:
+                    rest.append(line)
+            for line in err.splitlines():
+                m = _NOT_FOUND.match(line.strip())
+                if m:
+                    not_found[m.group(1)] = line.strip()
+            if rc != 0 and not not_found:
+                self._raise(rc, out, err, "scontrol show node", node=expr if len(batch) == 1 else "")
+            wanted = set(batch)
+            for rec in split_records("\n".join(rest)):
+                info = node_from_fields(parse_show_line(rec))
+                if info.name in wanted:
+                    got[info.name] = info
+            for n in batch:
+                if n not in got:
+                    failed[n] = SlurmError(f"unknown node {n!r}: {not_found.get(n, 'scontrol returned no such node')}",
+                                           "list the cluster's nodes with `sinfo -N`")
+        for n in names:
+            if n in got:
+                found[n] = got[n]
+        return NodeLookup(found, {n: failed[n] for n in names if n in failed})
+
+    def _update_nodes(self, names: List[str], state: str, reason: Optional[str] = None) -> None:
+        for n in names:
+            self._check_name(n)
+        expr = compress(names)
+        args = ["update", f"NodeName={expr}", f"State={state}"] + ([f"Reason={reason}"] if reason is not None else [])
+        rc, out, err = self.run("scontrol", args)
+        if rc != 0:
+            self._raise(rc, out, err, f"{state.lower()} {expr}", node=expr if len(names) == 1 else "")
+
+    # ------------------------------------------------------------ jobs
+    def job(self, job_id: int) -> Dict[str, Any]:
+        job_id = int(job_id)
+        rc, out, err = self.run("scontrol", ["-o", "show", "job", str(job_id)])
+        if rc == 0 and out.strip():
+            recs = [_kv(r) for r in split_records(out)]
+            recs = [r for r in recs if r.get("JobId") == str(job_id)] or recs
+            return _final(_job_from_scontrol(recs[0], job_id))
+        low = (err + out).lower()
+        if rc != 0 and "invalid job id" not in low:
+            self._raise(rc, out, err, f"scontrol show job {job_id}", job=job_id)
+        return self._sacct_job(job_id)
+
+    def _sacct_job(self, job_id: int) -> Dict[str, Any]:
+        if self._sacct_json is not False:
+            rc, out, err = self.run("sacct", ["--json", "-j", str(job_id)])
+            if rc == 0:
+                try:
+                    facts = _job_from_sacct_json(json.loads(out), job_id)
+                    self._sacct_json = True
+                    if facts is not None:
+                        return _final(facts)
+                    raise SlurmError(f"unknown job {job_id}: not in slurmctld nor in accounting (sacct)",
+                                     "the job id may be mistyped, or accounting (slurmdbd) is not enabled")
+                except (ValueError, KeyError, TypeError, AttributeError, IndexError):
+                    self._sacct_json = False  # schema we do not understand: use -P from now on
+            elif "unrecognized option" in (err + out).lower() or "invalid option" in (err + out).lower():
+                self._sacct_json = False
+            else:
+                self._raise(rc, out, err, f"sacct -j {job_id}", job=job_id)
+        fields = ["JobID", "User", "Account", "Partition", "State", "NodeList", "AllocTRES", "Start", "End"]
+        rc, out, err = self.run("sacct", ["-X", "-n", "-P", "-j", str(job_id), "--format=" + ",".join(fields)])
+        if rc != 0:
+            self._raise(rc, out, err, f"sacct -j {job_id}", job=job_id)
+        for line in out.splitlines():
+            vals = line.split("|")
+            if len(vals) >= len(fields) and vals[0] == str(job_id):
+                d = dict(zip(fields, vals))
+                tres = d["AllocTRES"]
+                return _final({"job_id": job_id, "user": d["User"], "account": d["Account"], "partition": d["Partition"],
+                               "state": d["State"].split()[0] if d["State"] else "", "nodes": d["NodeList"],
+                               "gres": _gres_from_tres(tres), "tres": tres, "start_time": parse_time(d["Start"]),
+                               "end_time": parse_time(d["End"]), "source": "slurmdbd"})
+        raise SlurmError(f"unknown job {job_id}: not in slurmctld nor in accounting (sacct)",
+                         "the job id may be mistyped, or accounting (slurmdbd) is not enabled")
+
+
+# A job's accounting record is complete only in one of these states and with an end time:
+# slurmdbd gets the job's start and its end in separate messages, and sacct can be read in
+# between (then the state is still RUNNING and fields may be missing).
+TERMINAL_JOB_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                                 "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "SPECIAL_EXIT", "REVOKED"})
+
+
+def _final(facts: Dict[str, Any]) -> Dict[str, Any]:
+    """Mark whether the record is the job's final one (terminal state and an end time)."""
+    state = (str(facts.get("state") or "").split() or [""])[0].split("+")[0]
+    facts["final"] = state in TERMINAL_JOB_STATES and bool(facts.get("end_time"))
+    return facts
+
+
+def _gres_from_tres(tres: str) -> str:
+    n = tres_gpu_count(tres)
+    return f"gpu:{n}" if n else ""
+
+
+def _none(v: Optional[str]) -> str:
+    return "" if v in (None, "(null)", "N/A", "None") else str(v)
+
+
+def _job_from_scontrol(f: Dict[str, str], job_id: int) -> Dict[str, Any]:
+    user = re.sub(r"\(\d+\)$", "", f.get("UserId", ""))
+    gres = _none(f.get("TresPerNode")) or _none(f.get("Gres"))
+    if gres.startswith("gres:"):
+        gres = gres[len("gres:"):]
+    return {"job_id": job_id, "user": user, "account": _none(f.get("Account")), "partition": _none(f.get("Partition")),
+            "state": f.get("JobState", ""), "nodes": _none(f.get("NodeList")), "gres": gres,
+            "tres": _none(f.get("AllocTRES")) or _none(f.get("TRES")), "start_time": parse_time(f.get("StartTime")),
+            "end_time": parse_time(f.get("EndTime")), "source": "slurmctld"}
+
+
+def _num(v: Any) -> Optional[float]:
+    """sacct --json numbers: 22.05 plain ints, 23.02+ {"set": bool, "number": int}."""
+    if isinstance(v, dict):
+        if not v.get("set", True) or v.get("infinite"):
+            return None
+        v = v.get("number")
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+        return float(v)
+    return None
+
+
+def _job_from_sacct_json(data: Dict[str, Any], job_id: int) -> Optional[Dict[str, Any]]:
+    for j in data["jobs"]:
+        if int(_num(j.get("job_id")) or -1) != job_id:
+            continue
+        state = j.get("state", {})
+        cur = state.get("current") if isinstance(state, dict) else state
+        if isinstance(cur, list):
+            cur = "+".join(str(c) for c in cur)
+        t = j.get("time", {})
+        alloc = (j.get("tres") or {}).get("allocated") or []
+        parts = []
+        for item in alloc:
+            typ, name, cnt = item.get("type", ""), item.get("name") or "", _num(item.get("count"))
+            if cnt is None:
+                continue
+            parts.append(f"{typ}/{name}={int(cnt)}" if name else f"{typ}={int(cnt)}")
+        tres = ",".join(parts)
+        user = j.get("user")
+        if not isinstance(user, str):
+            user = (j.get("association") or {}).get("user", "")
+        return {"job_id": job_id, "user": user or "", "account": j.get("account") or "",
+                "partition": j.get("partition") or "", "state": str(cur or ""), "nodes": j.get("nodes") or "",
+                "gres": _gres_from_tres(tres), "tres": tres, "start_time": _num(t.get("start")),
+                "end_time": _num(t.get("end")), "source": "slurmdbd"}
+    return None
+

@@ -1,0 +1,129 @@
+"""Parsing the environment slurmd gives prolog/epilog (DESIGN.md §3): strict, with clear errors."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Mapping, Optional, Tuple
+
+from slurm_gpu.errors import InputError
+
+_HINT = "this runs as Slurm's Prolog=/Epilog=; slurmd sets these variables"
+
+
+@dataclass(frozen=True)
+class JobEnv:
+    job_id: int
+    gpus: Tuple[int, ...]  # node-wide GRES indices from SLURM_JOB_GPUS, in the job's order
+    node: str
+    cluster: str
+    user: str = ""
+    uid: Optional[int] = None
+    account: str = ""
+    partition: str = ""
+    restart_count: int = 0
+    exit_code: Optional[str] = None  # epilog only: SLURM_JOB_EXIT_CODE as given
+
+    @property
+    def key(self) -> str:
+        return f"job={self.job_id} restart={self.restart_count} node={self.node}"
+
+
+_WS = " \t\r\n"
+_DIGITS = re.compile(r"[0-9]+")  # ASCII only: int() and \d also take Arabic-Indic or full-width digits, int() even '1_000'
+MAX_ID = 2**32 - 1  # job ids, uids and counts are 32-bit in Slurm
+MAX_GPU_INDEX = 4095
+
+
+def _show(raw: str) -> str:
+    """A value for an error message: bounded, one line, always encodable."""
+    return repr(raw if len(raw) <= 40 else raw[:40] + "...")
+
+
+def _number(raw: str, limit: int) -> Optional[int]:
+    """ASCII digits up to limit, else None; never int() on a long string (int-digit limit)."""
+    if not _DIGITS.fullmatch(raw) or len(raw) > len(str(limit)) or int(raw) > limit:
+        return None
+    return int(raw)
+
+
+def _int(env: Mapping[str, str], name: str, required: bool = False, default: Optional[int] = None) -> Optional[int]:
+    raw = env.get(name)
+    if raw is None or raw.strip(_WS) == "":
+        if required:
+            raise InputError(f"{name} is not set", _HINT)
+        return default
+    s = raw.strip(_WS)
+    if s.startswith("-") and _DIGITS.fullmatch(s[1:]):
+        raise InputError(f"{name}={_show(raw)} is negative", _HINT)
+    if not _DIGITS.fullmatch(s):
+        raise InputError(f"{name}={_show(raw)} is not an integer (ASCII digits 0-9)", _HINT)
+    v = _number(s, MAX_ID)
+    if v is None:
+        raise InputError(f"{name}={_show(raw)} is out of range (0..{MAX_ID})", _HINT)
+    return v
+
+
+_GPU_ITEM = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+_GPU_HINT = "expected node-wide indices like 0,1 or 0-3; check gres.conf"
+
+
+def _gpu_index(digits: str, raw: str) -> int:
+    v = _number(digits, MAX_GPU_INDEX)
+    if v is None:
+        raise InputError(f"SLURM_JOB_GPUS={_show(raw)}: GPU index {_show(digits)} is out of range (0..{MAX_GPU_INDEX})",
+                         _GPU_HINT)
+    return v
+
+
+def parse_job_gpus(raw: Optional[str]) -> Tuple[int, ...]:
+    """'0,1' / '0-3,6' -> indices; empty/unset -> () (a job without GPUs)."""
+    if raw is None or raw.strip(_WS) in ("", "(null)"):
+        return ()
+    out: dict = {}  # ordered and de-duplicated
+    for item in raw.split(","):
+        m = _GPU_ITEM.fullmatch(item.strip(_WS))
+        if not m:
+            raise InputError(f"SLURM_JOB_GPUS={_show(raw)}: {_show(item.strip(_WS))} is not a GPU index", _GPU_HINT)
+        lo = _gpu_index(m.group(1), raw)
+        hi = _gpu_index(m.group(2), raw) if m.group(2) else lo
+        if hi < lo or hi - lo > 1024:
+            raise InputError(f"SLURM_JOB_GPUS={_show(raw)}: bad range {_show(item.strip(_WS))}", "expected node-wide indices like 0-3")
+        out.update(dict.fromkeys(range(lo, hi + 1)))
+    return tuple(out)
+
+
+def _text(env: Mapping[str, str], name: str, default: str = "") -> str:
+    """A free-text variable, made storable: bytes that are not UTF-8 (surrogates) become escapes."""
+    v = env.get(name) or default
+    try:
+        v.encode("utf-8")
+        return v
+    except UnicodeEncodeError:
+        return v.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _node(env: Mapping[str, str], default_node: str) -> str:
+    node = env.get("SLURMD_NODENAME") or default_node
+    if not node:
+        raise InputError("SLURMD_NODENAME is not set", _HINT)
+    if _text(env, "SLURMD_NODENAME", default_node) != node or not node.isprintable():
+        # A drain must name the node exactly: a name we would have to alter is no Slurm node name.
+        raise InputError(f"SLURMD_NODENAME={_show(node)} is not a printable UTF-8 node name", _HINT)
+    return node
+
+
+def from_env(env: Mapping[str, str], default_node: str = "", default_cluster: str = "") -> JobEnv:
+    job_id = _int(env, "SLURM_JOB_ID", required=True)
+    node = _node(env, default_node)
+    return JobEnv(
+        job_id=job_id,  # type: ignore[arg-type]
+        gpus=parse_job_gpus(env.get("SLURM_JOB_GPUS")),
+        node=node,
+        cluster=_text(env, "SLURM_CLUSTER_NAME", default_cluster),
+        user=_text(env, "SLURM_JOB_USER"),
+        uid=_int(env, "SLURM_JOB_UID"),
+        account=_text(env, "SLURM_JOB_ACCOUNT"),
+        partition=_text(env, "SLURM_JOB_PARTITION"),
+        restart_count=_int(env, "SLURM_JOB_RESTART_COUNT", default=0) or 0,
+        exit_code=_text(env, "SLURM_JOB_EXIT_CODE") if env.get("SLURM_JOB_EXIT_CODE") is not None else None,
+    )

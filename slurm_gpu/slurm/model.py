@@ -1,0 +1,360 @@
+"""Everything slurm-gpu asks of Slurm, behind one interface with two backends.
+
+* ``cli`` (:mod:`slurm_gpu.slurm.cli_backend`): ``scontrol`` / ``sacct`` as subprocesses —
+  works with every Slurm version; the default.
+* ``pyslurm`` (:mod:`slurm_gpu.slurm.pyslurm_backend`): the pyslurm C-API bindings, used when
+  importable and built for the running Slurm's major.minor.
+
+``slurm_gpu.slurm.backend.get_backend(cfg)`` picks one according to ``slurm_backend = auto | cli | pyslurm``.
+Every failure is a :class:`slurm_gpu.errors.SlurmError` carrying Slurm's own error text and
+a hint, raised within ``slurm_timeout_s``.
+
+This module is imported by the prolog/epilog: standard library only, no click.
+"""
+from __future__ import annotations
+
+import abc
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
+
+from slurm_gpu.slurm import reason as _reason
+from slurm_gpu.errors import SlurmError, SlurmGpuError
+
+DRAIN_FLAGS = frozenset({"DRAIN", "DRAINED", "DRAINING"})
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node as slurmctld sees it."""
+
+    name: str
+    state: str  # Slurm's full state string, e.g. "IDLE+DRAIN", "MIXED", "DOWN+DRAIN"
+    states: FrozenSet[str] = field(default_factory=frozenset)  # {"IDLE", "DRAIN"}
+    reason: str = ""
+    reason_user: str = ""
+    reason_time: Optional[float] = None  # unix seconds
+    gres: str = ""  # configured, e.g. "gpu:h100:4(S:0-1)"
+    gres_used: str = ""  # e.g. "gpu:h100:2(IDX:0-1)"
+    gpus_configured: int = 0
+    gpus_allocated: int = 0
+
+    @property
+    def drained(self) -> bool:
+        return bool(self.states & DRAIN_FLAGS)
+
+    @property
+    def down(self) -> bool:
+        return "DOWN" in self.states
+
+    @property
+    def drained_by_us(self) -> bool:
+        return self.drained and _reason.is_ours(self.reason)
+
+    @property
+    def drain_owner(self) -> str:
+        """'slurm-gpu', 'other' or '' (not drained)."""
+        if not self.drained:
+            return ""
+        return "slurm-gpu" if _reason.is_ours(self.reason) else "other"
+
+
+def split_state(state: str) -> FrozenSet[str]:
+    """'IDLE+DRAIN' / 'idle+drain' / 'MIXED*' -> {'IDLE', 'DRAIN'} (Slurm's '*' = not responding)."""
+    parts = set()
+    for p in re.split(r"[+,\s]+", (state or "").strip()):
+        p = p.strip().upper()
+        if not p:
+            continue
+        if p.endswith("*"):
+            p = p.rstrip("*")
+            parts.add("NOT_RESPONDING")
+        # sinfo spells the drain flag as a state: drained / draining / drng
+        if p in ("DRAINED", "DRAINING", "DRNG"):
+            parts.add("DRAIN")
+        parts.add(p)
+    return frozenset(parts)
+
+
+# ---------------------------------------------------------------- GRES strings
+
+_MULT = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4, "P": 1024 ** 5}
+
+
+def _split_gres(gres: str) -> List[str]:
+    """Split at commas outside parentheses: 'gpu:a:2(IDX:0,2),mps:100' -> 2 items."""
+    items, depth, cur = [], 0, []
+    for ch in gres:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth = max(0, depth - 1)
+        if ch == "," and depth == 0:
+            items.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    items.append("".join(cur))
+    return [i.strip() for i in items if i.strip()]
+
+
+def parse_gres(gres: Optional[str]) -> List[Tuple[str, str, int]]:
+    """Slurm GRES text -> [(name, type, count)].
+
+    Handles ``gpu:h100:4(S:0-1)``, ``gpu:h100:2(IDX:0-1)``, ``gpu:4``, ``gpu`` (count 1),
+    ``gres/gpu:h100=4`` / ``gres/gpu=2`` (TRES spelling), ``mps:100K``, lists thereof,
+    and ``(null)`` / ``N/A`` / ``''`` (nothing).  Unparseable items are skipped.
+    """
+    out: List[Tuple[str, str, int]] = []
+    if not gres or gres.strip() in ("(null)", "N/A", "none", "None"):
+        return out
+    for item in _split_gres(gres.strip()):
+        item = re.sub(r"\(.*\)$", "", item).strip()  # drop (S:0-1) / (IDX:0-1)
+        if item.startswith("gres/"):
+            item = item[len("gres/"):]
+        if item.startswith("gres:"):
+            item = item[len("gres:"):]
+        if "=" in item:  # TRES spelling: gpu:h100=4
+            item = item.replace("=", ":", 1)
+        parts = item.split(":")
+        name = parts[0]
+        if not name:
+            continue
+        typ, count = "", 1
+        rest = parts[1:]
+        if rest:
+            m = re.fullmatch(r"(\d+)([KMGTP]?)", rest[-1])
+            if m:
+                count = int(m.group(1)) * _MULT[m.group(2)]
+                rest = rest[:-1]
+            elif len(rest) >= 2:
+                continue  # name:type:<garbage>
+            typ = ":".join(rest)
+        out.append((name, typ, count))
+    return out
+
+
+def gpu_count(gres: Optional[str]) -> int:
+    """Number of GPUs in a GRES text (sum over types)."""
+    return sum(c for n, _t, c in parse_gres(gres) if n == "gpu")
+
+
+def tres_gpu_count(tres: Optional[str]) -> Optional[int]:
+    """GPUs in a TRES text ('cpu=4,gres/gpu=2,gres/gpu:h100=2') or None when not mentioned.
+
+    Slurm lists both the untyped total and per-type counts; the untyped total wins.
+    """
+    if not tres:
+        return None
+    total, typed = None, 0
+    for item in tres.split(","):
+        k, _, v = item.partition("=")
+        k = k.strip()
+        m = re.fullmatch(r"(\d+)([KMGTP]?)", v.strip())
+        if not m:
+            continue
+        n = int(m.group(1)) * _MULT[m.group(2)]
+        if k == "gres/gpu":
+            total = n
+        elif k.startswith("gres/gpu:"):
+            typed += n
+    if total is not None:
+        return total
+    return typed if typed else None
+
+
+# ---------------------------------------------------------------- the interface
+
+def select_nodes(infos: List["NodeInfo"], names: Optional[List[str]], source: str = "") -> List["NodeInfo"]:
+    """The requested nodes out of a full listing, in the requested order; unknown names are an error."""
+    if names is None:
+        return infos
+    by_name = {i.name: i for i in infos}
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        where = f": not in {source}" if source else ""
+        raise SlurmError(f"unknown node{'s' if len(missing) > 1 else ''} {', '.join(missing)}{where}",
+                         "list the cluster's nodes with `sinfo -N`")
+    return [by_name[n] for n in names]
+
+
+# ---------------------------------------------------------------- many nodes at once
+
+UPDATE_MAX_NODES = 65536  # Slurm refuses a hostlist range of more hosts (src/common/hostlist.c MAX_RANGE)
+UPDATE_MAX_CHARS = 60 * 1024  # one hostlist argument stays well below Linux's 128 KiB per argv element
+
+
+def hostlist_batches(names: Sequence[str], max_nodes: int = UPDATE_MAX_NODES,
+                     max_chars: int = UPDATE_MAX_CHARS) -> List[List[str]]:
+    """`names` (unique) in natural order, cut into batches that each fit ONE hostlist argument:
+    at most ``max_nodes`` names and a compressed hostlist of at most ``max_chars`` characters
+    (a batch too long when compressed is halved until it fits).  gpu[0001-9999] is one batch."""
+    from slurm_gpu.slurm.hostlist import compress, sort_key
+    ordered = sorted(names, key=sort_key)
+    batches: List[List[str]] = []
+
+    def add(chunk: List[str]) -> None:
+        if len(chunk) > 1 and len(compress(chunk)) > max_chars:
+            mid = len(chunk) // 2
+            add(chunk[:mid])
+            add(chunk[mid:])
+        elif chunk:
+            batches.append(chunk)
+
+    for i in range(0, len(ordered), max_nodes):
+        add(ordered[i:i + max_nodes])
+    return batches
+
+
+def ends_batch(e: SlurmGpuError) -> bool:
+    """An error that every other node of a batch would meet too: slurmctld unreachable, no
+    usable configuration, no Slurm commands, no administrator rights.  Anything else (an
+    unknown node, a node in a state the change does not apply to) concerns single nodes."""
+    m = e.message
+    return (m.startswith(("slurmctld not reachable", "no usable Slurm configuration", "cannot run "))
+            or "not found (looked in" in m or ": permission denied:" in m)
+
+
+class NodeLookup(NamedTuple):
+    """The state of named nodes, read in as few requests as the backend can."""
+
+    found: Dict[str, NodeInfo]  # name -> state, in the order asked
+    failed: Dict[str, SlurmError]  # name -> why not (unknown node, invalid name)
+
+
+@dataclass
+class BatchResult:
+    """What ``drain_many`` / ``resume_many`` did."""
+
+    done: List[str] = field(default_factory=list)  # now in the state asked for
+    failed: Dict[str, SlurmError] = field(default_factory=dict)  # name -> why not
+    stopped: Optional[SlurmError] = None  # ended the run early (see ends_batch): names in neither list were not tried
+    requests: int = 0  # update requests sent to slurmctld
+
+
+class SlurmBackend(abc.ABC):
+    """What slurm-gpu needs from Slurm.  All methods raise SlurmError on failure."""
+
+    name = "abstract"
+    why = ""  # how get_backend chose it (shown by `slurm-gpu status -v` and in logs)
+    # True: _update_nodes sends ONE request for a whole hostlist; False: drain/resume per node.
+    batch_updates = False
+
+    @abc.abstractmethod
+    def node(self, name: str) -> NodeInfo:
+        """One node; SlurmError('unknown node ...') when Slurm does not know it."""
+
+    @abc.abstractmethod
+    def nodes(self, names: Optional[List[str]] = None) -> List[NodeInfo]:
+        """The named nodes (in that order), or every node when names is None."""
+
+    @abc.abstractmethod
+    def drain(self, name: str, reason: str) -> None:
+        """Set DRAIN with this reason (caller formats it with reason.format_reason)."""
+
+    @abc.abstractmethod
+    def resume(self, name: str) -> None:
+        """State=RESUME: clears DRAIN (and DOWN)."""
+
+    @abc.abstractmethod
+    def job(self, job_id: int) -> Dict[str, Any]:
+        """Job facts: job_id, user, account, partition, state, nodes, gres, tres,
+        start_time, end_time (unix or None), source ('slurmctld' or 'slurmdbd')."""
+
+    # ------------------------------------------------------------ many nodes
+    def lookup_nodes(self, names: Sequence[str]) -> NodeLookup:
+        """The state of every named node; unknown names are reported, not raised.  Raises
+        SlurmError only for what ends the whole lookup (see ends_batch).  This default asks
+        node by node; the real backends override it with one request."""
+        found: Dict[str, NodeInfo] = {}
+        failed: Dict[str, SlurmError] = {}
+        for n in names:
+            try:
+                found[n] = self.node(n)
+            except SlurmError as e:
+                if ends_batch(e):
+                    raise
+                failed[n] = e
+        return NodeLookup(found, failed)
+
+    def _update_nodes(self, names: List[str], state: str, reason: Optional[str] = None) -> None:
+        """ONE update request setting State=state (and Reason) on every node of `names` (a
+        hostlist's worth, see hostlist_batches).  Only backends with batch_updates implement it."""
+        raise NotImplementedError
+
+    def drain_many(self, names: Sequence[str], reason: str) -> BatchResult:
+        """Drain every named node with one reason: one update request per hostlist batch."""
+        if not reason or not reason.strip():
+            raise SlurmError("a drain needs a reason", "pass the text formatted by slurm_gpu.slurm.reason.format_reason")
+        return self._change_many(list(names), "DRAIN", reason)
+
+    def resume_many(self, names: Sequence[str]) -> BatchResult:
+        """State=RESUME on every named node (the caller checked they are drained or down)."""
+        return self._change_many(list(names), "RESUME", None)
+
+    def _change_one(self, name: str, state: str, reason: Optional[str]) -> None:
+        if state == "DRAIN":
+            self.drain(name, reason or "")
+        else:
+            self.resume(name)
+
+    def _change_many(self, names: List[str], state: str, reason: Optional[str]) -> BatchResult:
+        res = BatchResult()
+        if not self.batch_updates:
+            self._one_by_one(names, state, reason, res)
+            return res
+        for batch in hostlist_batches(names):
+            res.requests += 1
+            try:
+                self._update_nodes(batch, state, reason)
+            except SlurmError as e:
+                if ends_batch(e):
+                    res.stopped = e
+                    return res
+                # Slurm (22.05.8, observed) fails the whole request for one unknown name or one
+                # node in a state the change does not apply to, yet applies it to all the others.
+                self._settle(batch, state, reason, e, res)
+                if res.stopped is not None:
+                    return res
+            else:
+                res.done.extend(batch)
+        return res
+
+    def _one_by_one(self, names: Sequence[str], state: str, reason: Optional[str], res: BatchResult) -> None:
+        for n in names:
+            res.requests += 1
+            try:
+                self._change_one(n, state, reason)
+            except SlurmError as e:
+                if ends_batch(e):
+                    res.stopped = e
+                    return
+                res.failed[n] = e
+            else:
+                res.done.append(n)
+
+    def _settle(self, batch: List[str], state: str, reason: Optional[str], err: SlurmError, res: BatchResult) -> None:
+        """After a failed batch request: read the batch once, keep what got there, redo the rest
+        node by node.  When no node got there and none is unknown, Slurm refused the request
+        itself (not one node of it): every node gets that error, without a request per node."""
+        try:
+            look = self.lookup_nodes(batch)
+        except SlurmError as e:
+            res.stopped = e
+            return
+        res.failed.update((n, look.failed[n]) for n in batch if n in look.failed)
+        todo = []
+        for n in batch:
+            info = look.found.get(n)
+            if info is None:
+                continue
+            there = (info.drained and info.reason == reason) if state == "DRAIN" else not (info.drained or info.down)
+            if there:
+                res.done.append(n)
+            else:
+                todo.append(n)
+        if len(todo) == len(batch):
+            res.failed.update((n, err) for n in todo)
+            return
+        self._one_by_one(todo, state, reason, res)
+

@@ -1,0 +1,1 @@
+"""The node database: schema and migrations, writes, spool."""
