@@ -124,3 +124,44 @@ def render(rows: Sequence[Dict[str, Any]], columns: Sequence[str], fmt: str = "t
     if fmt == "markdown":
         return to_markdown(rows, columns, headers, formats)
     raise ValueError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
+
+
+def template_env(site_dir: str = "", *, html: bool = False) -> Any:
+    """The one Jinja environment factory (gres.conf from gres/generate.py, the HTML report from
+    report/html.py): a site template directory first, then the shipped ``slurm_gpu/templates``;
+    undefined variables are errors.  ``html``: autoescaped; otherwise config text, verbatim, with
+    block tags trimmed and the trailing newline kept.  jinja2 is imported here, lazily: nothing
+    on the hook path calls this."""
+    return _template_env(site_dir or "", bool(html))
+
+
+_ENVS: Dict[Any, Any] = {}
+
+
+def _template_env(site_dir: str, html: bool) -> Any:
+    key = (site_dir, html)
+    if key in _ENVS:
+        return _ENVS[key]
+    import os
+
+    import jinja2
+
+    paths: List[str] = [site_dir] if site_dir else []
+    shipped = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
+    if os.path.isdir(shipped):
+        paths.append(shipped)
+    try:
+        from importlib import resources
+        pkg = str(resources.files("slurm_gpu.templates"))
+        if os.path.isdir(pkg) and pkg not in paths:
+            paths.append(pkg)
+    except (ImportError, ModuleNotFoundError, TypeError):
+        pass
+    if html:
+        env = jinja2.Environment(loader=jinja2.FileSystemLoader([p for p in paths if os.path.isdir(p)]),
+                                 autoescape=True, undefined=jinja2.StrictUndefined)
+    else:
+        env = jinja2.Environment(loader=jinja2.FileSystemLoader(paths), autoescape=False, trim_blocks=True,
+                                 lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
+    _ENVS[key] = env
+    return env

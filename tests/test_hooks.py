@@ -317,6 +317,22 @@ def test_fault_on_already_drained_node_keeps_existing_reason(sim_node):
     assert "already-drained" in node.log_text() and "maintenance" in node.log_text()
 
 
+def test_fault_on_down_node_keeps_slurms_reason(sim_node):
+    # policy/drain.py: a DOWN node is someone else's (Slurm's "Not responding", an admin's);
+    # the hooks used to drain it over that reason, healthcheck did not.
+    node = sim_node(simgpu.h100_sxm(1))
+    simgpu.set_gpu(node.state, 0, ecc_volatile_uncorrected=1)
+
+    class DownSlurm(RecordingSlurm):
+        def node(self, name):
+            return types.SimpleNamespace(name=name, drained=False, down=True, reason="Not responding")
+
+    slurm = DownSlurm()
+    assert hooks.prolog(from_env(job_env(gpus="0")), deps_for(node, slurm=slurm)) == 1
+    assert slurm.drains == []
+    assert "already-drained" in node.log_text() and "Not responding" in node.log_text()
+
+
 def test_epilog_after_failed_prolog_records_no_usage(sim_node):
     node = sim_node(simgpu.h100_sxm(1))
     simgpu.set_gpu(node.state, 0, ecc_volatile_uncorrected=1)

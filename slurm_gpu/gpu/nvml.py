@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pynvml
 
+from slurm_gpu.gpu.deadline import run_with_deadline
 from slurm_gpu.gpu import snapshot as S
 from slurm_gpu.errors import NvmlUnavailable, NvmlWriteError
 from slurm_gpu.gpu.snapshot import GpuSnapshot, MigDevice, NodeSnapshot, NvLink, Process, Reading
@@ -264,23 +265,8 @@ class _GpuReader:
 
 
 def _run_with_deadline(fn: Callable[[], Any], timeout_s: float, name: str) -> Any:
-    """Run fn in a daemon thread; raise TimeoutError naming the call if it does not return in time."""
-    box: Dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["v"] = fn()
-        except BaseException as e:  # re-raised in the caller
-            box["e"] = e
-
-    t = threading.Thread(target=target, name=f"nvml-{name}", daemon=True)
-    t.start()
-    t.join(timeout_s)
-    if t.is_alive():
-        raise TimeoutError(f"NVML call {name} timed out after {timeout_s:g}s")
-    if "e" in box:
-        raise box["e"]
-    return box.get("v")
+    """An NVML call under gpu/deadline.py's runner; TimeoutError naming the call when it overruns."""
+    return run_with_deadline(fn, timeout_s, f"nvml-{name}", f"NVML call {name} timed out after {timeout_s:g}s")
 
 
 _LOADED: Dict[str, Any] = {}

@@ -8,7 +8,6 @@ error.  There is no magic "N/A" number anywhere.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Any, Dict, Generic, Optional, Tuple, TypeVar
 
@@ -207,6 +206,7 @@ class NodeSnapshot:
         }
 
     def dumps(self) -> str:
+        import json  # lazily: the hooks never print a snapshot
         return json.dumps(self.to_json(), indent=2, sort_keys=False)
 
 

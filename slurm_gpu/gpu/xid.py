@@ -21,7 +21,6 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Callable, Iterable, List, NamedTuple, Optional, Pattern, Tuple
 
 # How far ahead of our clock a log date may be and still count as "now".  One day covers clock
@@ -97,6 +96,7 @@ def _fraction(digits: Optional[str]) -> float:
 def _local_time(y: int, mon: int, day: int, hh: int, mm: int, ss: int) -> Optional[float]:
     """Unix time of a local wall-clock time, or None for an impossible date (31 Nov, 29 Feb 2025)."""
     try:
+        from datetime import datetime  # lazily: only text timestamps need it, not every job start
         return datetime(y, mon, day, hh, mm, ss).timestamp()
     except (ValueError, OverflowError, OSError):
         return None
@@ -123,6 +123,7 @@ def _from_iso(m: "re.Match[str]", boot: Optional[float], year: Optional[int], no
         t = _local_time(y, mon, day, hh, mm, ss)
     else:
         try:
+            from datetime import datetime  # lazily, as above
             t = (datetime(y, mon, day, hh, mm, ss) - datetime(1970, 1, 1)).total_seconds() - _tz_offset(m.group(8))
         except (ValueError, OverflowError):
             return None

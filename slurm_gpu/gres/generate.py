@@ -20,7 +20,6 @@ Nodes with equal records share one line: ``NodeName=gpu[001-064,066]``.
 from __future__ import annotations
 
 import difflib
-import os
 import re
 import subprocess
 from dataclasses import dataclass
@@ -373,23 +372,8 @@ def group_nodes(invs: Sequence[Inventory], naming: str, type_map: Mapping[str, s
 # --- rendering -----------------------------------------------------------------------------
 
 def _template_env(template_dir: str = ""):
-    import jinja2  # lazily: hooks import nothing from here, but keep the CLI quick too
-
-    paths: List[str] = []
-    if template_dir:
-        paths.append(template_dir)
-    repo = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "templates")
-    if os.path.isdir(repo):
-        paths.append(repo)
-    try:
-        from importlib import resources
-        pkg = resources.files("slurm_gpu.templates")
-        if os.path.isdir(str(pkg)):
-            paths.append(str(pkg))
-    except (ImportError, ModuleNotFoundError, TypeError):
-        pass
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(paths), autoescape=False, trim_blocks=True,
-                              lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
+    from slurm_gpu.render import template_env  # the one Jinja environment (jinja2 imported lazily)
+    return template_env(template_dir)
 
 
 def render(groups: Sequence[Group], template: str, template_dir: str = "", **context: Any) -> str:

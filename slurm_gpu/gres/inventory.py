@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from slurm_gpu.errors import InputError
+from slurm_gpu.slurm.hostlist import RangeError, parse_index_ranges
 from slurm_gpu.gpu.snapshot import GpuSnapshot, NodeSnapshot, Reading
 
 FORMAT = "slurm-gpu-inventory/1"
@@ -42,21 +43,15 @@ class InventoryError(InputError):
 
 @functools.lru_cache(maxsize=4096)  # a cluster repeats a handful of CPU lists thousands of times
 def parse_cpulist(text: str) -> Tuple[int, ...]:
-    """'0-3,8' -> (0, 1, 2, 3, 8).  Raises ValueError naming the bad part."""
-    text = text.strip()
-    if not text:
-        return ()
-    out = set()
-    for part in text.split(","):
-        part = part.strip()
-        lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ValueError(f"bad CPU list item {part!r} (expected N or N-M)")
-        a, b = int(lo), int(hi) if sep else int(lo)
-        if b < a:
-            raise ValueError(f"CPU range {part!r} runs backwards")
-        out.update(range(a, b + 1))
-    return tuple(sorted(out))
+    """'0-3,8' -> (0, 1, 2, 3, 8), sorted.  Raises ValueError naming the bad part.
+
+    Parsed by slurm/hostlist.parse_index_ranges, the one parser of index-range lists."""
+    try:
+        return tuple(sorted(parse_index_ranges(text)))
+    except RangeError as e:
+        if e.kind == "backwards":
+            raise ValueError(f"CPU range {e.item!r} runs backwards") from None
+        raise ValueError(f"bad CPU list item {e.item!r} (expected N or N-M)") from None
 
 
 def format_cpulist(cpus: Iterable[int]) -> str:

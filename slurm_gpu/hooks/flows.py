@@ -238,6 +238,7 @@ def _drain_node(deps: HookDeps, job: JobEnv, source: str, fault: str) -> Tuple[b
     The record says what really happened (docs/hooks.md, drains table): `drained` (ok=1);
     `kept` when the node was already drained and Slurm kept that reason (ok=0, kept_reason);
     `failed` when slurmctld could not be reached; `off` with hooks.drain_on_fault = false."""
+    from slurm_gpu.policy.drain import KEEP, decide_drain
     from slurm_gpu.slurm.reason import format_reason
     reason = format_reason(fault, f"{source} job {job.job_id}")
     drained, outcome, kept = False, "off", None
@@ -245,15 +246,14 @@ def _drain_node(deps: HookDeps, job: JobEnv, source: str, fault: str) -> Tuple[b
         try:
             backend = deps.backend()
             info = backend.node(job.node)
-            if info.drained:
-                # Keep the first reason: ours from an earlier hook (the epilog after a failed
-                # prolog sees the same fault) is the more precise one, and someone else's drain
-                # (an admin's maintenance) must not become ours and thus resumable.
+            decision = decide_drain(info, reason)  # policy/drain.py: the one rule
+            if decision.action == KEEP:
+                # Already drained or down: the first reason stays (policy/drain.py).
                 deps.log.warning("already-drained", job=job.job_id, node=job.node, reason=reason,
                                  existing=info.reason)
                 outcome, kept = "kept", info.reason or ""
             else:
-                backend.drain(job.node, reason)
+                backend.drain(job.node, decision.reason)
                 deps.log.warning("drain", job=job.job_id, node=job.node, reason=reason)
                 outcome = "drained"
             drained = True

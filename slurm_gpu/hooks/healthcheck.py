@@ -1,12 +1,13 @@
 """The healthcheck flow: check this node's GPUs and bring its Slurm state in line."""
 from __future__ import annotations
 
-import threading
 import time as _time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Tuple
+from typing import Any, List, Tuple
 
 from slurm_gpu.errors import ExitCode, NvmlUnavailable, SlurmGpuError
+from slurm_gpu.gpu.deadline import call_with_deadline
+from slurm_gpu.policy.drain import KEEP, decide_drain
 from slurm_gpu.slurm import reason as _reason
 from slurm_gpu.slurm.model import SlurmBackend
 
@@ -62,24 +63,13 @@ def node_health_cycle(
     budget = deadline_s - (clock() - t0) - reserve
     if budget < 1.0:
         budget = max(1.0, deadline_s - (clock() - t0)) / 2  # tiny deadlines: split what is left
-    box: Dict[str, Any] = {}
-
-    def run_check() -> None:
-        try:
-            box["results"] = list(checker(info))
-        except BaseException as e:  # handed to the caller below
-            box["error"] = e
-
-    th = threading.Thread(target=run_check, name="slurm-gpu healthcheck", daemon=True)
-    th.start()
-    th.join(budget)
-    if th.is_alive():
+    finished, checked, err = call_with_deadline(lambda: list(checker(info)), budget, "slurm-gpu healthcheck")
+    if not finished:
         return HealthOutcome(node_name, "TIMEOUT", "timeout",
                              f"{node_name}: GPU check did not finish within {budget:.0f} s (deadline {deadline_s:g} s); "
                              f"node state left unchanged ({info.state})",
                              exit_code=int(ExitCode.UNHEALTHY))
-    err = box.get("error")
-    results: List[Any] = box.get("results", [])
+    results: List[Any] = checked or []
     if isinstance(err, NvmlUnavailable):
         if info.gpus_configured <= 0:
             return HealthOutcome(node_name, "SKIP", "none",
@@ -98,12 +88,14 @@ def node_health_cycle(
     res = tuple(results)
 
     if worst == "FAIL":
-        if info.drained or info.down:
-            whose = "slurm-gpu" if _reason.is_ours(info.reason) else (info.reason_user or "someone else")
+        text = _reason.format_reason(fault, context)
+        decision = decide_drain(info, text)  # policy/drain.py: the one rule
+        if decision.action == KEEP:
+            whose = "slurm-gpu" if decision.whose == "slurm-gpu" else (info.reason_user or "someone else")
             return HealthOutcome(node_name, worst, "kept-drained",
                                  f"{node_name}: FAIL: {fault}; already {info.state} by {whose} ({info.reason or 'no reason'}), reason left as is",
                                  info.reason, res, int(ExitCode.UNHEALTHY))
-        text = _reason.format_reason(fault, context)
+        text = decision.reason
         if dry_run:
             return HealthOutcome(node_name, worst, "would-drain", f"{node_name}: FAIL: would drain: {text}", text, res,
                                  int(ExitCode.UNHEALTHY))

@@ -8,7 +8,6 @@ escaping could not run a script.
 from __future__ import annotations
 
 import math
-import os
 import secrets
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -186,19 +185,8 @@ def _charts(table: Any, src: Any, kind: str) -> List[Dict[str, str]]:
 
 
 def _env():
-    import jinja2
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    paths = [os.path.join(os.path.dirname(here), "templates")]
-    try:
-        from importlib import resources
-        pkg = str(resources.files("slurm_gpu.templates"))
-        if os.path.isdir(pkg):
-            paths.append(pkg)
-    except (ImportError, ModuleNotFoundError, TypeError):
-        pass
-    return jinja2.Environment(loader=jinja2.FileSystemLoader([p for p in paths if os.path.isdir(p)]),
-                              autoescape=True, undefined=jinja2.StrictUndefined)
+    from slurm_gpu.render import template_env  # the one Jinja environment (jinja2 imported lazily)
+    return template_env(html=True)
 
 
 def render_report(table: Any, src: Any, kind: str, now_s: Optional[float] = None) -> str:

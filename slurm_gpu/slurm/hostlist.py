@@ -28,8 +28,58 @@ from typing import Iterable, List, Optional, Tuple
 MAX_NAMES = 1 << 20  # a typo like n[1-999][1-9999] must fail fast, not eat the memory
 SLURM_MAX_RANGE = 65536  # Slurm refuses one bracket range of more hosts (src/common/hostlist.c MAX_RANGE)
 _TRAILING_DIGITS = re.compile(r"^(.*?)(\d+)$")
-_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 _FORBIDDEN = set("[],") | set(" \t\r\n")
+
+
+class RangeError(ValueError):
+    """A bad item in an index-range list: kind is syntax | backwards | too-large | too-wide."""
+
+    def __init__(self, kind: str, item: str, value: str = "") -> None:
+        super().__init__(f"{kind}: {item!r}")
+        self.kind, self.item, self.value = kind, item, value
+
+
+_INDEX_ITEM = re.compile(r"([0-9]+)(?:-([0-9]+))?")  # ASCII digits only (str.isdigit takes '٣')
+
+
+def split_index_ranges(text: str, strip: Optional[str] = None) -> List[Tuple[str, str, str]]:
+    """'0-3,6' -> [('0-3', '0', '3'), ('6', '6', '6')]: the one parser of index-range lists.
+
+    Used for SLURM_JOB_GPUS (slurm/jobenv.py), CPU lists (gres/inventory.py) and the bodies of
+    hostlist brackets (here).  Items are stripped of ``strip`` (default: whitespace); digits are
+    ASCII only and kept as text (zero padding matters to hostlists).  RangeError('syntax')."""
+    out: List[Tuple[str, str, str]] = []
+    for raw in text.split(","):
+        item = raw.strip(strip)
+        m = _INDEX_ITEM.fullmatch(item)
+        if not m:
+            raise RangeError("syntax", item)
+        out.append((item, m.group(1), m.group(2) if m.group(2) is not None else m.group(1)))
+    return out
+
+
+def parse_index_ranges(text: str, *, strip: Optional[str] = None, max_value: Optional[int] = None,
+                       max_span: Optional[int] = None) -> Tuple[int, ...]:
+    """'0-3,6' -> (0, 1, 2, 3, 6) in order of appearance, each index once; '' -> ().
+
+    RangeError kinds: syntax (not N or N-M), too-large (an index over max_value; never int() on
+    a huge digit string), backwards (N-M with M < N), too-wide (more than max_span + 1 indices)."""
+    if not text.strip(strip):
+        return ()
+    out: dict = {}  # ordered and de-duplicated
+    for item, lo_s, hi_s in split_index_ranges(text, strip):
+        bounds = []
+        for digits in (lo_s, hi_s):
+            if max_value is not None and (len(digits) > len(str(max_value)) or int(digits) > max_value):
+                raise RangeError("too-large", item, digits)
+            bounds.append(int(digits))
+        lo, hi = bounds
+        if hi < lo:
+            raise RangeError("backwards", item)
+        if max_span is not None and hi - lo > max_span:
+            raise RangeError("too-wide", item)
+        out.update(dict.fromkeys(range(lo, hi + 1)))
+    return tuple(out)
 
 
 def _split_top(expr: str) -> List[str]:
@@ -73,13 +123,14 @@ def count(expr: str) -> Optional[int]:
         n_part = 1
         for body in _BRACKET.findall(part):
             n = 0
-            for item in body.split(","):
-                m = _RANGE.match(item.strip())
-                if not m:
-                    return None
-                lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+            try:
+                items = split_index_ranges(body)
+            except RangeError:
+                return None
+            for item, lo_s, hi_s in items:
+                lo, hi = int(lo_s), int(hi_s)
                 if hi - lo + 1 > SLURM_MAX_RANGE:
-                    raise ValueError(f"invalid node list {expr!r}: range {item.strip()!r} has {hi - lo + 1} hosts; "
+                    raise ValueError(f"invalid node list {expr!r}: range {item!r} has {hi - lo + 1} hosts; "
                                      f"Slurm refuses more than {SLURM_MAX_RANGE} in one range")
                 n += max(hi - lo + 1, 0)
             n_part *= n
@@ -89,16 +140,16 @@ def count(expr: str) -> Optional[int]:
 
 def _expand_ranges(body: str, expr: str) -> List[str]:
     out: List[str] = []
-    for item in body.split(","):
-        m = _RANGE.match(item.strip())
-        if not m:
-            raise ValueError(f"hostlist {expr!r}: bad range {item!r} inside [...] (expected N or N-M, digits only)")
-        lo_s, hi_s = m.group(1), m.group(2)
-        lo, hi = int(lo_s), int(hi_s if hi_s is not None else lo_s)
+    for raw in body.split(","):
+        try:
+            ((item, lo_s, hi_s),) = split_index_ranges(raw)
+        except RangeError:
+            raise ValueError(f"hostlist {expr!r}: bad range {raw!r} inside [...] (expected N or N-M, digits only)") from None
+        lo, hi = int(lo_s), int(hi_s)
         if hi < lo:
-            raise ValueError(f"hostlist {expr!r}: range {item!r} runs backwards")
+            raise ValueError(f"hostlist {expr!r}: range {raw!r} runs backwards")
         if hi - lo + 1 > SLURM_MAX_RANGE:
-            raise ValueError(f"hostlist {expr!r}: range {item.strip()!r} has {hi - lo + 1} hosts; "
+            raise ValueError(f"hostlist {expr!r}: range {item!r} has {hi - lo + 1} hosts; "
                              f"Slurm refuses more than {SLURM_MAX_RANGE} in one range")
         width = len(lo_s)
         out.extend(str(v).zfill(width) for v in range(lo, hi + 1))

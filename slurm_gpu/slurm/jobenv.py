@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Tuple
 
 from slurm_gpu.errors import InputError
+from slurm_gpu.slurm.hostlist import RangeError, parse_index_ranges
 
 _HINT = "this runs as Slurm's Prolog=/Epilog=; slurmd sets these variables"
 
@@ -63,33 +64,22 @@ def _int(env: Mapping[str, str], name: str, required: bool = False, default: Opt
     return v
 
 
-_GPU_ITEM = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 _GPU_HINT = "expected node-wide indices like 0,1 or 0-3; check gres.conf"
-
-
-def _gpu_index(digits: str, raw: str) -> int:
-    v = _number(digits, MAX_GPU_INDEX)
-    if v is None:
-        raise InputError(f"SLURM_JOB_GPUS={_show(raw)}: GPU index {_show(digits)} is out of range (0..{MAX_GPU_INDEX})",
-                         _GPU_HINT)
-    return v
 
 
 def parse_job_gpus(raw: Optional[str]) -> Tuple[int, ...]:
     """'0,1' / '0-3,6' -> indices; empty/unset -> () (a job without GPUs)."""
     if raw is None or raw.strip(_WS) in ("", "(null)"):
         return ()
-    out: dict = {}  # ordered and de-duplicated
-    for item in raw.split(","):
-        m = _GPU_ITEM.fullmatch(item.strip(_WS))
-        if not m:
-            raise InputError(f"SLURM_JOB_GPUS={_show(raw)}: {_show(item.strip(_WS))} is not a GPU index", _GPU_HINT)
-        lo = _gpu_index(m.group(1), raw)
-        hi = _gpu_index(m.group(2), raw) if m.group(2) else lo
-        if hi < lo or hi - lo > 1024:
-            raise InputError(f"SLURM_JOB_GPUS={_show(raw)}: bad range {_show(item.strip(_WS))}", "expected node-wide indices like 0-3")
-        out.update(dict.fromkeys(range(lo, hi + 1)))
-    return tuple(out)
+    try:
+        return parse_index_ranges(raw, strip=_WS, max_value=MAX_GPU_INDEX, max_span=1024)
+    except RangeError as e:
+        if e.kind == "syntax":
+            raise InputError(f"SLURM_JOB_GPUS={_show(raw)}: {_show(e.item)} is not a GPU index", _GPU_HINT) from None
+        if e.kind == "too-large":
+            raise InputError(f"SLURM_JOB_GPUS={_show(raw)}: GPU index {_show(e.value)} is out of range (0..{MAX_GPU_INDEX})",
+                             _GPU_HINT) from None
+        raise InputError(f"SLURM_JOB_GPUS={_show(raw)}: bad range {_show(e.item)}", "expected node-wide indices like 0-3") from None
 
 
 def _text(env: Mapping[str, str], name: str, default: str = "") -> str:

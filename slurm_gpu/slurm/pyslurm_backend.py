@@ -20,9 +20,9 @@ waiting after ``slurm_timeout_s`` (the thread is abandoned; the process exits so
 """
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from slurm_gpu.gpu.deadline import call_with_deadline
 from slurm_gpu.errors import SlurmError
 from slurm_gpu.slurm.model import NodeInfo, NodeLookup, SlurmBackend, select_nodes, split_state
 
@@ -86,23 +86,13 @@ class PyslurmBackend(SlurmBackend):
 
     # ------------------------------------------------------------ plumbing
     def _call(self, what: str, fn: Callable[[], Any], *, node: str = "", job: Optional[int] = None) -> Any:
-        box: Dict[str, Any] = {}
-
-        def target() -> None:
-            try:
-                box["value"] = fn()
-            except BaseException as e:  # delivered to the caller below
-                box["error"] = e
-
-        t = threading.Thread(target=target, name=f"pyslurm {what}", daemon=True)
-        t.start()
-        t.join(self.timeout_s)
-        if t.is_alive():
+        finished, value, error = call_with_deadline(fn, self.timeout_s, f"pyslurm {what}")
+        if not finished:
             raise SlurmError(f"slurmctld not reachable: {what} did not answer within {self.timeout_s:g} s",
                              PING_HINT + "; or raise slurm_timeout_s")
-        if "error" in box:
-            self._raise(box["error"], what, node=node, job=job)
-        return box.get("value")
+        if error is not None:
+            self._raise(error, what, node=node, job=job)
+        return value
 
     def _raise(self, e: BaseException, what: str, *, node: str = "", job: Optional[int] = None) -> None:
         rpc = getattr(self.ps, "RPCError", None)
