@@ -541,7 +541,7 @@ def test_unknown_node_is_a_slurm_error():
     (["drain", "gpu01", "--reason", " \n\t"], "a drain needs a reason"),
     (["drain", "--reason", "x"], "no node given"),
     (["drain", "--unhealthy", "gpu01"], "--unhealthy checks this node"),
-    (["drain", "gpu01", "--node", "gpu02", "--reason", "x"], "--node is for --unhealthy"),
+    (["drain", "gpu01", "--node", "gpu02", "--reason", "x"], "--node-name is for --unhealthy"),
     (["resume", "gpu[01-"], "invalid node list 'gpu[01-'"),
 ])
 def test_usage_errors_are_one_line_with_a_hint_and_exit_2(args, needle, tmp_path):

@@ -640,8 +640,8 @@ def test_healthcheck_drain_that_did_not_reach_slurm_is_recorded_as_failed(tmp_pa
 
     monkeypatch.setattr(cli_admin, "_backend", lambda app: Down())
     fail = [CheckResult("ecc_uncorrectable", "FAIL", 2, "GPU-ab", "GPU 2 (GPU-ab) uncorrectable ECC errors: 2")]
-    from click.exceptions import Exit
-    with pytest.raises(Exit) as e:
+    # The error goes up to the CLI group, the one place that prints it and exits 4 (docs/exit-codes.md).
+    with pytest.raises(SlurmError) as e:
         cli_admin._run_health(_app(cfg), "gpu01", allow_resume=True, dry_run=False, deadline_s=30,
                               context="healthcheck", checker=lambda info: fail)
     assert e.value.exit_code == 4

@@ -15,7 +15,7 @@ from typing import Any, Callable, List, Optional, Sequence, Set, Tuple
 
 import click
 
-from slurm_gpu.cli import fail
+from slurm_gpu.cli import print_error, dry_run_option, node_name_option, nvml_lib_option, output_options
 from slurm_gpu.errors import ExitCode, InputError, SlurmGpuError
 from slurm_gpu.slurm.model import BatchResult
 
@@ -37,7 +37,7 @@ def _admin_name() -> str:
 
 
 def this_node(explicit: Optional[str]) -> str:
-    """--node, else SLURMD_NODENAME (set by slurmd for HealthCheckProgram), else the short host name."""
+    """--node-name, else SLURMD_NODENAME (set by slurmd for HealthCheckProgram), else the short host name."""
     from slurm_gpu.config import node_name
     return explicit or node_name()
 
@@ -155,10 +155,7 @@ def _who(info: Any) -> str:
     return " ".join(bits)
 
 
-def _err_line(e: SlurmGpuError) -> None:
-    click.echo(f"slurm-gpu: error: {e.message}", err=True)
-    if e.hint:
-        click.echo(f"hint: {e.hint}", err=True)
+_err_line = print_error  # one node's error in a batch: said, and the batch goes on
 
 
 # ------------------------------------------------------------------ drain
@@ -179,10 +176,10 @@ def _summary(total: int, parts: Sequence[Tuple[int, str]], dry_run: bool) -> Non
               help="Why (required unless --unhealthy). Stored as 'slurm-gpu: TEXT [manual by USER]'.")
 @click.option("--unhealthy", is_flag=True,
               help="Check THIS node's GPUs and drain it only if a check FAILs (one-shot, for cron or by hand; never resumes).")
-@click.option("--node", "node_name", metavar="NAME",
-              help="With --unhealthy: this node's Slurm name (default: $SLURMD_NODENAME, else the short host name).")
-@click.option("--dry-run", "-n", is_flag=True, help="Print what would change; change nothing.")
+@node_name_option("With --unhealthy: this node's Slurm name (default: $SLURMD_NODENAME, else the short host name).")
+@dry_run_option()
 @click.option("--max-nodes", type=click.IntRange(1, 1 << 20), metavar="N", help=MAX_NODES_HELP)
+@nvml_lib_option
 @click.pass_obj
 def drain(app, nodes, reason, unhealthy, node_name, dry_run, max_nodes):
     """Drain nodes with a slurm-gpu reason, so that `slurm-gpu resume` may lift it later.
@@ -199,39 +196,40 @@ def drain(app, nodes, reason, unhealthy, node_name, dry_run, max_nodes):
       slurm-gpu drain gpu07 --reason "GPU 3 replaced, burn-in pending"
       slurm-gpu drain 'gpu[001-128]' --reason "rack 7 power work" --dry-run
       slurm-gpu drain --unhealthy          # on a node: drain it if its GPUs FAIL
+      slurm-gpu drain --unhealthy --node-name gpu07 --nvml-lib /opt/nvidia/lib64/libnvidia-ml.so.1
     \b
     Exit codes: 0 done (or nothing to do), 1 --unhealthy found a FAIL, 2 usage/config error
     (also: too many nodes), 4 Slurm error (unknown node, slurmctld unreachable).
     """
     if unhealthy:
         if nodes or reason:
-            raise fail(InputError("--unhealthy checks this node and writes its own reason: give neither NODE nor --reason",
-                                  "use --node NAME if this node's Slurm name is not its host name"))
+            raise InputError("--unhealthy checks this node and writes its own reason: give neither NODE nor --reason",
+                             "use --node-name NAME if this node's Slurm name is not its host name")
         _run_health(app, node_name, allow_resume=False, dry_run=dry_run, deadline_s=HEALTHCHECK_DEADLINE_S,
                     context="drain --unhealthy")
         return
     if node_name:
-        raise fail(InputError("--node is for --unhealthy; list the nodes to drain as arguments", "slurm-gpu drain gpu01 --reason TEXT"))
+        raise InputError("--node-name is for --unhealthy; list the nodes to drain as arguments",
+                         "slurm-gpu drain gpu01 --reason TEXT")
     if not nodes:
-        raise fail(InputError("no node given", "slurm-gpu drain NODE... --reason TEXT (or --unhealthy)"))
+        raise InputError("no node given", "slurm-gpu drain NODE... --reason TEXT (or --unhealthy)")
     from slurm_gpu.slurm.reason import MANUAL, format_reason, sanitize
     if not reason or not sanitize(reason):
-        raise fail(InputError("a drain needs a reason (--reason TEXT)", "say why, e.g. --reason \"GPU 3 ECC errors, RMA opened\""))
+        raise InputError("a drain needs a reason (--reason TEXT)", "say why, e.g. --reason \"GPU 3 ECC errors, RMA opened\"")
     admin = _admin_name()
     text = format_reason(reason, f"{MANUAL} by {admin}")
-    try:
-        names = expand_nodes(nodes, limit=_max_nodes(app, max_nodes), command="drain")
-        backend = _backend(app)
-        look = backend.lookup_nodes(names)
-    except SlurmGpuError as e:
-        raise fail(e)
+    names = expand_nodes(nodes, limit=_max_nodes(app, max_nodes), command="drain")
+    backend = _backend(app)
+    look = backend.lookup_nodes(names)
     log = _log(app, "drain")
     skip: Set[str] = set()
     todo: List[str] = []
+    from slurm_gpu.policy.drain import KEEP, decide_drain
     for name in names:
         if name in look.found:
-            info = look.found[name]
-            if info.drained and not info.drained_by_us:
+            # The one drain rule (policy/drain.py): a manual drain re-drains our own reason and
+            # never replaces anyone else's.
+            if decide_drain(look.found[name], text, manual=True).action == KEEP:
                 skip.add(name)
             else:
                 todo.append(name)
@@ -277,7 +275,7 @@ def drain(app, nodes, reason, unhealthy, node_name, dry_run, max_nodes):
 @click.argument("nodes", nargs=-1, required=True, metavar="NODE...")
 @click.option("--force", is_flag=True,
               help="Also resume nodes drained or downed by someone else (an admin, Slurm itself). Think twice.")
-@click.option("--dry-run", "-n", is_flag=True, help="Print what would change; change nothing.")
+@dry_run_option()
 @click.option("--max-nodes", type=click.IntRange(1, 1 << 20), metavar="N", help=MAX_NODES_HELP)
 @click.pass_obj
 def resume(app, nodes, force, dry_run, max_nodes):
@@ -295,12 +293,9 @@ def resume(app, nodes, force, dry_run, max_nodes):
     Exit codes: 0 done (or nothing to do), 2 usage/config error (also: too many nodes),
     4 Slurm error, 6 at least one node refused.
     """
-    try:
-        names = expand_nodes(nodes, limit=_max_nodes(app, max_nodes), command="resume")
-        backend = _backend(app)
-        look = backend.lookup_nodes(names)
-    except SlurmGpuError as e:
-        raise fail(e)
+    names = expand_nodes(nodes, limit=_max_nodes(app, max_nodes), command="resume")
+    backend = _backend(app)
+    look = backend.lookup_nodes(names)
     log = _log(app, "resume")
     admin = _admin_name()
     idle: Set[str] = set()
@@ -375,12 +370,10 @@ def status_rows(infos: Sequence[Any]) -> List[dict]:
 @click.command()
 @click.argument("nodes", nargs=-1, metavar="[NODE]...")
 @click.option("--all", "all_nodes", is_flag=True, help="Include nodes without GPUs.")
-@click.option("--json", "as_json", is_flag=True, help="JSON (same as --format json).")
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "markdown"]), default="table",
-              show_default=True, help="Output format.")
+@output_options(["table", "csv", "json", "markdown"])
 @click.option("--drained", "only_drained", is_flag=True, help="Only drained or down nodes.")
 @click.pass_obj
-def status(app, nodes, all_nodes, as_json, fmt, only_drained):
+def status(app, nodes, all_nodes, fmt, only_drained):
     """GPU nodes at a glance: state, GPUs configured/allocated, who drained them, why, since when.
 
     DRAINED_BY is 'slurm-gpu' (resumable with `slurm-gpu resume`), 'other' (an admin or
@@ -390,17 +383,13 @@ def status(app, nodes, all_nodes, as_json, fmt, only_drained):
     Exit codes: 0 done, 2 usage/config error, 4 Slurm error.
     """
     from slurm_gpu.render import render
-    try:
-        backend = _backend(app)
-        names = expand_nodes(nodes, backend) if nodes else None
-        infos = backend.nodes(names)
-    except SlurmGpuError as e:
-        raise fail(e)
+    backend = _backend(app)
+    names = expand_nodes(nodes, backend) if nodes else None
+    infos = backend.nodes(names)
     if names is None and not all_nodes:
         infos = [i for i in infos if i.gpus_configured > 0]
     if only_drained:
         infos = [i for i in infos if i.drained or i.down]
-    fmt = "json" if as_json else fmt
     rows = status_rows(infos)
     click.echo(render(rows, STATUS_JSON_COLUMNS if fmt == "json" else STATUS_COLUMNS, fmt))
 
@@ -458,10 +447,7 @@ def _run_health(app, node_name: Optional[str], *, allow_resume: bool, dry_run: b
         cfg = app.config
     except ConfigError as e:
         config_broken(e)
-    try:
-        backend = _backend(app)
-    except SlurmGpuError as e:
-        raise fail(e)
+    backend = _backend(app)
     log = _log(app, "healthcheck")
     try:
         outcome = node_health_cycle(backend, name, checker or default_checker(cfg), allow_resume=allow_resume,
@@ -471,15 +457,15 @@ def _run_health(app, node_name: Optional[str], *, allow_resume: bool, dry_run: b
         log.error("slurm-error", node=name, error=e.message)
         if getattr(e, "drain_reason", None):
             _record_drains(app, [_drain_row(name, context, e.drain_reason, "failed")])
-        raise fail(e)
+        raise  # the group prints it and exits with its code
     if outcome.action == "drained":
         # Only drains tried are recorded: a node found already drained is seen again at every
         # HealthCheckInterval, and a row each time would bury the drains that happened.
         _record_drains(app, [_drain_row(name, context, outcome.reason, "drained")])
     for r in outcome.results:
         if getattr(r, "status", "") in ("WARN", "FAIL"):
-            where = "node" if r.gpu_index is None else f"GPU {r.gpu_index}"
-            click.echo(f"{r.status:4}  {r.check:18}  {where}: {r.message}")
+            # A GPU's message already starts with its label ('GPU 1 (GPU-8f2c…) ...'): name it once.
+            click.echo(f"{r.status:4}  {r.check:18}  {r.message if r.gpu_index is not None else 'node: ' + r.message}")
     level = "error" if outcome.action in ("timeout", "error") else "warning" if outcome.worst == "FAIL" else "info"
     log.event(outcome.action, level, node=name, status=outcome.worst, reason=outcome.reason or None,
               message=outcome.message)
@@ -496,11 +482,11 @@ def _run_health(app, node_name: Optional[str], *, allow_resume: bool, dry_run: b
 
 
 @click.command()
-@click.option("--node", "node_name", metavar="NAME",
-              help="This node's Slurm name (default: $SLURMD_NODENAME, set by slurmd; else the short host name).")
-@click.option("--dry-run", "-n", is_flag=True, help="Check and print what would change; change nothing.")
+@node_name_option("This node's Slurm name (default: $SLURMD_NODENAME, set by slurmd; else the short host name).")
+@dry_run_option("Check and print what would change; change nothing.")
 @click.option("--deadline", "deadline_s", type=click.FloatRange(5, 3600), default=HEALTHCHECK_DEADLINE_S,
               show_default=True, help="Whole-run budget in seconds (Slurm kills HealthCheckProgram after 60 s).")
+@nvml_lib_option
 @click.pass_obj
 def healthcheck(app, node_name, dry_run, deadline_s):
     """Check this node's GPUs and drain/resume it in Slurm: the HealthCheckProgram mode.

@@ -7,8 +7,8 @@ from typing import List, Optional
 
 import click
 
-from slurm_gpu.cli import fail
-from slurm_gpu.errors import ExitCode, InputError, SlurmGpuError
+from slurm_gpu.cli import nvml_lib_option, output_options
+from slurm_gpu.errors import ExitCode, InputError
 
 
 def parse_gpu_list(text: Optional[str]) -> Optional[List[int]]:
@@ -36,23 +36,20 @@ def parse_gpu_list(text: Optional[str]) -> Optional[List[int]]:
     return sorted(set(out))
 
 
-_nvml_lib_option = click.option("--nvml-lib", "nvml_lib", metavar="PATH", default=None,
-                                help="Load this libnvidia-ml.so.1 (overrides nvml_library in the config).")
-
-
 @click.command()
 @click.option("--gpus", metavar="LIST", help="Only these node-wide GPU indices, e.g. 0,3 or 0-3 (default: all).")
-@click.option("--idle", "idle", is_flag=True,
+@click.option("--require-idle", "idle", is_flag=True,
               help="The GPUs must be idle: also FAIL on compute processes and leaked memory (the prolog does this).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--idle", "idle_alias", is_flag=True, hidden=True)  # old spelling of --require-idle
+@output_options(["table", "json"])
 @click.option("--verbose", "-v", is_flag=True, help="Show every check, not only problems.")
 @click.option("--snapshot", "snapshot_file", metavar="FILE", type=click.Path(dir_okay=False),
               help="Judge a saved `slurm-gpu snapshot` offline instead of the live GPUs.")
 @click.option("--expected-count", type=click.IntRange(0, 64), default=None,
               help="GPUs the node must show (default: health.expected_gpu_count).")
-@_nvml_lib_option
+@nvml_lib_option
 @click.pass_obj
-def check(app, gpus, idle, as_json, verbose, snapshot_file, expected_count, nvml_lib):
+def check(app, gpus, idle, idle_alias, fmt, verbose, snapshot_file, expected_count):
     """Check this node's GPUs and report PASS/WARN/FAIL/SKIP per check.
 
     \b
@@ -62,28 +59,25 @@ def check(app, gpus, idle, as_json, verbose, snapshot_file, expected_count, nvml
     from slurm_gpu.hooks import flows as hooks
     from slurm_gpu.gpu.snapshot import SnapshotFormatError, node_from_json
 
-    try:
-        cfg = app.config
-        indices = parse_gpu_list(gpus)
-        snap = None
-        if snapshot_file:
-            try:
-                with open(snapshot_file, encoding="utf-8") as f:
-                    snap = node_from_json(json.load(f))
-            except OSError as e:
-                raise InputError(f"cannot read snapshot {snapshot_file}: {e.strerror}", "check the path") from None
-            except (ValueError, SnapshotFormatError) as e:
-                raise InputError(f"{snapshot_file}: not a valid snapshot: {e}",
-                                 "create one with `slurm-gpu snapshot > FILE`") from None
-        reader = None if snap is not None else hooks.make_reader(cfg, nvml_lib)
-        snap, results = hooks.check_node(cfg, indices, idle=True if idle else None,
-                                         expected_count=expected_count, reader=reader, snapshot=snap)
-    except SlurmGpuError as e:
-        raise fail(e)
+    cfg = app.config
+    indices = parse_gpu_list(gpus)
+    snap = None
+    if snapshot_file:
+        try:
+            with open(snapshot_file, encoding="utf-8") as f:
+                snap = node_from_json(json.load(f))
+        except OSError as e:
+            raise InputError(f"cannot read snapshot {snapshot_file}: {e.strerror}", "check the path") from None
+        except (ValueError, SnapshotFormatError) as e:
+            raise InputError(f"{snapshot_file}: not a valid snapshot: {e}",
+                             "create one with `slurm-gpu snapshot > FILE`") from None
+    reader = None if snap is not None else hooks.make_reader(cfg)
+    snap, results = hooks.check_node(cfg, indices, idle=True if (idle or idle_alias) else None,
+                                     expected_count=expected_count, reader=reader, snapshot=snap)
 
     from slurm_gpu.policy.health import FAIL, worst
     verdict = worst(results)
-    if as_json:
+    if fmt == "json":
         click.echo(json.dumps({"hostname": snap.hostname, "status": verdict if verdict != "SKIP" else "PASS",
                                "results": [r.to_json() for r in results]}, indent=2))
     else:
@@ -127,17 +121,15 @@ def _print_human(snap, results, verbose: bool) -> None:
 
 @click.command()
 @click.option("--gpus", metavar="LIST", help="Only these node-wide GPU indices (default: all).")
-@_nvml_lib_option
+@output_options(["json"], default="json")
+@nvml_lib_option
 @click.pass_obj
-def snapshot(app, gpus, nvml_lib):
+def snapshot(app, gpus, fmt):
     """Print everything NVML reports about this node's GPUs as JSON.
 
     Save it for support or to try a policy change offline: `slurm-gpu check --snapshot FILE`.
     """
     from slurm_gpu.hooks import flows as hooks
-    try:
-        reader = hooks.make_reader(app.config, nvml_lib)
-        snap = reader.snapshot(parse_gpu_list(gpus))
-    except SlurmGpuError as e:
-        raise fail(e)
+    reader = hooks.make_reader(app.config)
+    snap = reader.snapshot(parse_gpu_list(gpus))
     click.echo(snap.dumps())

@@ -1,11 +1,11 @@
 """`slurm-gpu db check|ingest`: the node database for admins."""
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
-from slurm_gpu.cli import fail
 from slurm_gpu.errors import ExitCode, SlurmGpuError
 
 
@@ -21,7 +21,8 @@ def _store(app, database, spool):
                  cfg.get("store", "busy_timeout_s"))
 
 
-_db_opt = click.option("--database", metavar="PATH", help="Database file (default: store.database).")
+_db_opt = click.option("--db", "--database", "database", metavar="PATH",
+                       help="Database file (default: store.database; %n there is the short host name outside a hook).")
 _spool_opt = click.option("--spool", metavar="DIR", help="Spool directory (default: store.spool_dir).")
 
 
@@ -43,12 +44,13 @@ def check(app, database, spool):
 
     Exit 0 when healthy with an empty spool, 1 otherwise.
     """
-    from slurm_gpu.store.node import database_problems
-    try:
-        st = _store(app, database, spool)
-    except SlurmGpuError as e:
-        raise fail(e)
-    problems = database_problems(st.path)
+    from slurm_gpu.store.node import DatabaseProblem, database_problems
+    st = _store(app, database, spool)
+    if not os.path.lexists(st.path):
+        # Not corruption: nothing has written here yet, or %n / --db points elsewhere.
+        problems = [DatabaseProblem(f"no database at {st.path}", _missing_hint(app, database))]
+    else:
+        problems = database_problems(st.path)
     sp = st.spool_status()
     if not problems:
         counts = _counts(st.path)
@@ -84,6 +86,15 @@ def check(app, database, spool):
     unhealthy = (problems or sp.problem or sp.waiting or sp.stale_claims or sp.orphaned_tmp or sp.bad
                  or sp.quarantined)
     sys.exit(int(ExitCode.UNHEALTHY if unhealthy else ExitCode.OK))
+
+
+def _missing_hint(app, database) -> str:
+    hint = "it is created by the first hook run or `slurm-gpu db ingest`"
+    if not database and "%n" in str(app.config.get("store", "database")):
+        from slurm_gpu.config import node_name
+        hint += (f"; store.database contains %n, which outside a hook is {node_name()!r} ($SLURMD_NODENAME, "
+                 "else the short host name): give --db PATH or set SLURMD_NODENAME to look at another node's")
+    return hint
 
 
 def _counts(path):
@@ -126,8 +137,8 @@ def ingest(app, database, spool, from_log):
         rep = st.ingest()
         if rep.refused is not None:
             raise rep.refused
-    except SlurmGpuError as e:
-        raise fail(e)
+    except SlurmGpuError:
+        raise  # the group prints it and exits with its code
     except Exception as e:  # sqlite3.Error, OSError: name it, no traceback
         where = st.path if st is not None else "the database"
         click.echo(f"slurm-gpu: error: cannot open {where}: {describe_error(e)}", err=True)
@@ -170,8 +181,5 @@ def backup(app, database, dest):
     """
     from slurm_gpu.report.query import copy_database
     path = database or app.config.path_value("store", "database")
-    try:
-        n = copy_database(path, dest)
-    except SlurmGpuError as e:
-        raise fail(e)
+    n = copy_database(path, dest)
     click.echo(f"copied {path} to {dest} ({n} GPU records)")

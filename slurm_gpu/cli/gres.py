@@ -7,12 +7,12 @@ from typing import Optional, Tuple
 
 import click
 
-from slurm_gpu.cli import fail
-from slurm_gpu.errors import ExitCode, InputError, SlurmGpuError
+from slurm_gpu.cli import node_name_option, nvml_lib_option, output_options
+from slurm_gpu.errors import ExitCode, InputError
 
 
 def _local_inventory(cfg, snapshot_path: Optional[str], hostname: Optional[str]):
-    """This node's inventory: from the driver, or from a saved `slurm-gpu snapshot --json` file."""
+    """This node's inventory: from the driver, or from a saved `slurm-gpu snapshot` file."""
     import json
 
     from slurm_gpu import config as config_mod
@@ -26,7 +26,7 @@ def _local_inventory(cfg, snapshot_path: Optional[str], hostname: Optional[str])
         except OSError as e:
             raise InputError(f"snapshot {snapshot_path}: cannot be read: {e.strerror}", "check the path") from None
         except (ValueError, SnapshotFormatError) as e:
-            raise InputError(f"snapshot {snapshot_path}: {e}", "write it with `slurm-gpu snapshot --json`") from None
+            raise InputError(f"snapshot {snapshot_path}: {e}", "write it with `slurm-gpu snapshot > FILE`") from None
         host = hostname or snap.hostname
     else:
         from slurm_gpu.gpu.nvml import NvmlReader
@@ -63,11 +63,13 @@ def _write(path: Optional[str], text: str) -> None:
 @click.command("inventory")
 @click.option("--output", "-o", metavar="FILE", help="Write the inventory to FILE (atomically) instead of stdout.")
 @click.option("--snapshot", "snapshot_path", metavar="FILE",
-              help="Build the inventory from a saved `slurm-gpu snapshot --json` file instead of the driver.")
-@click.option("--hostname", metavar="NAME",
-              help="Slurm node name to record (default: SLURMD_NODENAME, else the short host name; with --snapshot: its hostname).")
+              help="Build the inventory from a saved `slurm-gpu snapshot` file instead of the driver.")
+@node_name_option("Slurm node name to record (default: SLURMD_NODENAME, else the short host name; with --snapshot: "
+                  "its hostname).", aliases=("--hostname",))
+@output_options(["json"], default="json")
+@nvml_lib_option
 @click.pass_obj
-def inventory_cmd(app, output: Optional[str], snapshot_path: Optional[str], hostname: Optional[str]) -> None:
+def inventory_cmd(app, output: Optional[str], snapshot_path: Optional[str], node_name: Optional[str], fmt: str) -> None:
     """Print this node's static GPU facts as JSON (format slurm-gpu-inventory/1).
 
     Collect one file per node (e.g. `slurm-gpu inventory -o /shared/inv/$(hostname -s).json`)
@@ -77,11 +79,8 @@ def inventory_cmd(app, output: Optional[str], snapshot_path: Optional[str], host
     """
     from slurm_gpu.gres import inventory
 
-    try:
-        inv = _local_inventory(app.config, snapshot_path, hostname)
-        _write(output, inventory.dumps(inv))
-    except SlurmGpuError as e:
-        raise fail(e)
+    inv = _local_inventory(app.config, snapshot_path, node_name)
+    _write(output, inventory.dumps(inv))
 
 
 @click.command("gres-conf")
@@ -105,6 +104,7 @@ def inventory_cmd(app, output: Optional[str], snapshot_path: Optional[str], host
                    "nodes are counted.  Prints a unified diff; exit 1 when they differ, 0 when they match.")
 @click.option("--output", "-o", metavar="FILE", help="Write the result to FILE (atomically) instead of stdout.")
 @click.option("--snapshot", "snapshot_path", metavar="FILE", hidden=True)
+@nvml_lib_option
 @click.pass_obj
 def gres_conf(app, inventories: Tuple[str, ...], type_naming: Optional[str], slurm_version: Optional[str],
               groups: Tuple[str, ...], slurm_conf_lines: bool, check_file: Optional[str], output: Optional[str],
@@ -122,33 +122,30 @@ def gres_conf(app, inventories: Tuple[str, ...], type_naming: Optional[str], slu
     from slurm_gpu.gres import generate as gres
     from slurm_gpu.gres import inventory
 
+    if check_file and (output or slurm_conf_lines):
+        raise InputError("--check compares and writes nothing", "drop --output/--slurm-conf-lines, or run twice")
+    cfg = app.config
+    naming = type_naming or cfg.get("gres", "type_naming")
+    if inventories:
+        invs = inventory.load_all(inventories)
+    else:
+        invs = [_local_inventory(cfg, snapshot_path, None)]
+    groups_out = gres.build(invs, naming, cfg.get("gres", "type_map"), groups,
+                            slurm_version or cfg.get("gres", "slurm_version") or None)
+    tdir = cfg.get("gres", "template_dir")
+    if slurm_conf_lines:
+        _write(output, gres.render_slurm_conf_lines(groups_out, tdir))
+        return
+    text = gres.render_gres_conf(groups_out, tdir, naming)
+    if not check_file:
+        _write(output, text)
+        return
     try:
-        if check_file and (output or slurm_conf_lines):
-            raise InputError("--check compares and writes nothing", "drop --output/--slurm-conf-lines, or run twice")
-        cfg = app.config
-        naming = type_naming or cfg.get("gres", "type_naming")
-        if inventories:
-            invs = inventory.load_all(inventories)
-        else:
-            invs = [_local_inventory(cfg, snapshot_path, None)]
-        groups_out = gres.build(invs, naming, cfg.get("gres", "type_map"), groups,
-                                slurm_version or cfg.get("gres", "slurm_version") or None)
-        tdir = cfg.get("gres", "template_dir")
-        if slurm_conf_lines:
-            _write(output, gres.render_slurm_conf_lines(groups_out, tdir))
-            return
-        text = gres.render_gres_conf(groups_out, tdir, naming)
-        if not check_file:
-            _write(output, text)
-            return
-        try:
-            with open(check_file) as f:
-                existing = f.read()
-        except OSError as e:
-            raise InputError(f"cannot read {check_file}: {e.strerror}", "pass the gres.conf to compare") from None
-        result = gres.compare(existing, text, check_file)
-    except SlurmGpuError as e:
-        raise fail(e)
+        with open(check_file) as f:
+            existing = f.read()
+    except OSError as e:
+        raise InputError(f"cannot read {check_file}: {e.strerror}", "pass the gres.conf to compare") from None
+    result = gres.compare(existing, text, check_file)
     if result.other_lines:
         click.echo(f"slurm-gpu: {result.other_lines} line(s) of {check_file} are for other nodes "
                    f"({_abbrev(result.other_nodes)}); compared only the lines for {_abbrev(result.nodes)}", err=True)

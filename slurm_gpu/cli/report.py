@@ -7,8 +7,8 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import click
 
 from slurm_gpu import render
-from slurm_gpu.cli import fail
-from slurm_gpu.errors import InputError, SlurmGpuError
+from slurm_gpu.cli import output_options
+from slurm_gpu.errors import InputError
 
 FORMAT_CHOICES = render.FORMATS + ("html",)
 
@@ -27,12 +27,12 @@ def _common_options(f: Callable) -> Callable:
         click.option("--idle-threshold", type=float, default=None, metavar="PCT",
                      help="A job's GPU whose mean utilisation is below PCT counts as idle (default: "
                           "report.idle_threshold_pct, 5)."),
-        click.option("--format", "fmt", type=click.Choice(FORMAT_CHOICES), default=None,
-                     help="Output format (default: table). table/markdown/html show units that suit the figures "
-                          "(GPU-h, GPU-min or GPU-s; kWh or Wh; a job's GPU time as [D-]HH:MM:SS) and control "
-                          "characters in names as escapes; csv/json carry GPU-hours and kWh (6 decimals), csv "
-                          "quotes text that a spreadsheet would run as a formula. html: one self-contained page "
-                          "with charts."),
+        output_options(FORMAT_CHOICES, default=None,
+                       extra_help="Default: table. table/markdown/html show units that suit the figures "
+                                  "(GPU-h, GPU-min or GPU-s; kWh or Wh; a job's GPU time as [D-]HH:MM:SS) and control "
+                                  "characters in names as escapes; csv/json carry GPU-hours and kWh (6 decimals), csv "
+                                  "quotes text that a spreadsheet would run as a formula. html: one self-contained page "
+                                  "with charts."),
         click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None,
                      help="Write to this file instead of stdout."),
     ]
@@ -152,10 +152,8 @@ def _produce(ctx: click.Context, o: Dict[str, Any], build: Callable[[Any], Any],
 
 
 def _run(fn: Callable[[], None]) -> None:
-    try:
-        fn()
-    except SlurmGpuError as err:
-        raise fail(err)
+    """Errors propagate to the group's one boundary (slurm_gpu.cli.LazyGroup.invoke)."""
+    fn()
 
 
 @click.group("report", invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
@@ -183,8 +181,8 @@ def report_cmd(ctx: click.Context, by: Tuple[str, ...], **opts: Any) -> None:
     ctx.meta[_META_KEY] = dict(opts)
     if ctx.invoked_subcommand is not None:
         if by:
-            raise fail(InputError(f"--by applies to the summary, not to 'report {ctx.invoked_subcommand}'",
-                                  "drop --by, or use --sort/--limit with 'report jobs'"))
+            raise InputError(f"--by applies to the summary, not to 'report {ctx.invoked_subcommand}'",
+                             "drop --by, or use --sort/--limit with 'report jobs'")
         return
 
     def go() -> None:
@@ -200,17 +198,23 @@ def report_cmd(ctx: click.Context, by: Tuple[str, ...], **opts: Any) -> None:
               help="Sort by this column, smallest first; -COL for largest first (default: -gpu_hours_alloc, "
                    "with --idle -gpu_hours_idle). Columns: job_id, user, account, start, end, gpus, "
                    "gpu_hours_alloc, gpu_hours_used, gpu_util_mean_pct, gpu_util_min_pct, energy_kwh, gpu_hours_idle, ...")
-@click.option("--limit", "-n", type=int, default=None, metavar="N", help="Show only the first N jobs.")
+@click.option("--limit", type=int, default=None, metavar="N", help="Show only the first N jobs.")
+@click.option("-n", "limit_n", type=int, default=None, hidden=True)  # old spelling; -n is --dry-run elsewhere
 @click.option("--idle", "idle_only", is_flag=True,
               help="Only jobs that held at least one GPU below the idle threshold (for efficiency emails).")
 @_window_options
 @_common_options
 @click.pass_context
-def jobs_cmd(ctx: click.Context, sort: Optional[str], limit: Optional[int], idle_only: bool, **opts: Any) -> None:
+def jobs_cmd(ctx: click.Context, sort: Optional[str], limit: Optional[int], limit_n: Optional[int], idle_only: bool,
+             **opts: Any) -> None:
     """List jobs with their GPU figures (one row per job run; GPU time clipped to the window).
 
     The table shows a job's GPU time as [D-]HH:MM:SS, exact to the second; csv/json in GPU-hours.
     """
+    if limit is None and limit_n is not None:
+        click.echo("slurm-gpu: warning: `report jobs -n N` is deprecated (-n means --dry-run in slurm-gpu): "
+                   "use --limit N", err=True)
+        limit = limit_n
     o = _merged(ctx, opts)
 
     def go() -> None:
