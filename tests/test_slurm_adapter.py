@@ -548,7 +548,8 @@ def test_usage_errors_are_one_line_with_a_hint_and_exit_2(args, needle, tmp_path
     from click.testing import CliRunner
     from slurm_gpu.cli import main
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'slurm_backend = "cli"\nslurm_bin_dir = "{tmp_path}"\n[log]\nsyslog = false\n')
+    cfg.write_text(f'slurm_backend = "cli"\nslurm_bin_dir = "{tmp_path}"\n[log]\nsyslog = false\n'
+                   f'[store]\ndatabase = "{tmp_path}/usage.db"\nspool_dir = "{tmp_path}/spool"\n')
     make_tool(tmp_path, "scontrol")
     r = CliRunner().invoke(main, ["--config", str(cfg), *args])
     assert r.exit_code == 2, r.output
@@ -654,7 +655,8 @@ def run_admin(tmp_path: Path, *args: str, extra_config: str = ""):
     from click.testing import CliRunner
     from slurm_gpu.cli import main
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'slurm_backend = "cli"\nslurm_bin_dir = "{tmp_path}"\n{extra_config}[log]\nsyslog = false\n')
+    cfg.write_text(f'slurm_backend = "cli"\nslurm_bin_dir = "{tmp_path}"\n{extra_config}[log]\nsyslog = false\n'
+                   f'[store]\ndatabase = "{tmp_path}/usage.db"\nspool_dir = "{tmp_path}/spool"\n')
     try:
         runner = CliRunner(mix_stderr=False)  # click < 8.2: stderr apart only when asked
     except TypeError:
