@@ -131,7 +131,6 @@ def split_records(out: str) -> List[str]:
 
 class CliBackend(SlurmBackend):
     name = "cli"
-    batch_updates = True
 
     def __init__(self, cfg: Any = None, *, bin_dir: Optional[str] = None, timeout_s: Optional[float] = None,
                  env: Optional[Dict[str, str]] = None):

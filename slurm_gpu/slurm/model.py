@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
 
 from slurm_gpu.slurm import reason as _reason
 from slurm_gpu.errors import SlurmError, SlurmGpuError
@@ -237,8 +237,9 @@ class SlurmBackend(abc.ABC):
 
     name = "abstract"
     why = ""  # how get_backend chose it (shown by `slurm-gpu status -v` and in logs)
-    # True: _update_nodes sends ONE request for a whole hostlist; False: drain/resume per node.
-    batch_updates = False
+    # ONE update request setting State (and Reason) on every node of a hostlist batch
+    # (see hostlist_batches): (names, state, reason) -> None.  None: drain/resume per node.
+    _update_nodes: Optional[Callable[[List[str], str, Optional[str]], None]] = None
 
     @abc.abstractmethod
     def node(self, name: str) -> NodeInfo:
@@ -277,11 +278,6 @@ class SlurmBackend(abc.ABC):
                 failed[n] = e
         return NodeLookup(found, failed)
 
-    def _update_nodes(self, names: List[str], state: str, reason: Optional[str] = None) -> None:
-        """ONE update request setting State=state (and Reason) on every node of `names` (a
-        hostlist's worth, see hostlist_batches).  Only backends with batch_updates implement it."""
-        raise NotImplementedError
-
     def drain_many(self, names: Sequence[str], reason: str) -> BatchResult:
         """Drain every named node with one reason: one update request per hostlist batch."""
         if not reason or not reason.strip():
@@ -300,7 +296,7 @@ class SlurmBackend(abc.ABC):
 
     def _change_many(self, names: List[str], state: str, reason: Optional[str]) -> BatchResult:
         res = BatchResult()
-        if not self.batch_updates:
+        if self._update_nodes is None:
             self._one_by_one(names, state, reason, res)
             return res
         for batch in hostlist_batches(names):

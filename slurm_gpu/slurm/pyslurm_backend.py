@@ -78,7 +78,6 @@ def gres_dict_gpus(d: Any) -> int:
 
 class PyslurmBackend(SlurmBackend):
     name = "pyslurm"
-    batch_updates = True
 
     def __init__(self, module: Any, timeout_s: float = 10.0):
         self.ps = module
