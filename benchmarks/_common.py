@@ -17,6 +17,45 @@ sys.path.insert(0, str(ROOT))
 
 import simgpu  # noqa: E402
 
+# What a copy of the repository for a regular install leaves out: build outputs (a stale
+# build/lib would end up in the wheel), caches, the simulated driver's build.
+_NOT_INSTALLED = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
+                                        ".demo", ".venv", ".gl")
+
+
+def clean_venv(where: pathlib.Path) -> pathlib.Path:
+    """A fresh virtual environment under `where` with this repository installed the way a site
+    installs it (regular, not editable): returns its python.  No site-packages of ours leak in."""
+    src, venv = where / "src", where / "venv"
+    shutil.copytree(ROOT, src, ignore=_NOT_INSTALLED)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    cp = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-warn-script-location", str(src)],
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if cp.returncode != 0:
+        raise RuntimeError(f"pip install into {venv} failed:\n{cp.stdout[-2000:]}")
+    return python
+
+
+def imported_ms(argv: Sequence[str], env: Dict[str, str], python: str = sys.executable) -> Dict[str, float]:
+    """{top-level module: cumulative import ms} of one run under `-X importtime`, counting only
+    what a bare `python -c pass` does not import already (site, encodings, ...)."""
+    def top_level(cmd: Sequence[str]) -> Dict[str, float]:
+        cp = subprocess.run(list(cmd), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        out: Dict[str, float] = {}
+        for line in cp.stderr.splitlines():
+            if not line.startswith("import time:") or "cumulative" in line:
+                continue
+            _, cumulative, name = line[len("import time:"):].split("|")
+            if name.startswith("  "):  # nested (indented) imports count in their parent's cumulative
+                continue
+            out[name.strip()] = out.get(name.strip(), 0.0) + int(cumulative) / 1000.0
+        return out
+
+    bare = top_level([python, "-X", "importtime", "-c", "pass"])
+    run = top_level([python, "-X", "importtime", *argv])
+    return {k: v for k, v in run.items() if k not in bare}
+
 
 def console_script(name: str) -> List[str]:
     """The installed console script next to this interpreter (what Slurm runs), else -c fallback."""
@@ -34,6 +73,7 @@ class SimNode:
         self.lib = simgpu.build()
         self.state = self.dir / "gpus.state"
         simgpu.write_state(self.state, simgpu.h100_sxm(gpus))
+        self._pristine = self.state.read_bytes()
         self.config = self.dir / "config.toml"
         self.config.write_text(
             f'nvml_library = "{self.lib}"\n'
@@ -53,6 +93,14 @@ class SimNode:
         env = {"SIMNVML_STATE": str(self.state), "SLURM_GPU_CONFIG": str(self.config), "SLURM_CONF": str(self.slurm_conf)}
         env.update(extra)  # nothing else, like slurmd's minimal environment
         return env
+
+    def reset(self) -> None:
+        """The GPUs as they were at the start.  The simulated driver appends every write (a clock
+        reset, accounting on) to its state file and parses the whole file on every write and every
+        nvmlInit, so without this each hook run would be slower than the one before: a simulator
+        artifact, not the driver's behaviour."""
+        self.state.write_bytes(self._pristine)
+        simgpu.action_log_path(self.state).unlink(missing_ok=True)
 
     def cleanup(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,17 +1,28 @@
 """Prolog and epilog wall time on 8 simulated GPUs vs `python3 -c pass`, and 64 epilogs at once.
 
-Targets (issue 3): prolog ratio <= 3, epilog ratio <= 4; 64 concurrent epilogs against one
-database: records written / expected == 1.0 with zero errors.
-Usage: python3 benchmarks/bench_hooks.py [runs]
+Targets: prolog and epilog <= 5x a bare `python3 -c pass` of the same interpreter, measured in a
+clean virtual environment with a regular install (issue 11; `--venv` does that set-up); 64
+concurrent epilogs against one database: records written / expected == 1.0 with zero errors.
+
+Usage: python3 benchmarks/bench_hooks.py [--venv] [--no-concurrent] [runs]
+  --venv            create a virtual environment in a temporary directory, `pip install` this
+                    repository into it (not editable), and run everything with its console
+                    scripts and its python (also the baseline)
+  --no-concurrent   skip the 64-epilog run
+It also prints the hook path's import time (`-X importtime`: every module the prolog imports
+that a bare interpreter does not, at start-up and lazily during the run).
 """
 from __future__ import annotations
 
+import os
+import pathlib
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 
-from _common import SimNode, console_script, report, wall
+from _common import SimNode, clean_venv, console_script, imported_ms, report, wall
 
 
 def job_env(node, job_id, gpus="0-7"):
@@ -29,6 +40,7 @@ def sequential(runs: int):
         wall(epilog, job_env(node, 1))
         base, pro, epi = [], [], []
         for i in range(runs):
+            node.reset()
             env = job_env(node, 100 + i)
             base.append(wall([sys.executable, "-c", "pass"], env))
             pro.append(wall(prolog, env))
@@ -40,6 +52,27 @@ def sequential(runs: int):
         if errors:
             print("hook errors:", *errors[:5], sep="\n  ")
         return r1, r2
+    finally:
+        node.cleanup()
+
+
+def import_time(runs: int = 5) -> None:
+    """Median over `runs` prologs of the summed import time of what the hook imports."""
+    node = SimNode(8)
+    prolog = console_script("slurm-gpu-prolog")
+    argv = prolog[1:] if prolog[0] == sys.executable else prolog  # without the interpreter
+    try:
+        totals, samples = [], []
+        for i in range(runs):
+            node.reset()
+            mods = imported_ms(argv, job_env(node, 500 + i), sys.executable)
+            totals.append(sum(mods.values()))
+            samples.append(mods)
+        totals_sorted = sorted(range(runs), key=lambda k: totals[k])
+        mid = samples[totals_sorted[runs // 2]]
+        top = sorted(mid.items(), key=lambda kv: -kv[1])[:8]
+        print(f"{'prolog import time':<28} median {sorted(totals)[runs // 2]:7.1f} ms   (n={runs}; largest: "
+              + ", ".join(f"{k} {v:.1f}" for k, v in top) + ")")
     finally:
         node.cleanup()
 
@@ -69,7 +102,28 @@ def concurrent(n: int = 64):
         node.cleanup()
 
 
-if __name__ == "__main__":
-    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 15
+def in_clean_venv(args) -> int:
+    """Install into a fresh venv, then run this script again with that venv's python."""
+    with tempfile.TemporaryDirectory(prefix="slurm-gpu-bench-venv-") as tmp:
+        python = clean_venv(pathlib.Path(tmp))
+        version = subprocess.run([str(python), "-c", "import sys; print(sys.version.split()[0])"],
+                                 stdout=subprocess.PIPE, text=True).stdout.strip()
+        print(f"clean venv {python.parent.parent} (Python {version}), regular install of {pathlib.Path(__file__).parent.parent}")
+        # Not exec: the temporary directory must outlive the run.
+        return subprocess.run([str(python), os.path.abspath(__file__), *args]).returncode
+
+
+def main(argv) -> int:
+    if "--venv" in argv:
+        return in_clean_venv([a for a in argv if a != "--venv"])
+    numbers = [a for a in argv if not a.startswith("--")]
+    runs = int(numbers[0]) if numbers else 15
     sequential(runs)
-    concurrent(64)
+    import_time()
+    if "--no-concurrent" not in argv:
+        concurrent(64)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -318,6 +318,6 @@ def test_accounting_stats_work_without_pynvmls_private_function_lookup(sim_node,
     os.environ["SIMNVML_STATE"] = str(node.state)
     cfg = config.load(str(node.config))
     reader = NvmlReader(cfg.nvml_library, cfg.nvml_timeout_s)
-    (rec,) = reader.accounting_stats(0).value
+    (rec,) = reader.accounting_many([0])[0].value
     assert (rec.pid, rec.gpu_utilization_pct, rec.max_memory_bytes) == (4242, 70, 5 << 30)
     assert nvml._NoMaxMemory().maxMemoryUsage == nvml._NOT_AVAILABLE_U64

@@ -48,7 +48,7 @@ def test_drain_decision_table(state, existing, auto, manual):
 
 def test_automatic_drain_never_touches_another_ones_reason():
     d = decide_drain(info("IDLE+DRAIN", "maintenance"), NEW)
-    assert d.action == KEEP and d.reason == "maintenance" and d.whose == "other" and not d.sets_reason
+    assert d.action == KEEP and d.reason == "maintenance" and d.whose == "other"
 
 
 def test_automatic_drain_keeps_the_first_reason_of_our_own():

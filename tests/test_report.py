@@ -674,7 +674,7 @@ def test_total_utilisation_comes_from_unrounded_sums(tmp_path):
     rows = _tiny_records_by_node()
     db = make_db(tmp_path / "tiny.db", rows)
     table = run_summary([db], ["node"])
-    total = report.total_row(table)
+    total = table.total
     secs = [r["end_time"] - r["start_time"] for r in rows]
     exact_util = sum(s * r["gpu_util_mean_pct"] for s, r in zip(secs, rows)) / sum(secs)
     exact_mem = sum(s * r["mem_util_mean_pct"] for s, r in zip(secs, rows)) / sum(secs)

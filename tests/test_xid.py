@@ -226,16 +226,6 @@ def test_yearless_syslog_file_read_on_30_november_does_not_report_last_decembers
     assert reading == xid.XidReading([], "", 0), "a year-old XID must neither be judged nor counted as undated"
 
 
-def test_read_events_keeps_returning_events_and_problem(tmp_path):
-    log = tmp_path / "kern.log"
-    log.write_text(f"{NOW - 10:.6f} host kernel: NVRM: Xid (PCI:0000:2a:00): 79, GPU has fallen off the bus.\n"
-                   "NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus\n")
-    events, problem = xid.read_events(f"file:{log}", 600, now=NOW)
-    assert problem == "" and [e.xid for e in events] == [79]
-    events, problem = xid.read_events(f"file:{tmp_path}/missing", 600, now=NOW)
-    assert events == [] and "not found" in problem
-
-
 def test_unreadable_source_is_a_problem_not_an_exception(tmp_path):
     reading = xid.read(f"file:{tmp_path}/missing.log", 600, now=NOW)
     assert reading.events == [] and reading.undated == 0 and "not found" in reading.problem

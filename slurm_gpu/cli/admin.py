@@ -11,7 +11,7 @@ import getpass
 import os
 import sys
 import time
-from typing import Any, Callable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import click
 
@@ -158,7 +158,7 @@ def _who(info: Any) -> str:
 _err_line = print_error  # one node's error in a batch: said, and the batch goes on
 
 
-# ------------------------------------------------------------------ drain
+# ------------------------------------------------------------------ drain and resume: one batch of named nodes
 
 MAX_NODES_HELP = (f"Allow up to N nodes in this run (default: slurm_max_nodes from the config, {DEFAULT_MAX_NODES} "
                   "if unset); more is refused before Slurm is asked.")
@@ -169,6 +169,71 @@ def _summary(total: int, parts: Sequence[Tuple[int, str]], dry_run: bool) -> Non
         said = ", ".join(f"{n} {what}" for n, what in parts if n)
         click.echo(f"summary{' (dry run)' if dry_run else ''}: {total} nodes: {said or 'nothing to do'}")
 
+
+class _Batch(NamedTuple):
+    """One drain or resume of named nodes: what was found, left alone, asked for and done."""
+
+    names: List[str]
+    look: Any  # NodeLookup
+    left: Dict[str, str]  # node -> why the command leaves it alone, in the command's own word
+    todo: List[str]  # the nodes to change, in the order given
+    result: BatchResult
+
+    @property
+    def done(self) -> Set[str]:
+        return set(self.result.done)
+
+    @property
+    def failed(self) -> int:
+        return len(self.look.failed) + len(self.result.failed)
+
+    @property
+    def not_tried(self) -> int:
+        return len(self.todo) - len(self.done) - len(self.result.failed)
+
+    def with_outcome(self, outcome: str) -> List[str]:
+        return [n for n in self.names if self.left.get(n) == outcome]
+
+
+def _run_batch(backend: Any, names: List[str], dry_run: bool, left_alone: Callable[[Any], Optional[str]],
+               change: Callable[[List[str]], Any]) -> _Batch:
+    """Read the nodes in one lookup, sort out those to leave alone, change the rest in one batch."""
+    look = backend.lookup_nodes(names)
+    left: Dict[str, str] = {}
+    todo: List[str] = []
+    for name in names:
+        if name in look.found:
+            why = left_alone(look.found[name])
+            if why:
+                left[name] = why
+            else:
+                todo.append(name)
+    return _Batch(names, look, left, todo, _apply(todo, dry_run, change))
+
+
+def _say_batch(batch: _Batch, dry_run: bool, say: Callable[[str, Any, str], None]) -> None:
+    """One line per node in the order given: errors said as errors, the rest through
+    say(name, info, outcome) with outcome the left-alone word, 'would' (dry run) or 'done'."""
+    done = batch.done
+    for name in batch.names:
+        if name in batch.look.failed:
+            _err_line(batch.look.failed[name])
+        elif name in batch.left or dry_run or name in done:
+            say(name, batch.look.found[name], batch.left.get(name) or ("would" if dry_run else "done"))
+        elif name in batch.result.failed:
+            _err_line(batch.result.failed[name])
+    if batch.result.stopped is not None:
+        _err_line(batch.result.stopped)
+
+
+def _log_batch(log: Any, event: str, done_key: str, batch: _Batch, dry_run: bool) -> None:
+    if not dry_run and batch.todo:
+        r = batch.result
+        log.info(event, **{"nodes": len(batch.todo), done_key: len(batch.done), "failed": len(r.failed),
+                           "requests": r.requests, "stopped": r.stopped.message if r.stopped else None})
+
+
+# ------------------------------------------------------------------ drain
 
 @click.command()
 @click.argument("nodes", nargs=-1, metavar="[NODE]...")
@@ -213,60 +278,48 @@ def drain(app, nodes, reason, unhealthy, node_name, dry_run, max_nodes):
                          "slurm-gpu drain gpu01 --reason TEXT")
     if not nodes:
         raise InputError("no node given", "slurm-gpu drain NODE... --reason TEXT (or --unhealthy)")
-    from slurm_gpu.slurm.reason import MANUAL, format_reason, sanitize
+    from slurm_gpu.slurm.reason import sanitize
     if not reason or not sanitize(reason):
         raise InputError("a drain needs a reason (--reason TEXT)", "say why, e.g. --reason \"GPU 3 ECC errors, RMA opened\"")
+    sys.exit(int(_drain_nodes(app, nodes, reason, dry_run, max_nodes)))
+
+
+def _drain_nodes(app: Any, nodes: Sequence[str], reason: str, dry_run: bool, max_nodes: Optional[int]) -> ExitCode:
+    """`drain NODE... --reason TEXT`: one lookup, one batched drain, one line per node, a summary."""
+    from slurm_gpu.policy.drain import KEEP, decide_drain
+    from slurm_gpu.slurm.reason import MANUAL, format_reason
     admin = _admin_name()
     text = format_reason(reason, f"{MANUAL} by {admin}")
     names = expand_nodes(nodes, limit=_max_nodes(app, max_nodes), command="drain")
     backend = _backend(app)
-    look = backend.lookup_nodes(names)
     log = _log(app, "drain")
-    skip: Set[str] = set()
-    todo: List[str] = []
-    from slurm_gpu.policy.drain import KEEP, decide_drain
-    for name in names:
-        if name in look.found:
-            # The one drain rule (policy/drain.py): a manual drain re-drains our own reason and
-            # never replaces anyone else's.
-            if decide_drain(look.found[name], text, manual=True).action == KEEP:
-                skip.add(name)
-            else:
-                todo.append(name)
-    result = _apply(todo, dry_run, lambda names: backend.drain_many(names, text))
-    done = set(result.done)
-    for name in names:
-        if name in look.failed:
-            _err_line(look.failed[name])
-            continue
-        info = look.found[name]
-        if name in skip:
-            click.echo(f"{name}: already {info.state} {_who(info)}: {info.reason!r} - not ours, reason left as is")
-            continue
+    # The one drain rule (policy/drain.py): a manual drain re-drains our own reason and never
+    # replaces anyone else's.
+    batch = _run_batch(backend, names, dry_run,
+                       lambda info: "kept" if decide_drain(info, text, manual=True).action == KEEP else None,
+                       lambda todo: backend.drain_many(todo, text))
+
+    def say(name: str, info: Any, outcome: str) -> None:
         verb = "re-drain" if info.drained else "drain"
-        if dry_run:
+        if outcome == "kept":
+            click.echo(f"{name}: already {info.state} {_who(info)}: {info.reason!r} - not ours, reason left as is")
+        elif outcome == "would":
             click.echo(f"{name}: would {verb} ({info.state}): {text}")
-        elif name in done:
+        else:
             log.info("drain", node=name, reason=text, by=admin, was=info.state)
             click.echo(f"{name}: {verb}ed: {text}")
-        elif name in result.failed:
-            _err_line(result.failed[name])
-    if result.stopped is not None:
-        _err_line(result.stopped)
+
+    _say_batch(batch, dry_run, say)
     if not dry_run:
+        done, kept = batch.done, batch.with_outcome("kept")
         _record_drains(app, [_drain_row(n, MANUAL, text, "drained") for n in names if n in done]
-                       + [_drain_row(n, MANUAL, text, "failed") for n in names if n in result.failed]
-                       + [_drain_row(n, MANUAL, text, "kept", look.found[n].reason or "") for n in names if n in skip])
-    failed = len(look.failed) + len(result.failed)
-    not_tried = len(todo) - len(done) - len(result.failed)
-    _summary(len(names), [(len(done), "would be drained" if dry_run else "drained"),
-                          (len(skip), "left alone (drained by someone else)"), (failed, "failed"),
-                          (not_tried, "not tried")], dry_run)
-    if not dry_run and todo:
-        log.info("drain-batch", nodes=len(todo), drained=len(done), failed=len(result.failed), requests=result.requests,
-                 stopped=result.stopped.message if result.stopped else None)
-    code = ExitCode.SLURM_ERROR if (failed or result.stopped is not None) else ExitCode.OK
-    sys.exit(int(code))
+                       + [_drain_row(n, MANUAL, text, "failed") for n in names if n in batch.result.failed]
+                       + [_drain_row(n, MANUAL, text, "kept", batch.look.found[n].reason or "") for n in kept])
+    _summary(len(names), [(len(batch.done), "would be drained" if dry_run else "drained"),
+                          (len(batch.left), "left alone (drained by someone else)"), (batch.failed, "failed"),
+                          (batch.not_tried, "not tried")], dry_run)
+    _log_batch(log, "drain-batch", "drained", batch, dry_run)
+    return ExitCode.SLURM_ERROR if (batch.failed or batch.result.stopped is not None) else ExitCode.OK
 
 
 # ------------------------------------------------------------------ resume
@@ -295,52 +348,36 @@ def resume(app, nodes, force, dry_run, max_nodes):
     """
     names = expand_nodes(nodes, limit=_max_nodes(app, max_nodes), command="resume")
     backend = _backend(app)
-    look = backend.lookup_nodes(names)
     log = _log(app, "resume")
     admin = _admin_name()
-    idle: Set[str] = set()
-    refused: Set[str] = set()
-    todo: List[str] = []
-    for name in names:
-        if name in look.found:
-            info = look.found[name]
-            if not (info.drained or info.down):
-                idle.add(name)
-            elif not info.drained_by_us and not force:
-                refused.add(name)
-            else:
-                todo.append(name)
-    result = _apply(todo, dry_run, backend.resume_many)
-    done = set(result.done)
-    for name in names:
-        if name in look.failed:
-            _err_line(look.failed[name])
-            continue
-        info = look.found[name]
-        if name in idle:
+
+    def left_alone(info: Any) -> Optional[str]:
+        if not (info.drained or info.down):
+            return "idle"
+        return "refused" if not info.drained_by_us and not force else None
+
+    def say(name: str, info: Any, outcome: str) -> None:
+        if outcome == "idle":
             click.echo(f"{name}: not drained ({info.state}), nothing to do")
-        elif name in refused:
+        elif outcome == "refused":
             click.echo(f"{name}: refused: {info.state} {_who(info)} with reason {info.reason or '(none)'!r}, "
                        f"not set by slurm-gpu (use --force to resume anyway)", err=True)
-        elif dry_run:
+        elif outcome == "would":
             click.echo(f"{name}: would resume ({info.state}, reason: {info.reason or '(none)'})")
-        elif name in done:
+        else:
             log.info("resume", node=name, was=info.state, reason=info.reason, by=admin,
                      forced=force and not info.drained_by_us)
             click.echo(f"{name}: resumed (was {info.state}: {info.reason or 'no reason'})")
-        elif name in result.failed:
-            _err_line(result.failed[name])
-    if result.stopped is not None:
-        _err_line(result.stopped)
-    failed = len(look.failed) + len(result.failed)
-    not_tried = len(todo) - len(done) - len(result.failed)
-    _summary(len(names), [(len(done), "would be resumed" if dry_run else "resumed"), (len(idle), "not drained"),
-                          (len(refused), "refused (not drained by slurm-gpu)"), (failed, "failed"),
-                          (not_tried, "not tried")], dry_run)
-    if not dry_run and todo:
-        log.info("resume-batch", nodes=len(todo), resumed=len(done), failed=len(result.failed),
-                 requests=result.requests, stopped=result.stopped.message if result.stopped else None)
-    slurm_failed = failed or result.stopped is not None
+
+    batch = _run_batch(backend, names, dry_run, left_alone, backend.resume_many)
+    _say_batch(batch, dry_run, say)
+    refused = batch.with_outcome("refused")
+    _summary(len(names), [(len(batch.done), "would be resumed" if dry_run else "resumed"),
+                          (len(batch.with_outcome("idle")), "not drained"),
+                          (len(refused), "refused (not drained by slurm-gpu)"), (batch.failed, "failed"),
+                          (batch.not_tried, "not tried")], dry_run)
+    _log_batch(log, "resume-batch", "resumed", batch, dry_run)
+    slurm_failed = batch.failed or batch.result.stopped is not None
     sys.exit(int(ExitCode.SLURM_ERROR if slurm_failed else ExitCode.REFUSED if refused else ExitCode.OK))
 
 
@@ -423,30 +460,10 @@ def _run_health(app, node_name: Optional[str], *, allow_resume: bool, dry_run: b
     from slurm_gpu.hooks.healthcheck import node_health_cycle
     name = this_node(node_name)
     reason_context = HEALTHCHECK if context == "healthcheck" else context
-
-    def config_broken(e: ConfigError) -> None:
-        """One line for the admin; a drain only while the hooks here run ungated (docs/hooks.md, "Configuration errors")."""
-        from slurm_gpu.config import defaults
-        from slurm_gpu.policy.health import CheckResult
-        from slurm_gpu.hooks.log import fallback_path, write_fallback
-        from slurm_gpu.hooks.main import config_problem
-        from slurm_gpu.slurm.backend import get_backend
-        line, fault = config_problem(app.config_path, e)
-        click.echo(f"slurm-gpu: error: {line}", err=True)
-        write_fallback(fallback_path(), "healthcheck", "config-error", node=name, error=e.message, hint=e.hint)
-        if fault:
-            try:  # the file is unusable: reach Slurm with the default settings
-                outcome = node_health_cycle(get_backend(defaults()), name, lambda info: [CheckResult("config", "FAIL", None, "", fault)],
-                                            allow_resume=False, dry_run=dry_run, deadline_s=deadline_s, context=reason_context)
-                click.echo(outcome.message)
-            except SlurmGpuError as se:
-                click.echo(f"slurm-gpu: error: could not drain: {se.message}", err=True)
-        sys.exit(int(e.exit_code))
-
     try:
         cfg = app.config
     except ConfigError as e:
-        config_broken(e)
+        _config_broken(app, e, name, dry_run=dry_run, deadline_s=deadline_s, reason_context=reason_context)
     backend = _backend(app)
     log = _log(app, "healthcheck")
     try:
@@ -462,6 +479,36 @@ def _run_health(app, node_name: Optional[str], *, allow_resume: bool, dry_run: b
         # Only drains tried are recorded: a node found already drained is seen again at every
         # HealthCheckInterval, and a row each time would bury the drains that happened.
         _record_drains(app, [_drain_row(name, context, outcome.reason, "drained")])
+    _say_health(outcome, log, name)
+    if outcome.action == "timeout":
+        # A check thread may still sit inside the driver: do not let it hold up (or crash) the exit.
+        os._exit(outcome.exit_code)
+    sys.exit(outcome.exit_code)
+
+
+def _config_broken(app: Any, e: Any, name: str, *, dry_run: bool, deadline_s: float, reason_context: str) -> None:
+    """One line for the admin; a drain only while the hooks here run ungated (docs/hooks.md, "Configuration errors")."""
+    from slurm_gpu.config import defaults
+    from slurm_gpu.policy.health import CheckResult
+    from slurm_gpu.hooks.healthcheck import node_health_cycle
+    from slurm_gpu.hooks.log import fallback_path, write_fallback
+    from slurm_gpu.hooks.main import config_problem
+    from slurm_gpu.slurm.backend import get_backend
+    line, fault = config_problem(app.config_path, e)
+    click.echo(f"slurm-gpu: error: {line}", err=True)
+    write_fallback(fallback_path(), "healthcheck", "config-error", node=name, error=e.message, hint=e.hint)
+    if fault:
+        try:  # the file is unusable: reach Slurm with the default settings
+            outcome = node_health_cycle(get_backend(defaults()), name, lambda info: [CheckResult("config", "FAIL", None, "", fault)],
+                                        allow_resume=False, dry_run=dry_run, deadline_s=deadline_s, context=reason_context)
+            click.echo(outcome.message)
+        except SlurmGpuError as se:
+            click.echo(f"slurm-gpu: error: could not drain: {se.message}", err=True)
+    sys.exit(int(e.exit_code))
+
+
+def _say_health(outcome: Any, log: Any, name: str) -> None:
+    """The WARN and FAIL lines, the decision log's event and the one-line verdict."""
     for r in outcome.results:
         if getattr(r, "status", "") in ("WARN", "FAIL"):
             # A GPU's message already starts with its label ('GPU 1 (GPU-8f2c…) ...'): name it once.
@@ -475,10 +522,6 @@ def _run_health(app, node_name: Optional[str], *, allow_resume: bool, dry_run: b
         click.echo(outcome.message)
     sys.stdout.flush()
     sys.stderr.flush()
-    if outcome.action == "timeout":
-        # A check thread may still sit inside the driver: do not let it hold up (or crash) the exit.
-        os._exit(outcome.exit_code)
-    sys.exit(outcome.exit_code)
 
 
 @click.command()

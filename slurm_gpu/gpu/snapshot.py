@@ -1,29 +1,29 @@
 """The typed GPU/node model every layer shares.
 
-nvml.py produces it, health.py judges it, store.py records it, gres.py renders it and
-`slurm-gpu snapshot` serialises it.  Every hardware reading keeps one of three distinct
-outcomes (DESIGN.md §2.2): a value, *unsupported on this GPU*, or *failed* with an NVML
-error.  There is no magic "N/A" number anywhere.
+gpu/nvml.py produces it, policy/health.py judges it, hooks/flows.py records it,
+gres/inventory.py renders it and `slurm-gpu snapshot` serialises it.  Every hardware reading
+keeps one of three distinct outcomes: a value, *unsupported on this GPU*, or *failed* with an
+NVML error.  There is no magic "N/A" number anywhere.
+
+The records are NamedTuples, not dataclasses: the prolog imports this module on every job
+start, and a dataclass costs ~1.5 ms to create (plus `dataclasses` itself, which imports
+`inspect`).  Being tuples, they compare equal to plain tuples of the same values; nothing
+relies on that, and each has its own ``to_json`` (json.dumps would write a list).
 """
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any, Dict, Generic, Optional, Tuple, TypeVar
-
-T = TypeVar("T")
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 OK = "ok"
 UNSUPPORTED = "unsupported"
 FAILED = "failed"
 
 
-@dataclass(frozen=True)
-class Reading(Generic[T]):
+class Reading(NamedTuple):
     """One hardware reading: status is OK (value set), UNSUPPORTED or FAILED (error set)."""
 
     status: str
-    value: Optional[T] = None
+    value: Any = None
     error: str = ""  # NVML error text, e.g. "GPU is lost"
     function: str = ""  # the NVML function that produced the error
 
@@ -58,7 +58,7 @@ class Reading(Generic[T]):
         return {"status": self.status, "error": self.error, "function": self.function}
 
 
-def value(v: T) -> Reading[T]:
+def value(v: Any) -> Reading:
     return Reading(OK, v)
 
 
@@ -75,8 +75,7 @@ def failed(function: str, error: str) -> Reading:
 _NA: Reading = Reading(UNSUPPORTED)
 
 
-@dataclass(frozen=True)
-class Process:
+class Process(NamedTuple):
     pid: int
     used_memory_bytes: Optional[int]  # None: the driver does not expose it (MIG, no permission)
     gpu_instance_id: Optional[int] = None  # the MIG GPU instance it runs in; None outside MIG
@@ -87,8 +86,7 @@ class Process:
                 "gpu_instance_id": self.gpu_instance_id, "compute_instance_id": self.compute_instance_id}
 
 
-@dataclass(frozen=True)
-class NvLink:
+class NvLink(NamedTuple):
     link: int
     active: Reading  # Reading[bool]
     remote_bus_id: Reading  # Reading[str], PCI bus id of the peer
@@ -97,8 +95,7 @@ class NvLink:
         return {"link": self.link, "active": self.active.to_json(), "remote_bus_id": self.remote_bus_id.to_json()}
 
 
-@dataclass(frozen=True)
-class MigDevice:
+class MigDevice(NamedTuple):
     index: int
     uuid: str
     gpu_instance_id: int
@@ -108,11 +105,10 @@ class MigDevice:
     memory_used_bytes: Optional[int] = None
 
     def to_json(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
+        return self._asdict()
 
 
-@dataclass(frozen=True)
-class GpuSnapshot:
+class GpuSnapshot(NamedTuple):
     """Everything we read about one GPU at one moment."""
 
     index: int  # NVML index == node-wide ordinal used by SLURM_JOB_GPUS
@@ -169,7 +165,7 @@ class GpuSnapshot:
         return self.uuid.get() or f"index-{self.index}"
 
     def readings(self) -> Dict[str, Reading]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), Reading)}
+        return {name: r for name, r in zip(self._fields, self) if isinstance(r, Reading)}
 
     def to_json(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"index": self.index}
@@ -179,8 +175,7 @@ class GpuSnapshot:
         return out
 
 
-@dataclass(frozen=True)
-class NodeSnapshot:
+class NodeSnapshot(NamedTuple):
     hostname: str
     taken_at: float  # unix time
     driver_version: Reading = _NA
@@ -246,16 +241,16 @@ def gpu_from_json(d: Dict[str, Any]) -> GpuSnapshot:
     if not isinstance(d, dict) or "index" not in d:
         raise SnapshotFormatError("gpu entry without 'index'")
     kwargs: Dict[str, Any] = {"index": int(d["index"]), "unreachable": str(d.get("unreachable", ""))}
-    for f in dataclasses.fields(GpuSnapshot):
-        if f.name in ("index", "unreachable") or f.name not in d:
+    for name in GpuSnapshot._fields:
+        if name in ("index", "unreachable") or name not in d:
             continue
-        r = _reading_from(d[f.name], f.name)
-        if r.ok and f.name in _TUPLE_FIELDS:
+        r = _reading_from(d[name], name)
+        if r.ok and name in _TUPLE_FIELDS:
             try:
-                r = Reading(OK, _TUPLE_FIELDS[f.name](r.value or []))
+                r = Reading(OK, _TUPLE_FIELDS[name](r.value or []))
             except (KeyError, TypeError, ValueError) as e:
-                raise SnapshotFormatError(f"field {f.name!r}: {e}") from None
-        kwargs[f.name] = r
+                raise SnapshotFormatError(f"field {name!r}: {e}") from None
+        kwargs[name] = r
     return GpuSnapshot(**kwargs)
 
 

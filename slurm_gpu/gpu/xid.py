@@ -2,7 +2,7 @@
 
 Sources (config xid.source): 'kmsg' (/dev/kmsg), 'journal' (journalctl -k), 'file:/path' or 'none'.
 Only events inside the time window count, and the caller de-duplicates per GPU and XID: an
-old XID must never keep a node drained forever (DESIGN.md §5).
+old XID must never keep a node drained forever.
 
 Dating (docs/config.md, "XID lines"):
 - A reader never returns a time in the future.  A date up to FUTURE_SLACK_S ahead of `now` is
@@ -20,8 +20,9 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass
-from typing import Callable, Iterable, List, NamedTuple, Optional, Pattern, Tuple
+from typing import Callable, Iterable, List, NamedTuple, Optional, Tuple
+
+from slurm_gpu import timefmt
 
 # How far ahead of our clock a log date may be and still count as "now".  One day covers clock
 # skew and a log written in another time zone; a year-less date further ahead is last year's.
@@ -32,23 +33,24 @@ FUTURE_SLACK_S = 86400.0
 # and older drivers drop the "PCI:" (docs.nvidia.com/deploy/xid-errors).  Anything else inside
 # the parentheses is tolerated.  "NVRM: Xid" and not a bare "Xid": NVSwitch errors read
 # "nvidia-nvswitchN: SXid (...)", and messages say "caused by previous Xid 149".
-_XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+(?:\.[0-9A-Fa-f]+)?)"
-                     r"(?P<attrs>[^)]*)\):\s*(?P<xid>\d+),?\s*(?P<msg>.*)")
-_GPU_INSTANCE_RE = re.compile(r"\bGPU-I:\s*(\d+)")  # decimal (%02u); GPU-CI is the compute instance
+# Patterns are kept as text: re compiles (and caches) them on first use, so a job start whose
+# kernel log holds no XID line never pays for compiling them.
+_XID = (r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+(?:\.[0-9A-Fa-f]+)?)"
+        r"(?P<attrs>[^)]*)\):\s*(?P<xid>\d+),?\s*(?P<msg>.*)")
+_GPU_INSTANCE = r"\bGPU-I:\s*(\d+)"  # decimal (%02u); GPU-CI is the compute instance
 
 # Time prefixes; the last group of each is the rest of the line.
-_KMSG_RE = re.compile(r"^\d+,\d+,(\d+),[^;]*;(.*)$")  # /dev/kmsg: prio,seq,usec since boot,flags[,caller=..];text
-_DMESG_DECODE_RE = re.compile(r"^[a-z0-9]+\s*:\s*(?:emerg|alert|crit|err|warn|notice|info|debug)\s*:\s*")  # dmesg -x
-_UPTIME_RE = re.compile(r"^(?:<\d+>)?\[\s*(\d+(?:\.\d+)?)\]\s?(.*)$")  # dmesg, dmesg -r
-_CTIME_RE = re.compile(r"^\[[A-Z][a-z]{2} ([A-Z][a-z]{2})\s+(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})\]\s?(.*)$")  # dmesg -T
-_UNIX_RE = re.compile(r"^(\d{9,11}(?:\.\d+)?)\s+(.*)$")  # journalctl -o short-unix
-_ISO_RE = re.compile(r"^(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?(Z|[+-]\d\d:?\d\d)?\s+(.*)$")
-_SYSLOG_RE = re.compile(r"^([A-Z][a-z]{2})\s+(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.(\d+))?\s+(.*)$")
+_KMSG = r"^\d+,\d+,(\d+),[^;]*;(.*)$"  # /dev/kmsg: prio,seq,usec since boot,flags[,caller=..];text
+_DMESG_DECODE = r"^[a-z0-9]+\s*:\s*(?:emerg|alert|crit|err|warn|notice|info|debug)\s*:\s*"  # dmesg -x
+_UPTIME = r"^(?:<\d+>)?\[\s*(\d+(?:\.\d+)?)\]\s?(.*)$"  # dmesg, dmesg -r
+_CTIME = r"^\[[A-Z][a-z]{2} ([A-Z][a-z]{2})\s+(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})\]\s?(.*)$"  # dmesg -T
+_UNIX = r"^(\d{9,11}(?:\.\d+)?)\s+(.*)$"  # journalctl -o short-unix
+_ISO = "^(" + timefmt.ISO_8601 + r")\s+(.*)$"  # dmesg --time-format iso, journalctl -o short-iso(-precise)
+_SYSLOG = r"^([A-Z][a-z]{2})\s+(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.(\d+))?\s+(.*)$"
 _MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
 
 
-@dataclass(frozen=True)
-class XidEvent:
+class XidEvent(NamedTuple):  # not a dataclass: this module is imported by every prolog
     time: Optional[float]  # unix seconds; None: the line carries no usable date
     bus: Tuple[int, int, int]  # (domain, bus, device)
     xid: int
@@ -81,27 +83,6 @@ def _boot_time() -> Optional[float]:
         return None  # uptime stamps then stay undated rather than landing in 1970
 
 
-def _tz_offset(s: Optional[str]) -> int:
-    if not s or s == "Z":
-        return 0
-    sign = -1 if s[0] == "-" else 1
-    digits = s[1:].replace(":", "")
-    return sign * (int(digits[:2]) * 3600 + int(digits[2:4]) * 60)
-
-
-def _fraction(digits: Optional[str]) -> float:
-    return float("0." + digits) if digits else 0.0
-
-
-def _local_time(y: int, mon: int, day: int, hh: int, mm: int, ss: int) -> Optional[float]:
-    """Unix time of a local wall-clock time, or None for an impossible date (31 Nov, 29 Feb 2025)."""
-    try:
-        from datetime import datetime  # lazily: only text timestamps need it, not every job start
-        return datetime(y, mon, day, hh, mm, ss).timestamp()
-    except (ValueError, OverflowError, OSError):
-        return None
-
-
 # --- one converter per time prefix: (match, boot_time, year, now) -> unix time or None ---------
 
 def _from_uptime(m: "re.Match[str]", boot: Optional[float], year: Optional[int], now: float) -> Optional[float]:
@@ -110,7 +91,7 @@ def _from_uptime(m: "re.Match[str]", boot: Optional[float], year: Optional[int],
 
 def _from_ctime(m: "re.Match[str]", boot: Optional[float], year: Optional[int], now: float) -> Optional[float]:
     mon = _MONTHS.get(m.group(1))  # dmesg -T prints local time; the weekday adds nothing
-    return None if mon is None else _local_time(int(m.group(6)), mon, *(int(g) for g in m.group(2, 3, 4, 5)))
+    return None if mon is None else timefmt.local_to_unix(int(m.group(6)), mon, *(int(g) for g in m.group(2, 3, 4, 5)))
 
 
 def _from_unix(m: "re.Match[str]", boot: Optional[float], year: Optional[int], now: float) -> Optional[float]:
@@ -118,16 +99,7 @@ def _from_unix(m: "re.Match[str]", boot: Optional[float], year: Optional[int], n
 
 
 def _from_iso(m: "re.Match[str]", boot: Optional[float], year: Optional[int], now: float) -> Optional[float]:
-    y, mon, day, hh, mm, ss = (int(g) for g in m.group(1, 2, 3, 4, 5, 6))
-    if m.group(8) is None:  # ISO 8601 without an offset is local time
-        t = _local_time(y, mon, day, hh, mm, ss)
-    else:
-        try:
-            from datetime import datetime  # lazily, as above
-            t = (datetime(y, mon, day, hh, mm, ss) - datetime(1970, 1, 1)).total_seconds() - _tz_offset(m.group(8))
-        except (ValueError, OverflowError):
-            return None
-    return None if t is None else t + _fraction(m.group(7))
+    return timefmt.iso_to_unix(m.group(1))
 
 
 def _from_syslog(m: "re.Match[str]", boot: Optional[float], year: Optional[int], now: float) -> Optional[float]:
@@ -136,34 +108,33 @@ def _from_syslog(m: "re.Match[str]", boot: Optional[float], year: Optional[int],
         return None
     clock = tuple(int(g) for g in m.group(2, 3, 4, 5))
     if year is not None:
-        t = _local_time(year, mon, *clock)  # type: ignore[arg-type]
-        return None if t is None else t + _fraction(m.group(6))
+        t = timefmt.local_to_unix(year, mon, *clock)  # type: ignore[arg-type]
+        return None if t is None else t + timefmt.fraction(m.group(6))
     # The latest year that does not put the date beyond the slack: next year too, for a line
     # written just after midnight on 1 January by a clock slightly ahead of ours.  Eight years
     # back always reach a leap year for 29 February.
     this_year = time.localtime(now).tm_year
     for y in range(this_year + 1, this_year - 8, -1):
-        t = _local_time(y, mon, *clock)  # type: ignore[arg-type]
+        t = timefmt.local_to_unix(y, mon, *clock)  # type: ignore[arg-type]
         if t is not None and t <= now + FUTURE_SLACK_S:
-            return t + _fraction(m.group(6))
+            return t + timefmt.fraction(m.group(6))
     return None
 
 
 _Converter = Callable[["re.Match[str]", Optional[float], Optional[int], float], Optional[float]]
-_DATED_FORMS: Tuple[Tuple[Pattern[str], _Converter], ...] = (
-    (_UPTIME_RE, _from_uptime), (_CTIME_RE, _from_ctime), (_UNIX_RE, _from_unix),
-    (_ISO_RE, _from_iso), (_SYSLOG_RE, _from_syslog),
+_DATED_FORMS: Tuple[Tuple[str, _Converter], ...] = (
+    (_UPTIME, _from_uptime), (_CTIME, _from_ctime), (_UNIX, _from_unix), (_ISO, _from_iso), (_SYSLOG, _from_syslog),
 )
 
 
 def _split_time(line: str, boot: Optional[float], year: Optional[int], now: float) -> Tuple[Optional[float], str]:
     """(unix time or None, the rest of the line) for every prefix form we know."""
-    m = _KMSG_RE.match(line)
+    m = re.match(_KMSG, line)
     if m:
         return (None if boot is None else boot + int(m.group(1)) / 1e6), m.group(2)
-    line = _DMESG_DECODE_RE.sub("", line, count=1)
-    for regex, convert in _DATED_FORMS:
-        m = regex.match(line)
+    line = re.sub(_DMESG_DECODE, "", line, count=1)
+    for pattern, convert in _DATED_FORMS:
+        m = re.match(pattern, line)
         if m:
             return convert(m, boot, year, now), m.group(m.re.groups)
     return None, line
@@ -190,10 +161,10 @@ def parse_line(line: str, boot_time: Optional[float] = None, year: Optional[int]
         return None
     now = time.time() if now is None else now
     t, text = _split_time(line.strip(), boot_time, year, now)
-    x = _XID_RE.search(text)
+    x = re.search(_XID, text)
     if not x:
         return None
-    gi = _GPU_INSTANCE_RE.search(x.group("attrs"))
+    gi = re.search(_GPU_INSTANCE, x.group("attrs"))
     return XidEvent(_not_future(t, now), bus_key(x.group("bus")), int(x.group("xid")), x.group("msg").strip(),
                     int(gi.group(1)) if gi else None)
 
@@ -271,9 +242,3 @@ def read(source: str, window_s: int, timeout_s: float = 5.0, now: Optional[float
         elif ev.time >= now - window_s:
             events.append(ev)
     return XidReading(events, "", undated)
-
-
-def read_events(source: str, window_s: int, timeout_s: float = 5.0, now: Optional[float] = None) -> Tuple[List[XidEvent], str]:
-    """(events in the window, problem): read() without the undated count, for older callers."""
-    reading = read(source, window_s, timeout_s, now)
-    return reading.events, reading.problem

@@ -1,6 +1,6 @@
 """gres.conf from GPU inventories: type naming, per-node records, grouping, rendering, --check.
 
-What the lines mean follows Slurm's gres.conf(5) and what AutoDetect=nvml (gpu_nvml.c)
+What the lines mean follows Slurm's gres.conf(5) and what AutoDetect=nvml (Slurm's gpu_nvml.c)
 would find on the node:
 
 * ``Type=``: AutoDetect's naming (NVML name lower-cased, spaces to '_') or short names
@@ -434,30 +434,12 @@ def _normalise(text: str, source: str, all_nodes: Sequence[str]) -> _Normalised:
     default_nodes = list(all_nodes) or ["*"]
     out: List[Tuple[str, str]] = []
     line_nodes: List[Tuple[str, Tuple[str, ...]]] = []
-    global_autodetect = "off"
-    local_autodetect: Dict[str, str] = {}
+    autodetect: Dict[Optional[str], str] = {None: "off"}  # None: the global default; else a node's own
     named: List[str] = []
     for lineno, line in slurmconf.logical_lines(text):
         where = f"{source}:{lineno}"
-        head = line.split(None, 1)[0].lower()
-        if head == "include" or head.startswith("include="):
-            raise InputError(f"{where}: Include is not followed by --check", "check the included file on its own")
-        pairs = slurmconf.parse_pairs(line, where)
-        for k in pairs:
-            if k not in slurmconf.GRES_KEYS:
-                raw = next((m for m in re.findall(r"([A-Za-z][A-Za-z0-9_.]*)\s*=", line) if m.lower() == k), k)
-                raise InputError(f"{where}: unknown key {raw!r}",
-                                 "gres.conf(5) keys: NodeName, Name, Type, File(s), MultipleFiles, Cores/CPUs, "
-                                 "Links/Link, Count, Flags, AutoDetect")
-        fields = slurmconf.gres_fields(pairs)
-        try:
-            nodes = hostlist.expand(fields.pop("nodename")) if "nodename" in fields else None
-            files = hostlist.expand(fields.pop("file")) if "file" in fields else []
-            multi = sorted(hostlist.expand(fields.pop("multiplefiles"))) if "multiplefiles" in fields else []
-            if "cores" in fields:
-                fields["cores"] = format_cpulist(parse_cpulist(fields["cores"]))
-        except ValueError as e:
-            raise InputError(f"{where}: {e}", "fix the line; see gres.conf(5)") from None
+        fields = _line_fields(line, where)
+        nodes, files, multi = _pop_device_lists(fields, where)
         if nodes is not None:
             line_nodes.append((where, tuple(nodes)))
             named.extend(nodes)
@@ -467,36 +449,79 @@ def _normalise(text: str, source: str, all_nodes: Sequence[str]) -> _Normalised:
             # default; on a Name= line without NodeName it is ignored ("In-line AutoDetect
             # requires NodeName to take effect").
             if nodes is not None:
-                local_autodetect.update((n, mode.lower()) for n in nodes)
+                autodetect.update((n, mode.lower()) for n in nodes)
             elif "name" not in fields:
-                global_autodetect = mode.lower()
+                autodetect[None] = mode.lower()
         if "name" not in fields:
             if fields or (mode is None):
                 raise InputError(f"{where}: a line without Name=", "every GRES line names its GRES (Name=gpu)")
             continue
-        fields["name"] = fields["name"].lower()
-        if "links" in fields:
-            fields["links"] = ",".join(x.strip() for x in fields["links"].split(","))
-        if "flags" in fields:
-            fields["flags"] = ",".join(sorted(f.strip().lower() for f in fields["flags"].split(",") if f.strip()))
-        if files and fields.get("count") == str(len(files)):
-            del fields["count"]  # implied by File
-        order = ("name", "type")
-        keys = sorted(fields, key=lambda k: (k not in order, order.index(k) if k in order else 0, _CANON.get(k, k)))
-        rest = " ".join(f"{_CANON.get(k, k)}={fields[k]}" for k in keys)
-        for node in nodes if nodes is not None else default_nodes:
-            if files:
-                out.extend((node, f"NodeName={node} {rest} File={f}") for f in files)
-            elif multi:
-                out.append((node, f"NodeName={node} {rest} MultipleFiles={','.join(multi)}"))
-            else:
-                out.append((node, f"NodeName={node} {rest}"))
+        out.extend(_device_lines(nodes if nodes is not None else default_nodes, _gres_keys(fields, files), files, multi))
     for node in dict.fromkeys(list(default_nodes) + named):
-        mode = local_autodetect.get(node, global_autodetect)
+        mode = autodetect.get(node, autodetect[None])
         if mode != "off":
             out.append((node, f"NodeName={node} AutoDetect={mode}"))
     out.sort(key=lambda nl: (hostlist.sort_key(nl[0]), nl[1]))
     return _Normalised(tuple(out), tuple(line_nodes))
+
+
+def _line_fields(line: str, where: str) -> Dict[str, str]:
+    """A logical line's keys (lower case, Slurm's aliases folded) and values; InputError for an
+    Include or an unknown key."""
+    from slurm_gpu.slurm import conf as slurmconf
+
+    head = line.split(None, 1)[0].lower()
+    if head == "include" or head.startswith("include="):
+        raise InputError(f"{where}: Include is not followed by --check", "check the included file on its own")
+    pairs = slurmconf.parse_pairs(line, where)
+    for k in pairs:
+        if k not in slurmconf.GRES_KEYS:
+            raw = next((m for m in re.findall(r"([A-Za-z][A-Za-z0-9_.]*)\s*=", line) if m.lower() == k), k)
+            raise InputError(f"{where}: unknown key {raw!r}",
+                             "gres.conf(5) keys: NodeName, Name, Type, File(s), MultipleFiles, Cores/CPUs, "
+                             "Links/Link, Count, Flags, AutoDetect")
+    return slurmconf.gres_fields(pairs)
+
+
+def _pop_device_lists(fields: Dict[str, str], where: str) -> Tuple[Optional[List[str]], List[str], List[str]]:
+    """(NodeName= nodes or None, File= devices, MultipleFiles= devices sorted), taken out of
+    `fields` and expanded; Cores= is rewritten in one spelling."""
+    try:
+        nodes = hostlist.expand(fields.pop("nodename")) if "nodename" in fields else None
+        files = hostlist.expand(fields.pop("file")) if "file" in fields else []
+        multi = sorted(hostlist.expand(fields.pop("multiplefiles"))) if "multiplefiles" in fields else []
+        if "cores" in fields:
+            fields["cores"] = format_cpulist(parse_cpulist(fields["cores"]))
+    except ValueError as e:
+        raise InputError(f"{where}: {e}", "fix the line; see gres.conf(5)") from None
+    return nodes, files, multi
+
+
+def _gres_keys(fields: Dict[str, str], files: Sequence[str]) -> str:
+    """The keys between NodeName= and File=, in one spelling: Name=, Type=, then the others by name."""
+    fields["name"] = fields["name"].lower()
+    if "links" in fields:
+        fields["links"] = ",".join(x.strip() for x in fields["links"].split(","))
+    if "flags" in fields:
+        fields["flags"] = ",".join(sorted(f.strip().lower() for f in fields["flags"].split(",") if f.strip()))
+    if files and fields.get("count") == str(len(files)):
+        del fields["count"]  # implied by File
+    order = ("name", "type")
+    keys = sorted(fields, key=lambda k: (k not in order, order.index(k) if k in order else 0, _CANON.get(k, k)))
+    return " ".join(f"{_CANON.get(k, k)}={fields[k]}" for k in keys)
+
+
+def _device_lines(nodes: Sequence[str], rest: str, files: Sequence[str], multi: Sequence[str]) -> List[Tuple[str, str]]:
+    """(node, line) for every node and device of one gres.conf line."""
+    out: List[Tuple[str, str]] = []
+    for node in nodes:
+        if files:
+            out.extend((node, f"NodeName={node} {rest} File={f}") for f in files)
+        elif multi:
+            out.append((node, f"NodeName={node} {rest} MultipleFiles={','.join(multi)}"))
+        else:
+            out.append((node, f"NodeName={node} {rest}"))
+    return out
 
 
 @dataclass(frozen=True)

@@ -240,25 +240,8 @@ def inventory_from_snapshot(snap: NodeSnapshot, hostname: Optional[str] = None,
         if g.cpu_affinity.failed:
             _need(g, "cpu_affinity", host)
         cpus = tuple(sorted(g.cpu_affinity.get(()) or ()))
-        if cpu_to_core is None:
-            cores = cpus
-        else:
-            missing = [c for c in cpus if c not in cpu_to_core]
-            if missing:
-                raise InventoryError(f"node {host}: {g.label}: CPU {missing[0]} of its affinity is not an online CPU",
-                                     "check /sys/devices/system/cpu (gres.cpu_topology_dir)")
-            cores = tuple(sorted({cpu_to_core[c] for c in cpus}))
-        peers: Dict[str, int] = {}
-        if g.nvlinks.failed:
-            _need(g, "nvlinks", host)
-        for link in g.nvlinks.get(()) or ():
-            if link.active.failed or (link.active.get(False) and link.remote_bus_id.failed):
-                raise InventoryError(f"node {host}: {g.label}: NvLink {link.link} could not be read "
-                                     f"({(link.active if link.active.failed else link.remote_bus_id).describe()})",
-                                     "run `slurm-gpu check` on this node; Links= would be wrong without it")
-            if link.active.get(False):
-                rb = normalise_bus_id(str(link.remote_bus_id.get("")))
-                peers[rb] = peers.get(rb, 0) + 1
+        cores = _cores(g, host, cpus, cpu_to_core)
+        peers = _nvlink_peers(g, host)
         mig_on = bool(g.mig_mode_current.get(False))
         migs: List[InvMig] = []
         if mig_on:
@@ -267,15 +250,45 @@ def inventory_from_snapshot(snap: NodeSnapshot, hostname: Optional[str] = None,
                 raise InventoryError(f"node {host}: {g.label}: MIG mode is enabled but no MIG devices exist",
                                      "create MIG instances (nvidia-smi mig -cgi ... -C) or disable MIG mode")
             if mig_minors is None:
-                try:
-                    mig_minors = read_mig_minors(mig_minors_path)
-                except OSError as e:
-                    raise InventoryError(f"node {host}: cannot read {mig_minors_path}: {e.strerror}",
-                                         "MIG device files need the nvidia-caps minors; set gres.mig_minors_path") from None
-            for m in devs:
-                migs.append(_mig(host, g, minor, m, mig_minors, mig_minors_path))
-        gpus.append(InvGpu(g.index, minor, uuid, name, bus, cpus, cores, tuple(sorted(peers.items())), mig_on, tuple(migs)))
+                mig_minors = _read_mig_minors_of(host, mig_minors_path)
+            migs = [_mig(host, g, minor, m, mig_minors, mig_minors_path) for m in devs]
+        gpus.append(InvGpu(g.index, minor, uuid, name, bus, cpus, cores, peers, mig_on, tuple(migs)))
     return Inventory(host, tuple(sorted(gpus, key=lambda x: x.index)))
+
+
+def _cores(g: GpuSnapshot, host: str, cpus: Tuple[int, ...], cpu_to_core: Optional[Mapping[int, int]]) -> Tuple[int, ...]:
+    """The Slurm core ids of a GPU's CPU affinity (the CPU ids themselves without a map)."""
+    if cpu_to_core is None:
+        return cpus
+    missing = [c for c in cpus if c not in cpu_to_core]
+    if missing:
+        raise InventoryError(f"node {host}: {g.label}: CPU {missing[0]} of its affinity is not an online CPU",
+                             "check /sys/devices/system/cpu (gres.cpu_topology_dir)")
+    return tuple(sorted({cpu_to_core[c] for c in cpus}))
+
+
+def _nvlink_peers(g: GpuSnapshot, host: str) -> Tuple[Tuple[str, int], ...]:
+    """(peer PCI bus id, active NvLinks to it), sorted; an NvLink that cannot be read is an error."""
+    peers: Dict[str, int] = {}
+    if g.nvlinks.failed:
+        _need(g, "nvlinks", host)
+    for link in g.nvlinks.get(()) or ():
+        if link.active.failed or (link.active.get(False) and link.remote_bus_id.failed):
+            raise InventoryError(f"node {host}: {g.label}: NvLink {link.link} could not be read "
+                                 f"({(link.active if link.active.failed else link.remote_bus_id).describe()})",
+                                 "run `slurm-gpu check` on this node; Links= would be wrong without it")
+        if link.active.get(False):
+            rb = normalise_bus_id(str(link.remote_bus_id.get("")))
+            peers[rb] = peers.get(rb, 0) + 1
+    return tuple(sorted(peers.items()))
+
+
+def _read_mig_minors_of(host: str, path: str) -> Mapping[str, int]:
+    try:
+        return read_mig_minors(path)
+    except OSError as e:
+        raise InventoryError(f"node {host}: cannot read {path}: {e.strerror}",
+                             "MIG device files need the nvidia-caps minors; set gres.mig_minors_path") from None
 
 
 def _mig(host: str, g: GpuSnapshot, minor: int, m: Any, minors: Mapping[str, int], path: str) -> InvMig:
@@ -366,55 +379,60 @@ def from_json(d: Any, source: str = "<inventory>") -> Inventory:
     if not host or any(c in host for c in "[],= \t\n#"):
         raise r.fail("hostname", f"not a usable Slurm node name: {host!r}")
     raw_gpus = r.get(d, "gpus", "gpus", list)
-    gpus: List[InvGpu] = []
-    for i, g in enumerate(raw_gpus):
-        f = f"gpus[{i}]"
-        if not isinstance(g, dict):
-            raise r.fail(f, "expected an object")
-        peers_raw = r.get(g, "nvlink_peers", f + ".nvlink_peers", dict, {})
-        peers = []
-        for bus, n in peers_raw.items():
-            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                raise r.fail(f"{f}.nvlink_peers[{bus!r}]", f"expected a link count, got {n!r}")
-            peers.append((normalise_bus_id(bus), n))
-        migs = []
-        for j, m in enumerate(r.get(g, "mig_devices", f + ".mig_devices", list, [])):
-            mf = f"{f}.mig_devices[{j}]"
-            if not isinstance(m, dict):
-                raise r.fail(mf, "expected an object")
-            profile = r.get(m, "profile", mf + ".profile", str)
-            if not _MIG_PROFILE.fullmatch(profile):
-                raise r.fail(mf + ".profile", f"expected '[<c>c.]<slices>g.<memory>gb[+ext]', got {profile!r}")
-            mig_name = r.get(m, "name", mf + ".name", str, "")
-            in_name = _MIG_PROFILE.search(mig_name)
-            if in_name and in_name.group(0).lower() != profile.lower():
-                # inventories before 1c./+me profiles were kept whole stored "3g.20gb" for them
-                profile = in_name.group(0).lower()
-            migs.append(InvMig(
-                r.get(m, "index", mf + ".index", int), r.get(m, "uuid", mf + ".uuid", str, ""),
-                mig_name, profile,
-                r.get(m, "gpu_instance_id", mf + ".gpu_instance_id", int),
-                r.get(m, "compute_instance_id", mf + ".compute_instance_id", int),
-                r.get(m, "gi_cap_minor", mf + ".gi_cap_minor", int), r.get(m, "ci_cap_minor", mf + ".ci_cap_minor", int),
-                r.get(m, "memory_mib", mf + ".memory_mib", int, None)))
-        mig_enabled = r.get(g, "mig_enabled", f + ".mig_enabled", bool, bool(migs))
-        if mig_enabled and not migs:
-            raise r.fail(f + ".mig_devices", "MIG is enabled but no MIG devices are listed")
-        name = r.get(g, "name", f + ".name", str)
-        if not name.strip():
-            raise r.fail(f + ".name", "empty")
-        bus = r.get(g, "pci_bus_id", f + ".pci_bus_id", str)
-        if not re.fullmatch(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-9a-fA-F]", bus.strip()):
-            raise r.fail(f + ".pci_bus_id", f"expected 'DDDDDDDD:BB:DD.F', got {bus!r}")
-        gpus.append(InvGpu(
-            r.get(g, "index", f + ".index", int), r.get(g, "minor", f + ".minor", int),
-            r.get(g, "uuid", f + ".uuid", str, ""), name, normalise_bus_id(bus),
-            r.cpus(g, "cpu_affinity", f + ".cpu_affinity"), r.cpus(g, "cores", f + ".cores"),
-            tuple(sorted(peers)), mig_enabled, tuple(migs)))
+    gpus = [_gpu_from_json(r, g, f"gpus[{i}]") for i, g in enumerate(raw_gpus)]
     _check_unique(r, gpus, "index", lambda g: g.index)
     _check_unique(r, gpus, "minor", lambda g: g.minor)
     _check_unique(r, gpus, "pci_bus_id", lambda g: g.pci_bus_id)
     return Inventory(host, tuple(sorted(gpus, key=lambda g: g.index)), source)
+
+
+def _gpu_from_json(r: _Reader, g: Any, f: str) -> InvGpu:
+    """One entry of "gpus" (f: its place, gpus[i], for the error messages)."""
+    if not isinstance(g, dict):
+        raise r.fail(f, "expected an object")
+    peers_raw = r.get(g, "nvlink_peers", f + ".nvlink_peers", dict, {})
+    peers = []
+    for bus, n in peers_raw.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise r.fail(f"{f}.nvlink_peers[{bus!r}]", f"expected a link count, got {n!r}")
+        peers.append((normalise_bus_id(bus), n))
+    migs = [_mig_from_json(r, m, f"{f}.mig_devices[{j}]")
+            for j, m in enumerate(r.get(g, "mig_devices", f + ".mig_devices", list, []))]
+    mig_enabled = r.get(g, "mig_enabled", f + ".mig_enabled", bool, bool(migs))
+    if mig_enabled and not migs:
+        raise r.fail(f + ".mig_devices", "MIG is enabled but no MIG devices are listed")
+    name = r.get(g, "name", f + ".name", str)
+    if not name.strip():
+        raise r.fail(f + ".name", "empty")
+    bus = r.get(g, "pci_bus_id", f + ".pci_bus_id", str)
+    if not re.fullmatch(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-9a-fA-F]", bus.strip()):
+        raise r.fail(f + ".pci_bus_id", f"expected 'DDDDDDDD:BB:DD.F', got {bus!r}")
+    return InvGpu(
+        r.get(g, "index", f + ".index", int), r.get(g, "minor", f + ".minor", int),
+        r.get(g, "uuid", f + ".uuid", str, ""), name, normalise_bus_id(bus),
+        r.cpus(g, "cpu_affinity", f + ".cpu_affinity"), r.cpus(g, "cores", f + ".cores"),
+        tuple(sorted(peers)), mig_enabled, tuple(migs))
+
+
+def _mig_from_json(r: _Reader, m: Any, mf: str) -> InvMig:
+    """One entry of a GPU's "mig_devices" (mf: its place, for the error messages)."""
+    if not isinstance(m, dict):
+        raise r.fail(mf, "expected an object")
+    profile = r.get(m, "profile", mf + ".profile", str)
+    if not _MIG_PROFILE.fullmatch(profile):
+        raise r.fail(mf + ".profile", f"expected '[<c>c.]<slices>g.<memory>gb[+ext]', got {profile!r}")
+    mig_name = r.get(m, "name", mf + ".name", str, "")
+    in_name = _MIG_PROFILE.search(mig_name)
+    if in_name and in_name.group(0).lower() != profile.lower():
+        # inventories before 1c./+me profiles were kept whole stored "3g.20gb" for them
+        profile = in_name.group(0).lower()
+    return InvMig(
+        r.get(m, "index", mf + ".index", int), r.get(m, "uuid", mf + ".uuid", str, ""),
+        mig_name, profile,
+        r.get(m, "gpu_instance_id", mf + ".gpu_instance_id", int),
+        r.get(m, "compute_instance_id", mf + ".compute_instance_id", int),
+        r.get(m, "gi_cap_minor", mf + ".gi_cap_minor", int), r.get(m, "ci_cap_minor", mf + ".ci_cap_minor", int),
+        r.get(m, "memory_mib", mf + ".memory_mib", int, None))
 
 
 def _check_unique(r: _Reader, gpus: Sequence[InvGpu], field: str, key: Any) -> None:

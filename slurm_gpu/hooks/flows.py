@@ -1,16 +1,15 @@
 """Orchestration: the flows behind `check`, `healthcheck`, the prolog and the epilog.
 
-Kept light to import: the prolog/epilog path must not pay for click, jinja2 or sqlite-utils.
+Kept light to import: the prolog/epilog path must not pay for click, jinja2 or sqlite-utils,
+and `json` is imported where it is used: a job without XIDs, partial records or lost records
+never needs it.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import re
 import signal
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from slurm_gpu.policy import health
@@ -80,39 +79,32 @@ def check_node(
 PROLOG_OK, PROLOG_FAULT = 0, 1
 
 
-@dataclass
 class HookDeps:
-    """What a hook talks to; tests inject fakes at these seams (DESIGN.md §2.9)."""
+    """What a hook talks to; tests inject fakes at these seams.  Whatever is not given is the real thing."""
 
-    cfg: Config
-    log: Any  # HookLog
-    reader: Any = None  # NvmlReader
-    store: Any = None  # Store
-    slurm: Any = None  # SlurmBackend
-    now: Callable[[], float] = time.time
-    kill: Callable[[int, int], None] = None  # type: ignore[assignment]
-    pid_alive: Callable[[int], bool] = None  # type: ignore[assignment]
-    # (pid, job) -> does the process belong to the job?  Only those are ever killed.
-    owns: Callable[[int, JobEnv], bool] = None  # type: ignore[assignment]
-    slurm_conf: str = ""  # default: $SLURM_CONF (slurmd sets it), else the config's slurm_conf
-    # Unix time slurmd started this hook process (hookmain sets it; None: deps.now() when the
-    # flow begins).  Python's start-up and imports come before the flow's first clock read.
-    started: Optional[float] = None
-
-    def __post_init__(self) -> None:
-        if self.reader is None:
-            self.reader = make_reader(self.cfg)
-        if self.store is None:
+    def __init__(self, cfg: Config, log: Any, *, reader: Any = None, store: Any = None, slurm: Any = None,
+                 now: Callable[[], float] = time.time, kill: Optional[Callable[[int, int], None]] = None,
+                 pid_alive: Optional[Callable[[int], bool]] = None,
+                 owns: Optional[Callable[[int, JobEnv], bool]] = None, slurm_conf: str = "",
+                 started: Optional[float] = None):
+        self.cfg = cfg
+        self.log = log  # HookLog
+        self.reader = make_reader(cfg) if reader is None else reader  # NvmlReader
+        if store is None:
             from slurm_gpu.store.node import Store
-            self.store = Store.from_config(self.cfg)
-        if self.kill is None:
-            self.kill = os.kill
-        if self.pid_alive is None:
-            self.pid_alive = _pid_alive
-        if self.owns is None:
-            self.owns = process_belongs_to_job
-        if not self.slurm_conf:
-            self.slurm_conf = os.environ.get("SLURM_CONF") or self.cfg.get("", "slurm_conf")
+            store = Store.from_config(cfg)
+        self.store = store  # Store
+        self.slurm = slurm  # SlurmBackend, chosen when first needed (backend())
+        self.now = now
+        self.kill = os.kill if kill is None else kill
+        self.pid_alive = _pid_alive if pid_alive is None else pid_alive
+        # (pid, job) -> does the process belong to the job?  Only those are ever killed.
+        self.owns = process_belongs_to_job if owns is None else owns
+        # Default: $SLURM_CONF (slurmd sets it), else the config's slurm_conf.
+        self.slurm_conf = slurm_conf or os.environ.get("SLURM_CONF") or cfg.get("", "slurm_conf")
+        # Unix time slurmd started this hook process (hooks/main.py sets it; None: deps.now() when
+        # the flow begins).  Python's start-up and imports come before the flow's first clock read.
+        self.started = started
 
     def backend(self):
         if self.slurm is None:
@@ -149,7 +141,7 @@ def _pid_alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
-_JOB_CGROUP = re.compile(rb"/job_(\d+)(?:/|$)", re.M)
+_JOB_CGROUP = rb"(?m)/job_(\d+)(?:/|$)"  # compiled on first use: only the epilog, only with leftovers
 
 
 def process_identity(pid: int) -> Tuple[Optional[int], Optional[int]]:
@@ -164,7 +156,7 @@ def process_identity(pid: int) -> Tuple[Optional[int], Optional[int]]:
         return None, None
     try:
         with open(f"/proc/{pid}/cgroup", "rb") as f:
-            m = _JOB_CGROUP.search(f.read())
+            m = re.search(_JOB_CGROUP, f.read())
         if m:
             return uid, int(m.group(1))
     except OSError:
@@ -213,17 +205,17 @@ def scope_to_instances(snap: NodeSnapshot, instances: Mapping[int, FrozenSet[int
         used = [m.memory_used_bytes for m in migs]
         mem = S.value(sum(used)) if migs and None not in used else S.unsupported(
             "nvmlDeviceGetMemoryInfo", "memory in use of a MIG instance not reported")
-        gpus.append(dataclasses.replace(g, processes=procs, memory_used_bytes=mem))
-    return dataclasses.replace(snap, gpus=tuple(gpus))
+        gpus.append(g._replace(processes=procs, memory_used_bytes=mem))
+    return snap._replace(gpus=tuple(gpus))
 
 
 def _without_pids(snap: NodeSnapshot, pids: Iterable[int]) -> NodeSnapshot:
     drop = set(pids)
     if not drop:
         return snap
-    gpus = tuple(dataclasses.replace(g, processes=S.value(tuple(p for p in g.processes.value if p.pid not in drop)))
+    gpus = tuple(g._replace(processes=S.value(tuple(p for p in g.processes.value if p.pid not in drop)))
                  if g.processes.ok else g for g in snap.gpus)
-    return dataclasses.replace(snap, gpus=gpus)
+    return snap._replace(gpus=gpus)
 
 
 def _results_events(results: Sequence[CheckResult], node: str, source: str, job_id: Optional[int], t: float) -> List[Dict[str, Any]]:
@@ -287,9 +279,9 @@ def _write(deps: HookDeps, record: Dict[str, Any], job: JobEnv) -> str:
     except Exception as e:
         error = e.message if isinstance(e, SlurmGpuError) else f"{type(e).__name__}: {e}"
         try:
-            data = json.dumps(record, sort_keys=True, default=str)
+            data = _dumps(record, sort_keys=True, default=str)
         except Exception as je:  # a record that JSON cannot hold is a bug: say so, keep what is known
-            data = json.dumps({"kind": record.get("kind"), "unserialisable": f"{type(je).__name__}: {je}"})
+            data = _dumps({"kind": record.get("kind"), "unserialisable": f"{type(je).__name__}: {je}"})
         fields = dict(job=job.job_id, node=job.node, kind=record.get("kind"), error=error,
                       hint="replay with `slurm-gpu db ingest --from-log FILE`", record=data)
         deps.log.error("record-lost-to-log", **fields)
@@ -349,15 +341,31 @@ def _job_gpu_snapshot(deps: HookDeps, job: JobEnv) -> Tuple[Optional[JobGpuMap],
         gmap = map_gpus(deps, job)
     except MissingGpu as e:
         return None, NodeSnapshot(node_name(), deps.now()), [CheckResult("gpu_count", health.FAIL, None, "", e.message, e.hint)]
-    nvml_indices = gmap.nvml_indices
     now = deps.now()
-    events, problem, undated = read_xids(deps.cfg, now)
-    snap = deps.reader.snapshot(nvml_indices)
-    results = health.evaluate(scope_to_instances(snap, gmap.instances()), deps.cfg, gpus=nvml_indices,
-                              idle=nvml_indices, expected_count=gmap.configured,
-                              xid_events=scope_xids(events, snap, gmap.instances()), xid_problem=problem,
-                              xid_undated=undated, now=now)
+    snap, results, _ = _read_and_judge(deps, gmap, now, now)
     return gmap, snap, results
+
+
+def _read_and_judge(deps: HookDeps, gmap: JobGpuMap, xids_at: float, judged_at: float, killed: Iterable[int] = ()
+                    ) -> Tuple[NodeSnapshot, List[CheckResult], List[xid.XidEvent]]:
+    """(snapshot, results, XIDs in the kernel log): the job's GPUs read and judged; they must be
+    idle, except for the job's processes that were just killed."""
+    events, problem, undated = read_xids(deps.cfg, xids_at)
+    indices = gmap.nvml_indices
+    snap = deps.reader.snapshot(indices)
+    judged = scope_to_instances(_without_pids(snap, killed), gmap.instances())
+    results = health.evaluate(judged, deps.cfg, gpus=indices, idle=indices, expected_count=gmap.configured,
+                              xid_events=scope_xids(events, snap, gmap.instances()), xid_problem=problem,
+                              xid_undated=undated, now=judged_at)
+    return snap, results, events
+
+
+def _log_results(log: Any, job: JobEnv, results: Sequence[CheckResult]) -> None:
+    """One line per WARN or FAIL."""
+    for r in results:
+        if r.status in (health.FAIL, health.WARN):
+            log.event("check", "warning" if r.status == health.WARN else "error", job=job.job_id, node=job.node,
+                      gpu=r.gpu_uuid or r.where, check=r.check, status=r.status, message=r.message)
 
 
 def _record_key(g: GpuSnapshot, jg: JobGpu) -> str:
@@ -375,10 +383,7 @@ def prolog(job: JobEnv, deps: HookDeps) -> int:
     # and sreport/sacct count the prolog's run time as the job's.
     t = deps.started if deps.started is not None else deps.now()
     gmap, snap, results = _job_gpu_snapshot(deps, job)
-    for r in results:
-        if r.status in (health.FAIL, health.WARN):
-            log.event("check", "warning" if r.status == health.WARN else "error", job=job.job_id, node=job.node,
-                      gpu=r.gpu_uuid or r.where, check=r.check, status=r.status, message=r.message)
+    _log_results(log, job, results)
     if health.worst(results) == health.FAIL:
         _drain(deps, job, "prolog", health.drain_fault(results))
         _write(deps, {"kind": "health", "events": _results_events(results, job.node, "prolog", job.job_id, t)}, job)
@@ -554,10 +559,20 @@ def _usage(g: GpuSnapshot, jg: JobGpu, start: Optional[Dict[str, Any]], acct: An
         "retired_pages_delta": delta(_sum(g.retired_pages_sbe, g.retired_pages_dbe), "retired_pages"),
         "remapped_rows_delta": delta(_sum(g.remapped_rows_corrected, g.remapped_rows_uncorrected), "remapped_rows"),
         "clock_event_reasons": g.clock_event_reasons.get(),
-        "xid_events": None if not xids else json.dumps(xids),
+        "xid_events": _dumps(xids) if xids else None,
         "parent_gpu_uuid": g.uuid_or_index if jg.mig is not None else None,
         "notes": MIG_NOT_MEASURED if jg.mig is not None else None,
     }
+
+
+def _dumps(v: Any, **kw: Any) -> str:
+    import json  # on first use (module docstring)
+    return json.dumps(v, **kw)
+
+
+def _loads(text: str) -> Any:
+    import json
+    return json.loads(text)
 
 
 def _job_xids(events: Sequence[xid.XidEvent], g: GpuSnapshot, jg: JobGpu, t0: float) -> List[Dict[str, Any]]:
@@ -616,85 +631,85 @@ def _epilog_fault(results: List[CheckResult], survivors: Dict[int, List[int]], s
 
 def epilog(job: JobEnv, deps: HookDeps) -> int:
     """Record what the job did with its GPUs, clean up, and check the GPUs again."""
-    log, cfg = deps.log, deps.cfg
     if not job.gpus:
-        log.info("no-gpus", job=job.job_id, node=job.node)
+        deps.log.info("no-gpus", job=job.job_id, node=job.node)
         return 0
     # The job ended when the epilog started: what the epilog spends is not the job's GPU time.
     end = deps.started if deps.started is not None else deps.now()
-    # 1. Which GPUs (and MIG slices) are the job's.
     try:
-        gmap = map_gpus(deps, job)
+        gmap = map_gpus(deps, job)  # which GPUs (and MIG slices) are the job's
     except MissingGpu as e:
-        log.error("check", job=job.job_id, node=job.node, check="gpu_count", status=health.FAIL, message=e.message)
+        deps.log.error("check", job=job.job_id, node=job.node, check="gpu_count", status=health.FAIL, message=e.message)
         return 0 if _drain(deps, job, "epilog", e.message) else 1
-    indices = gmap.nvml_indices
-    # 2. The job's own processes go; everyone else's stay and are judged below.
+    # The job's own processes go; everyone else's stay and are judged.
     survivors, killed = _kill_leftovers(deps, job, gmap)
-    # 3. What the driver counted, the kernel log and the GPUs' state now.
     acct = _read_accounting(deps, job, gmap)
-    events, problem, undated = read_xids(cfg, deps.now())
-    snap = deps.reader.snapshot(indices)
-    judged = scope_to_instances(_without_pids(snap, killed), gmap.instances())
-    results = health.evaluate(judged, cfg, gpus=indices, idle=indices, expected_count=gmap.configured,
-                              xid_events=scope_xids(events, snap, gmap.instances()), xid_problem=problem,
-                              xid_undated=undated, now=end)
+    snap, results, events = _read_and_judge(deps, gmap, deps.now(), end, killed)
     _reset_after(deps, job, gmap, snap)
-    # 4. Judge and drain first: a GPU fault reaches Slurm whatever the storage does.
+    # Judge and drain before anything is stored: a GPU fault reaches Slurm whatever the storage does.
     fault = _epilog_fault(results, survivors, snap)
-    for x in results:
-        if x.status in (health.FAIL, health.WARN):
-            log.event("check", "warning" if x.status == health.WARN else "error", job=job.job_id, node=job.node,
-                      gpu=x.gpu_uuid or x.where, check=x.check, status=x.status, message=x.message)
-    events_out = _results_events(results, job.node, "epilog", job.job_id, end)
+    _log_results(deps.log, job, results)
     drained, drain_record = _drain_node(deps, job, "epilog", fault) if fault else (True, None)
-    # 5. One record per GPU or slice, against the prolog's start counters (docs/hooks.md,
-    #    "Nothing is lost": the rule for a missing start record).
-    lookup = _find_start(deps, job)
-    starts = lookup.starts
-    gpu_rows: List[Dict[str, Any]] = []
-    if not starts and lookup.prolog_failed:
-        # The prolog failed on this node (its drain is recorded): Slurm requeued the job and it
-        # never ran here.  The driver's accounting may still hold an earlier job's processes,
-        # since a failed prolog does not clear them: no usage is recorded.
-        log.info("no-usage-prolog-failed", job=job.job_id, node=job.node)
-    else:
-        if not starts:
-            # The job ran here (no failed prolog on record) but its start counters are unknown:
-            # slurm-gpu installed mid-job, a prolog that failed open, a start record lost, or a
-            # database that cannot be read right now.  What the end tells is kept, marked partial.
-            log.warning("start-record-unreadable" if lookup.unreadable else "no-start-record", job=job.job_id,
-                        node=job.node, error=lookup.unreadable or None,
-                        note="recording what the end tells, marked partial")
-        for jg in gmap.gpus:
-            g = snap.gpu(jg.nvml_index)
-            start = starts.get(_record_key(g, jg))
-            xids = _job_xids(events, g, jg, start["start_time"] if start else 0.0)
-            row = _usage(g, jg, start, acct.get(g.index), end, job, xids)
-            if start is None:
-                _mark_partial(row, g, jg, acct.get(g.index), lookup.unreadable)
-            gpu_rows.append(row)
-    if gpu_rows:
-        job_row = {"cluster": job.cluster, "job_id": job.job_id, "restart_count": job.restart_count,
-                   "node": job.node, "user": job.user, "uid": job.uid, "account": job.account,
-                   "partition": job.partition, "gpu_count": len(job.gpus),
-                   "start_time": min([g["start_time"] for g in gpu_rows], default=end), "end_time": end,
-                   "exit_code": job.exit_code, "partial": int(any(g.get("partial") for g in gpu_rows))}
-        _write(deps, {"kind": "job_end", "job": job_row, "gpus": gpu_rows, "events": events_out}, job)
-        for row in gpu_rows:
-            log.info("record", job=job.job_id, node=job.node, gpu=row["gpu_uuid"], energy_j=row["energy_j"],
-                     gpu_util=row["gpu_util_mean_pct"], max_mem=row["max_memory_bytes"],
-                     xids=len(json.loads(row["xid_events"])) if row["xid_events"] else 0,
-                     partial=1 if row.get("partial") else None)
-    elif events_out:
-        _write(deps, {"kind": "health", "events": events_out}, job)
+    rows = _usage_rows(deps, job, gmap, snap, events, acct, end)
+    _record_usage(deps, job, rows, _results_events(results, job.node, "epilog", job.job_id, end), end)
     if drain_record is not None:
         _write(deps, drain_record, job)
-    # 6. Housekeeping last, bounded: a spool backlog never delays the drain or this job's record.
+    # Housekeeping last, bounded: a spool backlog never delays the drain or this job's record.
     _housekeeping(deps, job, "epilog")
     # Drained with our reason: exit 0 so Slurm does not overwrite it with "Epilog error".
     # If the drain did not reach slurmctld, fail the epilog so that Slurm drains the node.
     return 0 if drained else 1
+
+
+def _usage_rows(deps: HookDeps, job: JobEnv, gmap: JobGpuMap, snap: NodeSnapshot, events: Sequence[xid.XidEvent],
+                acct: Dict[int, Any], end: float) -> List[Dict[str, Any]]:
+    """One usage row per GPU or slice, against the prolog's start counters (docs/hooks.md,
+    "Nothing is lost": the rule for a missing start record)."""
+    lookup = _find_start(deps, job)
+    starts = lookup.starts
+    if not starts and lookup.prolog_failed:
+        # The prolog failed on this node (its drain is recorded): Slurm requeued the job and it
+        # never ran here.  The driver's accounting may still hold an earlier job's processes,
+        # since a failed prolog does not clear them: no usage is recorded.
+        deps.log.info("no-usage-prolog-failed", job=job.job_id, node=job.node)
+        return []
+    if not starts:
+        # The job ran here (no failed prolog on record) but its start counters are unknown:
+        # slurm-gpu installed mid-job, a prolog that failed open, a start record lost, or a
+        # database that cannot be read right now.  What the end tells is kept, marked partial.
+        deps.log.warning("start-record-unreadable" if lookup.unreadable else "no-start-record", job=job.job_id,
+                         node=job.node, error=lookup.unreadable or None,
+                         note="recording what the end tells, marked partial")
+    rows = []
+    for jg in gmap.gpus:
+        g = snap.gpu(jg.nvml_index)
+        start = starts.get(_record_key(g, jg))
+        xids = _job_xids(events, g, jg, start["start_time"] if start else 0.0)
+        row = _usage(g, jg, start, acct.get(g.index), end, job, xids)
+        if start is None:
+            _mark_partial(row, g, jg, acct.get(g.index), lookup.unreadable)
+        rows.append(row)
+    return rows
+
+
+def _record_usage(deps: HookDeps, job: JobEnv, gpu_rows: List[Dict[str, Any]], events: List[Dict[str, Any]],
+                  end: float) -> None:
+    """The job's record (job row, GPU rows, health events) in one write; without usage, the events."""
+    if not gpu_rows:
+        if events:
+            _write(deps, {"kind": "health", "events": events}, job)
+        return
+    job_row = {"cluster": job.cluster, "job_id": job.job_id, "restart_count": job.restart_count,
+               "node": job.node, "user": job.user, "uid": job.uid, "account": job.account,
+               "partition": job.partition, "gpu_count": len(job.gpus),
+               "start_time": min([g["start_time"] for g in gpu_rows], default=end), "end_time": end,
+               "exit_code": job.exit_code, "partial": int(any(g.get("partial") for g in gpu_rows))}
+    _write(deps, {"kind": "job_end", "job": job_row, "gpus": gpu_rows, "events": events}, job)
+    for row in gpu_rows:
+        deps.log.info("record", job=job.job_id, node=job.node, gpu=row["gpu_uuid"], energy_j=row["energy_j"],
+                      gpu_util=row["gpu_util_mean_pct"], max_mem=row["max_memory_bytes"],
+                      xids=len(_loads(row["xid_events"])) if row["xid_events"] else 0,
+                      partial=1 if row.get("partial") else None)
 
 
 PARTIAL_NOTE = ("partial: the prolog's start record was not found{why}; start_time is the first process's start "
@@ -715,7 +730,7 @@ def _mark_partial(row: Dict[str, Any], g: GpuSnapshot, jg: JobGpu, acct: Any, un
            "retired_pages": _sum(g.retired_pages_sbe, g.retired_pages_dbe),
            "remapped_rows": _sum(g.remapped_rows_corrected, g.remapped_rows_uncorrected),
            "gpu_busy_s": busy_s("gpu_utilization_pct"), "mem_busy_s": busy_s("memory_utilization_pct"),
-           "xids": json.loads(row["xid_events"]) if row["xid_events"] else [], "notes": row["notes"]}
+           "xids": _loads(row["xid_events"]) if row["xid_events"] else [], "notes": row["notes"]}
     note = PARTIAL_NOTE.format(why=" (database unreadable)" if unreadable else "")
-    row.update(partial=1, end_counters=json.dumps(end, sort_keys=True),
+    row.update(partial=1, end_counters=_dumps(end, sort_keys=True),
                notes=note if not row["notes"] else f"{note}; {row['notes']}")

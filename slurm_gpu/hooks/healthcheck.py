@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 import time as _time
-from dataclasses import dataclass
-from typing import Any, List, Tuple
+from typing import Any, List, NamedTuple, Tuple
 
 from slurm_gpu.errors import ExitCode, NvmlUnavailable, SlurmGpuError
 from slurm_gpu.gpu.deadline import call_with_deadline
@@ -12,8 +11,7 @@ from slurm_gpu.slurm import reason as _reason
 from slurm_gpu.slurm.model import SlurmBackend
 
 
-@dataclass(frozen=True)
-class HealthOutcome:
+class HealthOutcome(NamedTuple):
     """What one healthcheck run found and did to the node."""
 
     node: str
@@ -59,10 +57,7 @@ def node_health_cycle(
     t0 = clock()
     reserve = float(getattr(backend, "timeout_s", 10.0))
     info = backend.node(node_name)
-
-    budget = deadline_s - (clock() - t0) - reserve
-    if budget < 1.0:
-        budget = max(1.0, deadline_s - (clock() - t0)) / 2  # tiny deadlines: split what is left
+    budget = _check_budget(deadline_s, reserve, lambda: clock() - t0)
     finished, checked, err = call_with_deadline(lambda: list(checker(info)), budget, "slurm-gpu healthcheck")
     if not finished:
         return HealthOutcome(node_name, "TIMEOUT", "timeout",
@@ -70,44 +65,68 @@ def node_health_cycle(
                              f"node state left unchanged ({info.state})",
                              exit_code=int(ExitCode.UNHEALTHY))
     results: List[Any] = checked or []
+    verdict = _verdict(node_name, info, results, err, summarise)
+    if isinstance(verdict, HealthOutcome):
+        return verdict
+    worst, fault = verdict
+    if worst == "FAIL":
+        return _drain_unhealthy(backend, info, node_name, fault, context, tuple(results), dry_run)
+    return _settle_healthy(backend, info, node_name, worst, tuple(results), allow_resume, dry_run)
+
+
+def _check_budget(deadline_s: float, reserve_s: float, elapsed: Any) -> float:
+    """Seconds the GPU check may take: what is left of the deadline after keeping one Slurm
+    timeout in reserve for the drain/resume."""
+    budget = deadline_s - elapsed() - reserve_s
+    if budget < 1.0:
+        budget = max(1.0, deadline_s - elapsed()) / 2  # tiny deadlines: split what is left
+    return budget
+
+
+def _verdict(node_name: str, info: Any, results: List[Any], err: Any, summarise: Any) -> Any:
+    """(worst status, drain fault) of a finished check, or the outcome of one that failed."""
     if isinstance(err, NvmlUnavailable):
         if info.gpus_configured <= 0:
             return HealthOutcome(node_name, "SKIP", "none",
                                  f"{node_name}: no GPUs configured in Slurm and no NVIDIA driver: nothing to check",
                                  exit_code=int(ExitCode.OK))
-        worst, fault = "FAIL", f"NVIDIA driver unusable ({info.gpus_configured} GPUs configured): {err.message}"
-    elif isinstance(err, SlurmGpuError):
+        return "FAIL", f"NVIDIA driver unusable ({info.gpus_configured} GPUs configured): {err.message}"
+    if isinstance(err, SlurmGpuError):
         return HealthOutcome(node_name, "ERROR", "error", f"{node_name}: check failed: {err.message}; node state left unchanged",
                              exit_code=int(err.exit_code))
-    elif err is not None:
+    if err is not None:
         return HealthOutcome(node_name, "ERROR", "error",
                              f"{node_name}: internal error in the GPU check: {type(err).__name__}: {err}; node state left unchanged",
                              exit_code=int(ExitCode.UNHEALTHY))
-    else:
-        worst, fault = summarise(results)
-    res = tuple(results)
+    return summarise(results)
 
-    if worst == "FAIL":
-        text = _reason.format_reason(fault, context)
-        decision = decide_drain(info, text)  # policy/drain.py: the one rule
-        if decision.action == KEEP:
-            whose = "slurm-gpu" if decision.whose == "slurm-gpu" else (info.reason_user or "someone else")
-            return HealthOutcome(node_name, worst, "kept-drained",
-                                 f"{node_name}: FAIL: {fault}; already {info.state} by {whose} ({info.reason or 'no reason'}), reason left as is",
-                                 info.reason, res, int(ExitCode.UNHEALTHY))
-        text = decision.reason
-        if dry_run:
-            return HealthOutcome(node_name, worst, "would-drain", f"{node_name}: FAIL: would drain: {text}", text, res,
-                                 int(ExitCode.UNHEALTHY))
-        try:
-            backend.drain(node_name, text)
-        except SlurmGpuError as e:
-            e.drain_reason = text  # type: ignore[attr-defined]  # the caller records the failed drain
-            raise
-        return HealthOutcome(node_name, worst, "drained", f"{node_name}: FAIL: drained: {text}", text, res,
+
+def _drain_unhealthy(backend: SlurmBackend, info: Any, node_name: str, fault: str, context: str,
+                     res: Tuple[Any, ...], dry_run: bool) -> HealthOutcome:
+    """FAIL: drain with our reason, unless the node is already drained (whoever drained it)."""
+    text = _reason.format_reason(fault, context)
+    decision = decide_drain(info, text)  # policy/drain.py: the one rule
+    if decision.action == KEEP:
+        whose = "slurm-gpu" if decision.whose == "slurm-gpu" else (info.reason_user or "someone else")
+        return HealthOutcome(node_name, "FAIL", "kept-drained",
+                             f"{node_name}: FAIL: {fault}; already {info.state} by {whose} ({info.reason or 'no reason'}), reason left as is",
+                             info.reason, res, int(ExitCode.UNHEALTHY))
+    text = decision.reason
+    if dry_run:
+        return HealthOutcome(node_name, "FAIL", "would-drain", f"{node_name}: FAIL: would drain: {text}", text, res,
                              int(ExitCode.UNHEALTHY))
+    try:
+        backend.drain(node_name, text)
+    except SlurmGpuError as e:
+        e.drain_reason = text  # type: ignore[attr-defined]  # the caller records the failed drain
+        raise
+    return HealthOutcome(node_name, "FAIL", "drained", f"{node_name}: FAIL: drained: {text}", text, res,
+                         int(ExitCode.UNHEALTHY))
 
-    # Healthy (PASS / WARN / SKIP).
+
+def _settle_healthy(backend: SlurmBackend, info: Any, node_name: str, worst: str, res: Tuple[Any, ...],
+                    allow_resume: bool, dry_run: bool) -> HealthOutcome:
+    """PASS / WARN / SKIP: resume our own automatic drain; leave anyone else's alone."""
     if info.drained and _reason.is_ours(info.reason):
         if not allow_resume:
             return HealthOutcome(node_name, worst, "kept-drained",

@@ -168,9 +168,3 @@ def _append_private(path: str, data: bytes) -> None:
         os.write(fd, data)  # one write per line: concurrent hooks never interleave a line
     finally:
         os.close(fd)
-
-
-def null_log(hook: str = "test") -> HookLog:
-    return HookLog(hook, syslog_on=False)
-
-

@@ -40,10 +40,6 @@ class DrainDecision(NamedTuple):
     reason: str  # the reason to set (DRAIN/REDRAIN) or the one kept (KEEP)
     whose: str  # owner of the existing drain: "slurm-gpu", "other", or "" when none
 
-    @property
-    def sets_reason(self) -> bool:
-        return self.action in (DRAIN, REDRAIN)
-
 
 def decide_drain(node: Any, new_reason: str, *, manual: bool = False) -> DrainDecision:
     """What to do with ``node`` when slurm-gpu wants it drained with ``new_reason``."""

@@ -6,8 +6,7 @@ diagnostic is never read as healthy); a reading that is *unsupported* makes it S
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set
 
 from slurm_gpu.config import Config
 from slurm_gpu.gpu.snapshot import GpuSnapshot, NodeSnapshot, Reading
@@ -25,8 +24,7 @@ CLOCK_EVENT_NAMES = {
 }
 
 
-@dataclass(frozen=True)
-class CheckResult:
+class CheckResult(NamedTuple):
     check: str
     status: str
     gpu_index: Optional[int]  # None: node-wide
@@ -156,34 +154,8 @@ def evaluate(
                                              "max_retired_pages", "idle_memory_used_mib", "clock_event_mask")}
     judged = [g for g in snap.gpus if gpus is None or g.index in set(gpus)]
     idle_set: Set[int] = {g.index for g in judged} if idle is True else set(idle or ())
-
-    # Node-wide: count and driver version.
-    exact = bool(hc["expected_gpu_count"])
-    want = hc["expected_gpu_count"] or expected_count or 0
-    if j.enabled("gpu_count"):
-        seen = snap.gpu_count.get()
-        if snap.gpu_count.failed:
-            j.add("gpu_count", FAIL, None, f"cannot count GPUs: {snap.gpu_count.error}", "check nvidia-smi and dmesg")
-        elif not want:
-            j.add("gpu_count", SKIP, None, "no expected GPU count configured")
-        elif seen < want or (exact and seen != want):
-            origin = "expected (health.expected_gpu_count)" if exact else "configured in Slurm"
-            j.add("gpu_count", FAIL, None, f"{seen} GPUs visible, {want} {origin}",
-                  "a GPU fell off the bus or is not detected: check dmesg (XID 79), lspci, then reboot or reseat")
-        else:
-            j.add("gpu_count", PASS, None, f"{seen} GPUs visible" + (f" ({want} configured in Slurm)" if seen != want else ""))
-    req = hc["required_driver_version"]
-    if j.enabled("driver_version"):
-        if not req:
-            j.add("driver_version", SKIP, None, "no required driver version configured")
-        elif snap.driver_version.failed:
-            j.add("driver_version", FAIL, None, f"cannot read driver version: {snap.driver_version.error}")
-        elif not _driver_matches(str(snap.driver_version.get("")), req):
-            j.add("driver_version", FAIL, None, f"driver {snap.driver_version.get()} does not match required {req}",
-                  "install the site's driver version or update health.required_driver_version")
-        else:
-            j.add("driver_version", PASS, None, f"driver {snap.driver_version.get()}")
-
+    _gpu_count(j, snap, hc["expected_gpu_count"], expected_count)
+    _driver_version(j, snap, str(hc["required_driver_version"]))
     for g in judged:
         if g.unreachable:
             j.add("responsive", FAIL, g, f"not responding: {g.unreachable}",
@@ -196,43 +168,40 @@ def evaluate(
     return j.out
 
 
+def _gpu_count(j: _Judge, snap: NodeSnapshot, expected_exactly: object, configured: Optional[int]) -> None:
+    if not j.enabled("gpu_count"):
+        return
+    exact = bool(expected_exactly)
+    want = expected_exactly or configured or 0
+    seen = snap.gpu_count.get()
+    if snap.gpu_count.failed:
+        j.add("gpu_count", FAIL, None, f"cannot count GPUs: {snap.gpu_count.error}", "check nvidia-smi and dmesg")
+    elif not want:
+        j.add("gpu_count", SKIP, None, "no expected GPU count configured")
+    elif seen < want or (exact and seen != want):
+        origin = "expected (health.expected_gpu_count)" if exact else "configured in Slurm"
+        j.add("gpu_count", FAIL, None, f"{seen} GPUs visible, {want} {origin}",
+              "a GPU fell off the bus or is not detected: check dmesg (XID 79), lspci, then reboot or reseat")
+    else:
+        j.add("gpu_count", PASS, None, f"{seen} GPUs visible" + (f" ({want} configured in Slurm)" if seen != want else ""))
+
+
+def _driver_version(j: _Judge, snap: NodeSnapshot, required: str) -> None:
+    if not j.enabled("driver_version"):
+        return
+    if not required:
+        j.add("driver_version", SKIP, None, "no required driver version configured")
+    elif snap.driver_version.failed:
+        j.add("driver_version", FAIL, None, f"cannot read driver version: {snap.driver_version.error}")
+    elif not _driver_matches(str(snap.driver_version.get("")), required):
+        j.add("driver_version", FAIL, None, f"driver {snap.driver_version.get()} does not match required {required}",
+              "install the site's driver version or update health.required_driver_version")
+    else:
+        j.add("driver_version", PASS, None, f"driver {snap.driver_version.get()}")
+
+
 def _gpu_checks(j: _Judge, g: GpuSnapshot, hc: Dict[str, object], must_be_idle: bool) -> None:
-    j.reading("ecc_uncorrectable", g, g.ecc_volatile_uncorrected, "volatile uncorrectable ECC count",
-              lambda v: (FAIL, g, f"uncorrectable ECC errors: {v}",
-                         "drain, reset the GPU (nvidia-smi -r) and watch for recurrence; RMA if it repeats")
-              if v else None)
-    j.reading("row_remap_failure", g, g.remapped_rows_failure, "row remapping",
-              lambda v: (FAIL, g, "row remapping failed (no spare rows left)", "the GPU needs an RMA") if v else None)
-    pending = []
-    if g.retired_pages_pending.ok and g.retired_pages_pending.value:
-        pending.append("page retirement")
-    if g.remapped_rows_pending.ok and g.remapped_rows_pending.value:
-        pending.append("row remap")
-    if pending:
-        j.add("pending_reset", FAIL, g, f"pending {' and '.join(pending)}: needs a GPU reset",
-              "drain the node, then nvidia-smi -r -i <index> (or reboot) to apply it")
-    else:
-        both = [r for r in (g.retired_pages_pending, g.remapped_rows_pending)]
-        bad = [r for r in both if r.failed]
-        if bad:
-            j.add("pending_reset", FAIL, g, f"cannot read pending retirement/remap state: {bad[0].error} ({bad[0].function})")
-        elif all(r.unsupported for r in both):
-            j.add("pending_reset", SKIP, g, f"pending retirement/remap state not available ({both[0].error or 'unsupported'})")
-        else:
-            j.add("pending_reset", PASS, g, "no pending page retirement or row remap")
-    limit = int(hc["max_retired_pages"])  # type: ignore[arg-type]
-    sbe, dbe = g.retired_pages_sbe, g.retired_pages_dbe
-    if sbe.failed or dbe.failed:
-        r = sbe if sbe.failed else dbe
-        j.add("retired_pages", FAIL, g, f"cannot read retired pages: {r.error} ({r.function})")
-    elif sbe.unsupported and dbe.unsupported:
-        j.add("retired_pages", SKIP, g, f"retired pages not available ({sbe.error or 'unsupported'})")
-    else:
-        total = (sbe.get(0) or 0) + (dbe.get(0) or 0)
-        if total > limit:
-            j.add("retired_pages", FAIL, g, f"{total} retired pages (limit {limit})", "the GPU is wearing out: plan an RMA")
-        else:
-            j.add("retired_pages", PASS, g, f"{total} retired pages")
+    _memory_errors(j, g, int(hc["max_retired_pages"]))  # type: ignore[arg-type]
     tmax = int(hc["max_temperature_c"])  # type: ignore[arg-type]
     j.reading("temperature", g, g.temperature_c, "temperature",
               lambda v: (FAIL, g, f"temperature {v} C >= {tmax} C",
@@ -249,17 +218,68 @@ def _gpu_checks(j: _Judge, g: GpuSnapshot, hc: Dict[str, object], must_be_idle: 
               lambda v: None if v else (FAIL, g, "persistence mode is off",
                                         "enable nvidia-persistenced (or let the prolog set it) to avoid slow job starts"))
     if must_be_idle:
-        def procs(v: object) -> Optional[tuple]:
-            if not v:
-                return None
-            pids = ", ".join(str(p.pid) for p in v)  # type: ignore[attr-defined]
-            return (FAIL, g, f"{len(v)} compute process(es) still on the GPU (pid {pids})",  # type: ignore[arg-type]
-                    "a previous job left processes behind: kill them or drain the node")
-        j.reading("leftover_processes", g, g.processes, "compute processes", procs)
-        limit_b = int(hc["idle_memory_used_mib"]) * 1024 * 1024  # type: ignore[arg-type]
-        j.reading("memory_in_use", g, g.memory_used_bytes, "memory in use",
-                  lambda v: (FAIL, g, f"{int(v) // (1024 * 1024)} MiB GPU memory in use on an idle GPU (leaked memory)",  # type: ignore[arg-type]
-                             "a crashed process may hold GPU memory: reset the GPU") if int(v) > limit_b else None)  # type: ignore[arg-type]
+        _idle(j, g, int(hc["idle_memory_used_mib"]) * 1024 * 1024)  # type: ignore[arg-type]
+
+
+def _memory_errors(j: _Judge, g: GpuSnapshot, max_retired_pages: int) -> None:
+    """Uncorrectable ECC, row remapping, a pending retirement or remap, retired pages."""
+    j.reading("ecc_uncorrectable", g, g.ecc_volatile_uncorrected, "volatile uncorrectable ECC count",
+              lambda v: (FAIL, g, f"uncorrectable ECC errors: {v}",
+                         "drain, reset the GPU (nvidia-smi -r) and watch for recurrence; RMA if it repeats")
+              if v else None)
+    j.reading("row_remap_failure", g, g.remapped_rows_failure, "row remapping",
+              lambda v: (FAIL, g, "row remapping failed (no spare rows left)", "the GPU needs an RMA") if v else None)
+    pending = []
+    if g.retired_pages_pending.ok and g.retired_pages_pending.value:
+        pending.append("page retirement")
+    if g.remapped_rows_pending.ok and g.remapped_rows_pending.value:
+        pending.append("row remap")
+    _pending_reset(j, g, pending)
+    _retired_pages(j, g, max_retired_pages)
+
+
+def _pending_reset(j: _Judge, g: GpuSnapshot, pending: List[str]) -> None:
+    if pending:
+        j.add("pending_reset", FAIL, g, f"pending {' and '.join(pending)}: needs a GPU reset",
+              "drain the node, then nvidia-smi -r -i <index> (or reboot) to apply it")
+    else:
+        both = [r for r in (g.retired_pages_pending, g.remapped_rows_pending)]
+        bad = [r for r in both if r.failed]
+        if bad:
+            j.add("pending_reset", FAIL, g, f"cannot read pending retirement/remap state: {bad[0].error} ({bad[0].function})")
+        elif all(r.unsupported for r in both):
+            j.add("pending_reset", SKIP, g, f"pending retirement/remap state not available ({both[0].error or 'unsupported'})")
+        else:
+            j.add("pending_reset", PASS, g, "no pending page retirement or row remap")
+
+
+def _retired_pages(j: _Judge, g: GpuSnapshot, limit: int) -> None:
+    sbe, dbe = g.retired_pages_sbe, g.retired_pages_dbe
+    if sbe.failed or dbe.failed:
+        r = sbe if sbe.failed else dbe
+        j.add("retired_pages", FAIL, g, f"cannot read retired pages: {r.error} ({r.function})")
+    elif sbe.unsupported and dbe.unsupported:
+        j.add("retired_pages", SKIP, g, f"retired pages not available ({sbe.error or 'unsupported'})")
+    else:
+        total = (sbe.get(0) or 0) + (dbe.get(0) or 0)
+        if total > limit:
+            j.add("retired_pages", FAIL, g, f"{total} retired pages (limit {limit})", "the GPU is wearing out: plan an RMA")
+        else:
+            j.add("retired_pages", PASS, g, f"{total} retired pages")
+
+
+def _idle(j: _Judge, g: GpuSnapshot, limit_b: int) -> None:
+    """A GPU handed to a job must be idle: no processes, no memory in use."""
+    def procs(v: object) -> Optional[tuple]:
+        if not v:
+            return None
+        pids = ", ".join(str(p.pid) for p in v)  # type: ignore[attr-defined]
+        return (FAIL, g, f"{len(v)} compute process(es) still on the GPU (pid {pids})",  # type: ignore[arg-type]
+                "a previous job left processes behind: kill them or drain the node")
+    j.reading("leftover_processes", g, g.processes, "compute processes", procs)
+    j.reading("memory_in_use", g, g.memory_used_bytes, "memory in use",
+              lambda v: (FAIL, g, f"{int(v) // (1024 * 1024)} MiB GPU memory in use on an idle GPU (leaked memory)",  # type: ignore[arg-type]
+                         "a crashed process may hold GPU memory: reset the GPU") if int(v) > limit_b else None)  # type: ignore[arg-type]
 
 
 def _pcie(j: _Judge, g: GpuSnapshot) -> None:

@@ -22,10 +22,10 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurm_gpu.errors import SlurmError
+from slurm_gpu.timefmt import SLURM_ISO, slurm_to_unix
 from slurm_gpu.slurm.hostlist import compress
 from slurm_gpu.slurm.model import NodeInfo, NodeLookup, SlurmBackend, gpu_count, hostlist_batches, select_nodes, split_state, tres_gpu_count
 
@@ -40,22 +40,9 @@ _NO_CONFIG = ("could not establish a configuration source", "unable to process c
               "unable to read configuration")
 _DENIED = ("access/permission denied", "permission denied", "invalid user id", "access denied")
 _KEY = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/]*)=")
-_REASON_TAIL = re.compile(r" \[([^\[\]@\s]*)@(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\](?=$|\s+[A-Z][A-Za-z_]*=)")
+_REASON_TAIL = re.compile(r" \[([^\[\]@\s]*)@(" + SLURM_ISO + r")\](?=$|\s+[A-Z][A-Za-z_]*=)")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
 _NOT_FOUND = re.compile(r"^Node (\S+) not found$")  # scontrol show node, per unknown name (on stdout in 22.05)
-
-
-def parse_time(text: Optional[str]) -> Optional[float]:
-    """Slurm's local ISO time ('2024-05-01T10:00:00') -> unix seconds; None for Unknown/None/N/A."""
-    if not text:
-        return None
-    text = text.strip()
-    if not re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", text):
-        return None
-    try:
-        return float(time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S")))
-    except (ValueError, OverflowError):
-        return None
 
 
 def _kv(text: str) -> Dict[str, str]:
@@ -107,7 +94,7 @@ def node_from_fields(f: Dict[str, str]) -> NodeInfo:
         states=split_state(state),
         reason=reason,
         reason_user=f.get("ReasonUser", ""),
-        reason_time=parse_time(f.get("ReasonTime")),
+        reason_time=slurm_to_unix(f.get("ReasonTime")),
         gres="" if gres == "(null)" else gres,
         gres_used="" if gres_used in ("(null)", "N/A") else gres_used,
         gpus_configured=gpu_count(gres) or (tres_gpu_count(f.get("CfgTRES")) or 0),
@@ -361,8 +348,8 @@ class CliBackend(SlurmBackend):
                 tres = d["AllocTRES"]
                 return _final({"job_id": job_id, "user": d["User"], "account": d["Account"], "partition": d["Partition"],
                                "state": d["State"].split()[0] if d["State"] else "", "nodes": d["NodeList"],
-                               "gres": _gres_from_tres(tres), "tres": tres, "start_time": parse_time(d["Start"]),
-                               "end_time": parse_time(d["End"]), "source": "slurmdbd"})
+                               "gres": _gres_from_tres(tres), "tres": tres, "start_time": slurm_to_unix(d["Start"]),
+                               "end_time": slurm_to_unix(d["End"]), "source": "slurmdbd"})
         raise SlurmError(f"unknown job {job_id}: not in slurmctld nor in accounting (sacct)",
                          "the job id may be mistyped, or accounting (slurmdbd) is not enabled")
 
@@ -397,8 +384,8 @@ def _job_from_scontrol(f: Dict[str, str], job_id: int) -> Dict[str, Any]:
         gres = gres[len("gres:"):]
     return {"job_id": job_id, "user": user, "account": _none(f.get("Account")), "partition": _none(f.get("Partition")),
             "state": f.get("JobState", ""), "nodes": _none(f.get("NodeList")), "gres": gres,
-            "tres": _none(f.get("AllocTRES")) or _none(f.get("TRES")), "start_time": parse_time(f.get("StartTime")),
-            "end_time": parse_time(f.get("EndTime")), "source": "slurmctld"}
+            "tres": _none(f.get("AllocTRES")) or _none(f.get("TRES")), "start_time": slurm_to_unix(f.get("StartTime")),
+            "end_time": slurm_to_unix(f.get("EndTime")), "source": "slurmctld"}
 
 
 def _num(v: Any) -> Optional[float]:

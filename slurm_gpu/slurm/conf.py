@@ -21,13 +21,10 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from slurm_gpu.slurm import hostlist
 from slurm_gpu.errors import InputError
-
-DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 
 # Slurm's own aliases (src/interfaces/gres.c): these spellings fill the same field.
 GRES_KEY_ALIASES = {"files": "file", "cpus": "cores", "link": "links"}
@@ -40,7 +37,7 @@ GRES_KEYS = frozenset({"nodename", "autodetect", "count", "cpus", "cores", "file
 
 _TOKEN = re.compile(r'\s*([A-Za-z][A-Za-z0-9_]*)\s*=\s*("[^"]*"|[^\s"]*)')
 _DEVICE = re.compile(r"^/dev/nvidia(\d+)$")
-_CAPS = re.compile(r"^/dev/nvidia-caps/nvidia-cap(\d+)$")
+_CAPS = r"^/dev/nvidia-caps/nvidia-cap(\d+)$"  # MIG only: compiled (and cached by re) on first use
 _MAX_INCLUDE_DEPTH = 8
 
 
@@ -48,8 +45,7 @@ class GresConfigError(InputError):
     """The node's slurm.conf/gres.conf cannot be read or does not describe its GPUs."""
 
 
-@dataclass(frozen=True)
-class GresRecord:
+class GresRecord(NamedTuple):
     """One GPU GRES record of this node, as slurmd numbers them (``index`` = Slurm's GPU index)."""
 
     index: int
@@ -64,7 +60,7 @@ class GresRecord:
 
     @property
     def caps_minors(self) -> Tuple[int, ...]:
-        return tuple(int(m.group(1)) for m in (_CAPS.match(f) for f in self.files[1:]) if m)
+        return tuple(int(m.group(1)) for m in (re.match(_CAPS, f) for f in self.files[1:]) if m)
 
     @property
     def is_mig(self) -> bool:
@@ -226,8 +222,7 @@ def node_gres_types(slurm_conf: str, node: str) -> List[str]:
 
 # --------------------------------------------------------------------------- gres.conf
 
-@dataclass(frozen=True)
-class _GresLine:
+class _GresLine(NamedTuple):
     where: str
     type: str
     files: Tuple[str, ...]
@@ -267,7 +262,7 @@ def _same_type(conf_type: str, item_type: str) -> bool:
     return conf_type == "" or item_type == conf_type
 
 
-_MIG_PROFILE = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb(\+[a-z0-9.+]+)?$")
+_MIG_PROFILE = r"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb(\+[a-z0-9.+]+)?$"  # MIG only: compiled on first use
 
 
 def _detected_type(conf_type: str, detected: str) -> bool:
@@ -283,9 +278,9 @@ def _detected_type(conf_type: str, detected: str) -> bool:
     10 % (1 GB at least) of the profile's: distinct profiles of one slice count differ by 2x."""
     if conf_type == "" or conf_type in detected:
         return True
-    conf = _MIG_PROFILE.match(conf_type.rsplit("_", 1)[-1])
+    conf = re.match(_MIG_PROFILE, conf_type.rsplit("_", 1)[-1])
     k = detected.rfind("_mig_")
-    det = _MIG_PROFILE.match(detected[k + 5:] if k >= 0 else detected.rsplit("_", 1)[-1])
+    det = re.match(_MIG_PROFILE, detected[k + 5:] if k >= 0 else detected.rsplit("_", 1)[-1])
     if not conf or not det:
         return False
     if conf.group(0) == det.group(0):

@@ -1,7 +1,7 @@
 """Slurm's GPU index -> device file -> the GPU (or MIG instance) NVML sees.
 
 ``SLURM_JOB_GPUS`` holds node-wide GRES indices.  They are positions in slurmd's list of the
-node's GPU GRES records (slurmconf.py has the observed rule), not NVML indices and not device
+node's GPU GRES records (slurm/conf.py has the observed rule), not NVML indices and not device
 minors.  A record names a device file; the GPU is the one whose ``nvmlDeviceGetMinorNumber``
 is that file's minor — never an enumeration position, so a GPU missing from the driver is a
 FAIL naming it instead of a shifted mapping onto another job's GPU.  A MIG record also names
@@ -12,8 +12,7 @@ Standard library only (hook path).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
 
 from slurm_gpu.slurm import conf as slurmconf
 from slurm_gpu.errors import InputError
@@ -24,16 +23,14 @@ class MissingGpu(InputError):
     """A GPU the job was given is not there (or not readable): a node fault, never fail-open."""
 
 
-@dataclass(frozen=True)
-class JobGpu:
+class JobGpu(NamedTuple):
     slurm_index: int  # the index in SLURM_JOB_GPUS
     nvml_index: int
     device: str  # /dev/nvidia<minor>
     mig: Any = None  # snapshot.MigDevice the job was given; None: the whole GPU
 
 
-@dataclass(frozen=True)
-class JobGpuMap:
+class JobGpuMap(NamedTuple):
     gpus: Tuple[JobGpu, ...]
     source: str  # where the numbering came from: a gres.conf path, "autodetect" or "minor order"
     configured: Optional[int]  # physical GPUs Slurm configured on this node (None: unknown)

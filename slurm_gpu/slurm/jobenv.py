@@ -1,9 +1,7 @@
-"""Parsing the environment slurmd gives prolog/epilog (DESIGN.md §3): strict, with clear errors."""
+"""Parsing the environment slurmd gives prolog/epilog: strict, with clear errors."""
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from typing import Mapping, Optional, Tuple
+from typing import Mapping, NamedTuple, Optional, Tuple
 
 from slurm_gpu.errors import InputError
 from slurm_gpu.slurm.hostlist import RangeError, parse_index_ranges
@@ -11,8 +9,7 @@ from slurm_gpu.slurm.hostlist import RangeError, parse_index_ranges
 _HINT = "this runs as Slurm's Prolog=/Epilog=; slurmd sets these variables"
 
 
-@dataclass(frozen=True)
-class JobEnv:
+class JobEnv(NamedTuple):
     job_id: int
     gpus: Tuple[int, ...]  # node-wide GRES indices from SLURM_JOB_GPUS, in the job's order
     node: str
@@ -30,9 +27,13 @@ class JobEnv:
 
 
 _WS = " \t\r\n"
-_DIGITS = re.compile(r"[0-9]+")  # ASCII only: int() and \d also take Arabic-Indic or full-width digits, int() even '1_000'
 MAX_ID = 2**32 - 1  # job ids, uids and counts are 32-bit in Slurm
 MAX_GPU_INDEX = 4095
+
+
+def _digits(s: str) -> bool:
+    """ASCII digits 0-9 only: int() and \\d also take Arabic-Indic or full-width digits, int() even '1_000'."""
+    return s.isascii() and s.isdigit()
 
 
 def _show(raw: str) -> str:
@@ -42,7 +43,7 @@ def _show(raw: str) -> str:
 
 def _number(raw: str, limit: int) -> Optional[int]:
     """ASCII digits up to limit, else None; never int() on a long string (int-digit limit)."""
-    if not _DIGITS.fullmatch(raw) or len(raw) > len(str(limit)) or int(raw) > limit:
+    if not _digits(raw) or len(raw) > len(str(limit)) or int(raw) > limit:
         return None
     return int(raw)
 
@@ -54,9 +55,9 @@ def _int(env: Mapping[str, str], name: str, required: bool = False, default: Opt
             raise InputError(f"{name} is not set", _HINT)
         return default
     s = raw.strip(_WS)
-    if s.startswith("-") and _DIGITS.fullmatch(s[1:]):
+    if s.startswith("-") and _digits(s[1:]):
         raise InputError(f"{name}={_show(raw)} is negative", _HINT)
-    if not _DIGITS.fullmatch(s):
+    if not _digits(s):
         raise InputError(f"{name}={_show(raw)} is not an integer (ASCII digits 0-9)", _HINT)
     v = _number(s, MAX_ID)
     if v is None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import abc
 import re
-from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
 
 from slurm_gpu.slurm import reason as _reason
@@ -24,13 +23,13 @@ from slurm_gpu.errors import SlurmError, SlurmGpuError
 DRAIN_FLAGS = frozenset({"DRAIN", "DRAINED", "DRAINING"})
 
 
-@dataclass(frozen=True)
-class NodeInfo:
-    """One node as slurmctld sees it."""
+class NodeInfo(NamedTuple):
+    """One node as slurmctld sees it (a NamedTuple, not a dataclass: the prolog imports this
+    module, see gpu/snapshot.py)."""
 
     name: str
     state: str  # Slurm's full state string, e.g. "IDLE+DRAIN", "MIXED", "DOWN+DRAIN"
-    states: FrozenSet[str] = field(default_factory=frozenset)  # {"IDLE", "DRAIN"}
+    states: FrozenSet[str] = frozenset()  # {"IDLE", "DRAIN"}
     reason: str = ""
     reason_user: str = ""
     reason_time: Optional[float] = None  # unix seconds
@@ -222,14 +221,20 @@ class NodeLookup(NamedTuple):
     failed: Dict[str, SlurmError]  # name -> why not (unknown node, invalid name)
 
 
-@dataclass
 class BatchResult:
     """What ``drain_many`` / ``resume_many`` did."""
 
-    done: List[str] = field(default_factory=list)  # now in the state asked for
-    failed: Dict[str, SlurmError] = field(default_factory=dict)  # name -> why not
-    stopped: Optional[SlurmError] = None  # ended the run early (see ends_batch): names in neither list were not tried
-    requests: int = 0  # update requests sent to slurmctld
+    def __init__(self, done: Optional[List[str]] = None, failed: Optional[Dict[str, SlurmError]] = None,
+                 stopped: Optional[SlurmError] = None, requests: int = 0):
+        self.done: List[str] = [] if done is None else done  # now in the state asked for
+        self.failed: Dict[str, SlurmError] = {} if failed is None else failed  # name -> why not
+        # Ended the run early (see ends_batch): names in neither list were not tried.
+        self.stopped = stopped
+        self.requests = requests  # update requests sent to slurmctld
+
+    def __repr__(self) -> str:
+        return (f"BatchResult(done={self.done!r}, failed={self.failed!r}, stopped={self.stopped!r}, "
+                f"requests={self.requests!r})")
 
 
 class SlurmBackend(abc.ABC):

@@ -19,23 +19,22 @@ Nothing is lost, nothing is doubled, nothing is forged (docs/hooks.md, "Nothing 
   blocks the files after it.  A claim (``.<name>.<pid>.claim``) whose process is gone goes
   back to the spool.
 - Nothing is opened through a symlink: the spool directory is opened with
-  O_DIRECTORY|O_NOFOLLOW and used through its descriptor (slurm_gpu/spool.py); directories,
+  O_DIRECTORY|O_NOFOLLOW and used through its descriptor (store/spool.py); directories,
   the database and spool files an unprivileged user owns or may write are refused with one
   line naming the path.
 
 The hook path uses the stdlib sqlite3 module only: sqlite-utils costs ~0.1 s to import,
-more than the whole prolog budget (it serves the `slurm-gpu db` admin commands).
+more than the whole prolog budget (it serves the `slurm-gpu db` admin commands).  `json` is
+imported where it is used: a hook whose records go straight into the database never needs it.
 """
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import sqlite3
 import stat
 import time
-from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
 
 from slurm_gpu.errors import StoreError
@@ -115,6 +114,7 @@ def _value(v: Any) -> Any:
             return v
         except UnicodeEncodeError:
             return v.encode("utf-8", "backslashreplace").decode("utf-8")
+    import json
     return _value(json.dumps(v, sort_keys=True, default=str))
 
 
@@ -185,17 +185,17 @@ def _record_job_id(rec: Dict[str, Any]) -> Optional[int]:
 # --------------------------------------------------------------------------- results
 
 
-@dataclass
 class IngestReport:
     """What one pass over the spool did."""
 
-    done: int = 0
-    problems: List[str] = field(default_factory=list)  # one line each, quarantines included
-    quarantined: List[Tuple[str, str]] = field(default_factory=list)  # (file, why)
-    reclaimed: int = 0  # stranded claims and orphaned temp files put back
-    left: int = 0  # files still waiting (a bound was reached or the database stopped taking writes)
-    total: int = 0  # files waiting when the pass began (stranded claims put back included)
-    refused: Optional[StoreError] = None  # the spool directory itself was refused or unusable
+    def __init__(self) -> None:
+        self.done = 0
+        self.problems: List[str] = []  # one line each, quarantines included
+        self.quarantined: List[Tuple[str, str]] = []  # (file, why)
+        self.reclaimed = 0  # stranded claims and orphaned temp files put back
+        self.left = 0  # files still waiting (a bound was reached or the database stopped taking writes)
+        self.total = 0  # files waiting when the pass began (stranded claims put back included)
+        self.refused: Optional[StoreError] = None  # the spool directory itself was refused or unusable
 
 
 class StartLookup(NamedTuple):
@@ -206,18 +206,18 @@ class StartLookup(NamedTuple):
     unreadable: str  # why the database could not be read ("" when it could): the answer may be incomplete
 
 
-@dataclass
 class SpoolStatus:
     """What `slurm-gpu db check` reports about the spool directory."""
 
-    waiting: List[str] = field(default_factory=list)
-    live_claims: List[str] = field(default_factory=list)
-    stale_claims: List[str] = field(default_factory=list)
-    orphaned_tmp: List[str] = field(default_factory=list)
-    bad: List[str] = field(default_factory=list)
-    quarantined: List[Tuple[str, str]] = field(default_factory=list)  # (file, why it is there, as far as it shows)
-    problem: str = ""  # the directory itself cannot be used
-    hint: str = ""
+    def __init__(self) -> None:
+        self.waiting: List[str] = []
+        self.live_claims: List[str] = []
+        self.stale_claims: List[str] = []
+        self.orphaned_tmp: List[str] = []
+        self.bad: List[str] = []
+        self.quarantined: List[Tuple[str, str]] = []  # (file, why it is there, as far as it shows)
+        self.problem = ""  # the directory itself cannot be used
+        self.hint = ""
 
 
 # --------------------------------------------------------------------------- the store
@@ -331,6 +331,7 @@ class Store:
         rec["_spooled_at"] = time.time()
         rec["_spool_reason"] = reason[:500]
         name = self._spool_name(record)
+        import json
         try:
             data = json.dumps(rec, sort_keys=True, default=str).encode("ascii")
             dfd = open_dir(self.spool_dir, 0o700)
@@ -523,8 +524,8 @@ class Store:
             return out
         try:
             for n in sorted(os.listdir(dfd)):
-                m = CLAIM.match(n)
-                t = TMP.match(n)
+                m = re.match(CLAIM, n)
+                t = re.match(TMP, n)
                 if n.endswith(".json") and not n.startswith("."):
                     out.waiting.append(n)
                 elif m:
@@ -594,10 +595,6 @@ class Store:
             unreadable = unreadable or (e.message if isinstance(e, StoreError) else describe_error(e))
         return StartLookup(starts, failed, unreadable)
 
-    def job_starts(self, cluster: str, job_id: int, restart_count: int, node: str) -> Dict[str, Dict[str, Any]]:
-        """The prolog's counters for a job, by GPU UUID; spooled ones included."""
-        return self.find_start(cluster, job_id, restart_count, node).starts
-
     def _spooled_records_of(self, job_id: int, kinds: Tuple[str, ...], budget_s: float) -> Iterator[Dict[str, Any]]:
         dfd = self._spool_fd()
         if dfd is None:
@@ -605,7 +602,7 @@ class Store:
         end = time.monotonic() + budget_s
         try:
             for n in waiting(dfd):
-                m = NAME.match(n)
+                m = re.match(NAME, n)
                 if m is None or m.group(4) not in kinds or (m.group(3) is not None and int(m.group(3)) != job_id):
                     continue
                 if time.monotonic() > end:  # a backlog of files named without job ids (older versions)
@@ -765,7 +762,8 @@ def _start_row(conn: sqlite3.Connection, cluster: str, job_id: int, restart_coun
 
 def _complete(row: Dict[str, Any], start: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """A partial usage row completed with its start record: the epilog's own arithmetic
-    (hooks._usage) on the end counters it kept in end_counters."""
+    (_usage in hooks/flows.py) on the end counters it kept in end_counters."""
+    import json
     try:
         end = json.loads(row.get("end_counters") or "")
         start_time = float(start["start_time"])
@@ -901,14 +899,15 @@ def integrity_check(path: str) -> List[str]:
     return [p.text for p in database_problems(path)]
 
 
-_LOST = re.compile(r' record-lost-to-log .*?\brecord="((?:[^"\\]|\\.)*)"')
+_LOST = r' record-lost-to-log .*?\brecord="((?:[^"\\]|\\.)*)"'  # compiled on first use: `db ingest --from-log`
 
 
 def records_from_log(lines: Iterable[str]) -> Iterator[Tuple[int, Any]]:
     """(line number, record) for each `record-lost-to-log` line of a hook log (file, fallback
     log or syslog); a line whose record does not parse yields (line number, the error)."""
+    import json
     for n, line in enumerate(lines, 1):
-        m = _LOST.search(line)
+        m = re.search(_LOST, line)
         if m is None:
             continue
         text = re.sub(r"\\(.)", r"\1", m.group(1))  # hooklog quoting: \\ and \" only (the JSON is ASCII)

@@ -13,7 +13,6 @@ records without opening every file); ``.<name>.<pid>.claim`` while an ingest hol
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import stat
@@ -106,13 +105,15 @@ def read_json(dfd: int, name: str) -> Any:
             chunks.append(b)
     finally:
         os.close(fd)
+    import json  # here: a hook whose spool is empty never needs it
     return json.loads(b"".join(chunks).decode("utf-8"))
 
 
-# The file names of the module docstring.
-NAME = re.compile(r"^(\d+)-(\d+)-(?:j(\d+)-)?([a-z_]+)\.json$")
-CLAIM = re.compile(r"^\.(.+\.json)\.(\d+)\.claim$")
-TMP = re.compile(r"^\.((\d+)-(\d+)-.+\.json)\.tmp$")
+# The file names of the module docstring, as patterns for re.match: compiled (and cached by re)
+# on first use, so a hook that finds the spool empty never compiles them.
+NAME = r"^(\d+)-(\d+)-(?:j(\d+)-)?([a-z_]+)\.json$"
+CLAIM = r"^\.(.+\.json)\.(\d+)\.claim$"
+TMP = r"^\.((\d+)-(\d+)-.+\.json)\.tmp$"
 
 
 def pid_gone(pid: int) -> bool:
@@ -186,13 +187,13 @@ def reclaim(dfd: int) -> int:
     """Put back claims whose process is gone and temp files whose writer died."""
     n = 0
     for name in os.listdir(dfd):
-        m = CLAIM.match(name)
+        m = re.match(CLAIM, name)
         if m is not None:
             if not (pid_gone(int(m.group(2))) or age_s(dfd, name) > STALE_CLAIM_S):
                 continue
             target = m.group(1)
         else:
-            t = TMP.match(name)
+            t = re.match(TMP, name)
             if t is None or not pid_gone(int(t.group(3))):
                 continue
             target = t.group(1)  # ingest checks it: a torn write ends as .bad, never lost silently
