@@ -10,7 +10,8 @@ set -euo pipefail
 
 SGTEST_UID=2501
 # chromium: the HTML report is checked in a headless browser (tests/test_report_html.py).
-APT_PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server build-essential procps make chromium)
+# systemd: `systemd-analyze verify` checks the shipped units (deploy/systemd, tests/test_central.py).
+APT_PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server build-essential procps make chromium systemd)
 
 cd "$(dirname "$0")/.."
 

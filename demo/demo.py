@@ -6,7 +6,8 @@ It starts real munged, MariaDB, slurmdbd, slurmctld and two slurmd on 127.0.0.1 
 ports and directories), points Prolog=/Epilog= at slurm-gpu's hooks, runs a few jobs of the
 unprivileged user `sgtest` while the simulated driver counts energy and utilisation, breaks one
 node's GPUs (uncorrectable ECC errors), shows the drained node with its reason and a per-job GPU
-usage table, and tears everything down.
+usage table, ships both nodes' records to a central database on the same MariaDB (`db push`)
+and reports the cluster from there, and tears everything down.
 """
 from __future__ import annotations
 
@@ -128,6 +129,14 @@ def main() -> int:
         say("By account (slurm-gpu report --by account)")
         print(f"{DIM}seconds-long jobs: GPU time in GPU-seconds, energy in Wh; TOTAL from the exact sums{RESET}")
         run_cli("report", "--by", "account", *dbs, env=env)
+
+        say("Shipping both nodes' records to the central SQL server (slurm-gpu db push), then one report from there")
+        print(f"{DIM}database slurm_gpu on the MariaDB that slurmdbd uses; the writer account can insert, "
+              f"never read or delete{RESET}")
+        writer, reporter = _central(bed, work)
+        for node in ("gpu01", "gpu02"):
+            run_cli("--config", str(writer), "db", "push", "--db", str(site / node / "usage.db"), env=env)
+        run_cli("--config", str(reporter), "report", "--by", "account,node", "--db", "central", env=env)
         say("What the hooks logged on gpu01")
         log = (site / "gpu01" / "hooks.log").read_text().splitlines()
         print("\n".join(line for line in log if " drain " in line or " check " in line)[:2000])
@@ -137,6 +146,34 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
         print("all daemons stopped, work directory removed")
     return 0
+
+
+def _central(bed, work: Path):
+    """A database on the testbed's MariaDB, its schema (`central init`) and the two accounts it prints."""
+    import secrets
+
+    def account(user: str, grants) -> Path:
+        password = secrets.token_urlsafe(16)
+        bed.sql("".join(f"CREATE OR REPLACE USER '{user}'@'{h}' IDENTIFIED BY '{password}';"
+                        + "".join(g.replace("'%'", f"'{h}'") for g in grants) for h in ("127.0.0.1", "localhost")))
+        pw = work / f"{user}.password"
+        pw.write_text(password + "\n")
+        os.chmod(pw, 0o600)
+        cfg = work / f"{user}.toml"
+        cfg.write_text(f'[central]\nurl = "mysql://{user}@127.0.0.1:{bed.mariadb_port}/slurm_gpu"\n'
+                       f'password_file = "{pw}"\n')
+        os.chmod(cfg, 0o644)
+        return cfg
+
+    bed.sql("CREATE DATABASE IF NOT EXISTS slurm_gpu CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+    admin = account("slurm_gpu_admin", ["GRANT ALL ON slurm_gpu.* TO 'slurm_gpu_admin'@'%';"])
+    cp = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "--config", str(admin), "central", "init"],
+                        env=bed.env, capture_output=True, text=True)
+    if cp.returncode != 0:
+        raise RuntimeError(f"central init failed: {cp.stderr}")
+    grants = [line for line in cp.stdout.splitlines() if line.startswith("GRANT")]
+    return (account("slurm_gpu_writer", [g for g in grants if "slurm_gpu_writer" in g]),
+            account("slurm_gpu_reporter", [g for g in grants if "slurm_gpu_reporter" in g]))
 
 
 def _wait_all_running(bed, site: Path, jobs, timeout: float = 60) -> None:

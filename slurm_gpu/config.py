@@ -13,8 +13,7 @@ import math
 import os
 import stat
 import sys
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from slurm_gpu.errors import ConfigError
 
@@ -27,8 +26,7 @@ CHECK_NAMES = (
 )
 
 
-@dataclass(frozen=True)
-class Key:
+class Key(NamedTuple):
     type: Any  # python type or tuple of types
     default: Any
     doc: str
@@ -70,6 +68,24 @@ def _xid_source(v):
     if v in ("kmsg", "journal", "none") or (v.startswith("file:") and len(v) > 5):
         return None
     return "must be 'kmsg', 'journal', 'none' or 'file:/path/to/log'"
+
+
+def _central_url(v):
+    """The URL's form only (scheme, no password); connecting is store.central's business."""
+    if not v:
+        return None
+    from urllib.parse import urlsplit
+    try:
+        u = urlsplit(v)
+    except ValueError as e:
+        return f"is not a URL ({e})"
+    if u.scheme not in ("mysql", "mariadb"):
+        return "must start with mysql:// or mariadb:// (MariaDB/MySQL is the supported server)"
+    if u.password is not None:
+        return "must not contain a password (put it in central.password_file, mode 600)"
+    if not u.username or not u.path.strip("/"):
+        return "must name a user and a database: mysql://USER@HOST[:PORT]/DATABASE"
+    return None
 
 
 def _str_map(v):
@@ -136,9 +152,15 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
     },
     "report": {
         "idle_threshold_pct": Key(float, 5.0, "A job's GPU whose mean utilisation stays below this is counted idle (`report --idle-threshold`).", _rng(0, 100)),
-        "sources": Key(list, [], "Node databases or directories of *.db files that `slurm-gpu report` reads when --db is not given; empty: this node's store.database.",
+        "sources": Key(list, [], "Node databases or directories of *.db files that `slurm-gpu report` reads when --db is not given, or one central server ('central' for central.url, or mysql://USER@HOST/DB); empty: this node's store.database.",
                        lambda v: None if all(isinstance(x, str) and x for x in v) else "must be a list of non-empty paths"),
         "tz": Key(str, "utc", "Time zone of report calendar times and day/week/month groups: 'utc' or 'local' (`report --tz`).", _choice("utc", "local")),
+    },
+    "central": {
+        "url": Key(str, "", "The cluster's SQL server that `slurm-gpu db push` ships this node's records to and `report --db central` reads, e.g. 'mysql://slurm_gpu_writer@dbhost/slurm_gpu' (MariaDB/MySQL; '?unix_socket=PATH' for a local socket). No password here: see password_file. Empty: no central server.", _central_url),
+        "password_file": Key(str, "/etc/slurm-gpu/central.password", "File holding the password of the account in url (one line). Refused unless a regular file owned by root (or by the user running the command) and unreadable by group and others (chmod 600)."),
+        "timeout_s": Key(float, 10.0, "Timeout of connecting to the central server and of each read and write; a server that is down, unreachable or hung makes `db push` give up with one line after about this long.", _rng(1, 600)),
+        "batch_size": Key(int, 2000, "Records per upsert statement of `db push`.", _rng(1, 100000)),
     },
 }
 
@@ -266,7 +288,17 @@ def _checked(section: str, key: str, val: Any, path: str, errors: Optional[List[
     if problem and errors is not None and isinstance(val, dict):
         return _good_entries(spec, val, dotted, path, errors)
     if problem:
-        raise ConfigError(f"{path}: key '{dotted}' {problem} (got {val!r})", f"default is {spec.default!r}")
+        raise ConfigError(f"{path}: key '{dotted}' {problem} (got {_shown(val)!r})", f"default is {spec.default!r}")
+    return val
+
+
+def _shown(val: Any) -> Any:
+    """A value for an error message: a password in a URL (user:secret@host) is never printed."""
+    if isinstance(val, str) and "://" in val and "@" in val:
+        scheme, _, rest = val.partition("://")
+        creds, at, host = rest.rpartition("@")
+        if at and ":" in creds:
+            return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"
     return val
 
 

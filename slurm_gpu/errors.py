@@ -54,8 +54,8 @@ class StoreError(SlurmGpuError):
     exit_code = ExitCode.STORE_ERROR
 
 
-class RefusedError(SlurmGpuError):
-    exit_code = ExitCode.REFUSED
+class CentralError(StoreError):
+    """The central SQL server is unreachable, refuses the login, or its schema is not ours/current."""
 
 
 class InputError(SlurmGpuError):

@@ -705,6 +705,19 @@ class SlurmTestbed:
         if r.returncode != 0:
             raise TestbedError(f"creating the MariaDB user for slurmdbd failed: {r.stderr.strip()}")
 
+    def sql(self, statements: str, database: str = "") -> str:
+        """SQL as MariaDB's root over the testbed server's socket (tab-separated, no headers)."""
+        args = ["mariadb", "--no-defaults", f"--socket={self._db_socket}", "-u", "root", "-N", "-B"]
+        r = subprocess.run(args + ([database] if database else []) + ["-e", statements],
+                           capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise TestbedError(f"mariadb: {r.stderr.strip()}")
+        return r.stdout
+
+    @property
+    def mariadb_port(self) -> int:
+        return self.ports["mariadb"]
+
     def _start_slurmdbd(self) -> None:
         self._spawn("slurmdbd", ["slurmdbd", "-D"])
         self._wait("slurmdbd", lambda: self._ok(["sacctmgr", "-n", "-P", "show", "cluster"]), 60, "slurmdbd")

@@ -1,7 +1,7 @@
 """`slurm-gpu` command line: a thin click shell over the library.
 
 Subcommands live in their own modules and are imported only when invoked, so that
-`slurm-gpu check` does not pay for jinja2 or sqlite-utils.  To add a command, add one
+`slurm-gpu check` does not pay for jinja2 or the report code.  To add a command, add one
 line to COMMANDS: name -> "module:function".
 
 This module is the one error boundary: a SlurmGpuError raised anywhere below a command
@@ -29,6 +29,7 @@ COMMANDS: Dict[str, str] = {
     "snapshot": "slurm_gpu.cli.check:snapshot",
     "report": "slurm_gpu.cli.report:report_cmd",
     "db": "slurm_gpu.cli.db:db",
+    "central": "slurm_gpu.cli.central:central",
     "drain": "slurm_gpu.cli.admin:drain",
     "resume": "slurm_gpu.cli.admin:resume",
     "status": "slurm_gpu.cli.admin:status",

@@ -57,26 +57,7 @@ def check(app, database, spool):
         click.echo(f"{st.path}: ok (" + ", ".join(f"{t} {n}" for t, n in counts.items()) + ")")
     for p in problems:
         click.echo(p.text if st.path in p.text else f"{st.path}: {p.text}")
-    if sp.problem:
-        click.echo(f"spool: {sp.problem}")
-    if sp.waiting:
-        click.echo(f"{len(sp.waiting)} record(s) waiting in {st.spool_dir}: run `slurm-gpu db ingest`")
-    if sp.stale_claims:
-        click.echo(f"{len(sp.stale_claims)} stranded claim(s) in {st.spool_dir} (the ingest that claimed them is gone): "
-                   f"{_names(sp.stale_claims)}; `slurm-gpu db ingest` puts them back and ingests them")
-    if sp.live_claims:
-        click.echo(f"{len(sp.live_claims)} record(s) being ingested right now (claimed by a running process)")
-    if sp.orphaned_tmp:
-        click.echo(f"{len(sp.orphaned_tmp)} spool file(s) whose writer died before finishing: {_names(sp.orphaned_tmp)}; "
-                   "`slurm-gpu db ingest` checks and ingests them")
-    if sp.bad:
-        click.echo(f"{len(sp.bad)} unreadable spool file(s) kept as *.bad in {st.spool_dir}: {_names(sp.bad)}")
-    if sp.quarantined:
-        click.echo(f"{len(sp.quarantined)} quarantined spool file(s) in {st.spool_dir}/quarantine (never ingested):")
-        for name, why in sp.quarantined[:20]:
-            click.echo(f"  {name}: {why}")
-        if len(sp.quarantined) > 20:
-            click.echo(f"  ... (+{len(sp.quarantined) - 20})")
+    _say_spool(sp, st.spool_dir)
     hints = [p.hint for p in problems if p.hint] + ([sp.hint] if sp.hint else [])
     if sp.bad or sp.quarantined:
         hints.append("look at the files; delete them, or move a file you checked and fixed back into the spool "
@@ -86,6 +67,30 @@ def check(app, database, spool):
     unhealthy = (problems or sp.problem or sp.waiting or sp.stale_claims or sp.orphaned_tmp or sp.bad
                  or sp.quarantined)
     sys.exit(int(ExitCode.UNHEALTHY if unhealthy else ExitCode.OK))
+
+
+def _say_spool(sp, spool_dir) -> None:
+    """One line for each kind of spool file that needs an admin (or an ingest)."""
+    if sp.problem:
+        click.echo(f"spool: {sp.problem}")
+    if sp.waiting:
+        click.echo(f"{len(sp.waiting)} record(s) waiting in {spool_dir}: run `slurm-gpu db ingest`")
+    if sp.stale_claims:
+        click.echo(f"{len(sp.stale_claims)} stranded claim(s) in {spool_dir} (the ingest that claimed them is gone): "
+                   f"{_names(sp.stale_claims)}; `slurm-gpu db ingest` puts them back and ingests them")
+    if sp.live_claims:
+        click.echo(f"{len(sp.live_claims)} record(s) being ingested right now (claimed by a running process)")
+    if sp.orphaned_tmp:
+        click.echo(f"{len(sp.orphaned_tmp)} spool file(s) whose writer died before finishing: {_names(sp.orphaned_tmp)}; "
+                   "`slurm-gpu db ingest` checks and ingests them")
+    if sp.bad:
+        click.echo(f"{len(sp.bad)} unreadable spool file(s) kept as *.bad in {spool_dir}: {_names(sp.bad)}")
+    if sp.quarantined:
+        click.echo(f"{len(sp.quarantined)} quarantined spool file(s) in {spool_dir}/quarantine (never ingested):")
+        for name, why in sp.quarantined[:20]:
+            click.echo(f"  {name}: {why}")
+        if len(sp.quarantined) > 20:
+            click.echo(f"  ... (+{len(sp.quarantined) - 20})")
 
 
 def _missing_hint(app, database) -> str:
@@ -98,14 +103,13 @@ def _missing_hint(app, database) -> str:
 
 
 def _counts(path):
-    # sqlite-utils is fine here: this is an admin command, not the hook path.
+    """Rows per table, read-only: {table: rows}, in the schema's order."""
     import sqlite3
-
-    import sqlite_utils
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        dbh = sqlite_utils.Database(conn)
-        return {t: dbh[t].count for t in dbh.table_names() if not t.startswith("sqlite_")}
+        tables = [t for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+                  if not t.startswith("sqlite_")]
+        return {t: conn.execute('SELECT COUNT(*) FROM "%s"' % t.replace('"', '""')).fetchone()[0] for t in tables}
     finally:
         conn.close()
 
@@ -183,3 +187,11 @@ def backup(app, database, dest):
     path = database or app.config.path_value("store", "database")
     n = copy_database(path, dest)
     click.echo(f"copied {path} to {dest} ({n} GPU records)")
+
+
+def _register_push() -> None:
+    from slurm_gpu.cli.central import push
+    db.add_command(push)
+
+
+_register_push()

@@ -16,11 +16,16 @@ FORMAT_CHOICES = render.FORMATS + ("html",)
 def _common_options(f: Callable) -> Callable:
     """Options every report command takes; given before or after the subcommand name."""
     opts = [
-        click.option("--db", "dbs", multiple=True, metavar="PATH",
-                     help="Node database or directory of *.db files (repeatable). Default: report.sources from the "
-                          "config, else this node's store.database. Opened read-only, consistent while hooks write; "
-                          "records found in several files count once. Gather node databases with `slurm-gpu db "
-                          "backup`, not cp (a copy without its -wal file misses records)."),
+        click.option("--db", "dbs", multiple=True, metavar="PATH|URL",
+                     help="Node database or directory of *.db files (repeatable), or the cluster's central server: "
+                          "mysql://USER@HOST[:PORT]/DATABASE, or 'central' for central.url (docs/central.md). "
+                          "Default: report.sources from the config, else this node's store.database. Opened "
+                          "read-only, consistent while hooks write or nodes push; records found in several files "
+                          "count once. Gather node databases with `slurm-gpu db backup`, not cp (a copy without its "
+                          "-wal file misses records)."),
+        click.option("--password-file", metavar="PATH", default=None,
+                     help="For a central server: the file with USER's password, mode 600 (default: "
+                          "central.password_file)."),
         click.option("--tz", type=click.Choice(["utc", "local"]), default=None,
                      help="Time zone of calendar times in --since/--until, of day/week/month groups and of "
                           "printed times (default: report.tz, 'utc')."),
@@ -143,7 +148,11 @@ def _produce(ctx: click.Context, o: Dict[str, Any], build: Callable[[Any], Any],
         table = build(src)
         return table, _render(o, table, src)
 
-    table, text = report.read_consistently(dbs, query, read)
+    from slurm_gpu.report.central import is_central, read_central
+    if is_central(dbs):
+        table, text = read_central(_config(ctx), dbs, query, read, o.get("password_file"))
+    else:
+        table, text = report.read_consistently(dbs, query, read)
     for note in table.notes:
         click.echo(f"slurm-gpu: note: {note}", err=True)
     if not table.rows:

@@ -41,16 +41,16 @@ from urllib.parse import quote
 
 from slurm_gpu.store import schema
 from slurm_gpu.errors import InputError, StoreError
-from slurm_gpu.report.timespec import _at, _zone, format_time
+from slurm_gpu.report.timespec import format_time, in_zone, time_zone, wall_time
 
 # --by keys: name -> SQL expression over job_gpus (time keys come from the calendar join).
 GROUP_KEYS: Dict[str, str] = {
-    "user": "user",
-    "account": "account",
-    "partition": "partition",
-    "node": "node",
-    "gpu-model": "gpu_model",
-    "cluster": "cluster",
+    "user": '"user"',
+    "account": '"account"',
+    "partition": '"partition"',
+    "node": '"node"',
+    "gpu-model": '"gpu_model"',
+    "cluster": '"cluster"',
 }
 TIME_KEYS = ("day", "week", "month")
 BY_CHOICES = tuple(GROUP_KEYS) + TIME_KEYS
@@ -104,7 +104,7 @@ class Query:
         if not 0 <= self.idle_threshold_pct <= 100:
             raise InputError(f"idle threshold {self.idle_threshold_pct:g}% is outside 0..100",
                              "give --idle-threshold between 0 and 100")
-        _zone(self.tz)
+        time_zone(self.tz)
 
 
 @dataclass(frozen=True)
@@ -320,7 +320,61 @@ def _connect(uri: str, path: str) -> sqlite3.Connection:
     return conn
 
 
-class Source:
+class SourceBase:
+    """What every report reads through: ``conn`` (execute -> cursor), ``table`` (job_gpus rows),
+    ``query``, and the SQL spellings that differ between SQLite and the central server."""
+
+    table = "job_gpus"
+    files: List[str] = []
+    query: "Query"
+    conn: Any
+    LEAST, GREATEST = "MIN", "MAX"  # two-argument min/max
+    PLUS = "+"  # a unary plus that hides a column from SQLite's planner (nothing elsewhere)
+
+    def floor(self, expr: str) -> str:
+        return f"CAST({expr} AS INTEGER)"  # values here are >= 0: truncation is the floor
+
+    def skipped(self) -> Dict[str, int]:
+        return _count_skipped(self.conn, self.table, self.query)
+
+    def unchanged(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "SourceBase":
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        self.close()
+
+    def single_cluster(self) -> bool:
+        # Both ends of the primary-key index: O(log n), no scan.
+        lo = self.conn.execute(f"SELECT cluster FROM {self.table} ORDER BY cluster LIMIT 1").fetchone()
+        hi = self.conn.execute(f"SELECT cluster FROM {self.table} ORDER BY cluster DESC LIMIT 1").fetchone()
+        return lo == hi
+
+    def end_time_range(self) -> Tuple[Optional[float], Optional[float]]:
+        """The earliest and latest plausible end times (end_time index: O(log n))."""
+        lo = self.conn.execute(f"SELECT end_time FROM {self.table} WHERE end_time >= ? ORDER BY end_time LIMIT 1",
+                               (TIME_MIN_S,)).fetchone()
+        hi = self.conn.execute(f"SELECT end_time FROM {self.table} WHERE end_time < ? ORDER BY end_time DESC LIMIT 1",
+                               (TIME_MAX_S,)).fetchone()
+        return (lo[0] if lo else None), (hi[0] if hi else None)
+
+    def use_end_index(self) -> bool:
+        return False
+
+    def install_calendar(self, conn: Any, buckets: Sequence[Tuple[float, float, str]]) -> None:
+        conn.execute("DROP TABLE IF EXISTS temp.cal")
+        conn.execute("CREATE TEMP TABLE cal (idx INTEGER NOT NULL, b_start REAL NOT NULL, b_end REAL NOT NULL, "
+                     "label TEXT NOT NULL)")
+        conn.executemany("INSERT INTO temp.cal VALUES (?, ?, ?, ?)", [(i,) + tuple(b) for i, b in enumerate(buckets)])
+        conn.execute("CREATE INDEX temp.cal_start ON cal (b_start)")
+
+
+class Source(SourceBase):
     """One connection over all given databases, with job_gpus reachable as ``self.table``.
 
     One file: the file itself, aggregated in place (fast path).  Several: the rows that pass the
@@ -431,25 +485,10 @@ class Source:
         if self.reading is not None:
             self.reading.release()
 
-    def __enter__(self) -> "Source":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def single_cluster(self) -> bool:
-        # Both ends of the primary-key index: O(log n), no scan.
-        lo = self.conn.execute(f"SELECT cluster FROM {self.table} ORDER BY cluster LIMIT 1").fetchone()
-        hi = self.conn.execute(f"SELECT cluster FROM {self.table} ORDER BY cluster DESC LIMIT 1").fetchone()
-        return lo == hi
-
-    def end_time_range(self) -> Tuple[Optional[float], Optional[float]]:
-        """The earliest and latest plausible end times (end_time index: O(log n))."""
-        lo = self.conn.execute(f"SELECT end_time FROM {self.table} WHERE end_time >= ? ORDER BY end_time LIMIT 1",
-                               (TIME_MIN_S,)).fetchone()
-        hi = self.conn.execute(f"SELECT end_time FROM {self.table} WHERE end_time < ? ORDER BY end_time DESC LIMIT 1",
-                               (TIME_MAX_S,)).fetchone()
-        return (lo[0] if lo else None), (hi[0] if hi else None)
+    def skipped(self) -> Dict[str, int]:
+        if self.reading is None:
+            return dict(self.merge_skipped)
+        return super().skipped()
 
     def use_end_index(self) -> bool:
         """Use the end_time index only when --since keeps a small part of the data.
@@ -517,39 +556,7 @@ def copy_database(src_path: str, dest_path: str) -> int:
     os.makedirs(dest_dir, mode=0o755, exist_ok=True)
     tmp = os.path.join(dest_dir, f".{os.path.basename(dest_path)}.{os.getpid()}.tmp")
     try:
-        for attempt in range(READ_ATTEMPTS):
-            reading = FileRead(src_path, live=attempt >= 2)
-            try:
-                src = _connect(reading.uri, src_path)
-                try:
-                    _check_database(src, reading)
-                    old = os.umask(0o027)  # like the node database: no write for group, nothing for others
-                    try:
-                        dst = sqlite3.connect(tmp, isolation_level=None)
-                    finally:
-                        os.umask(old)
-                    try:
-                        src.backup(dst)
-                        dst.execute("PRAGMA journal_mode=DELETE")
-                        n = dst.execute("SELECT COUNT(*) FROM job_gpus").fetchone()[0]
-                    finally:
-                        dst.close()
-                except sqlite3.DatabaseError as e:
-                    if reading.unchanged():
-                        raise StoreError(f"{src_path}: cannot copy ({e})", _CORRUPT_HINT) from None
-                except SourceChanged:
-                    pass
-                finally:
-                    src.close()
-                if reading.unchanged():
-                    break
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-            finally:
-                reading.release()
-        else:
-            raise StoreError(f"{src_path}: the database kept changing while it was copied ({READ_ATTEMPTS} attempts)",
-                             "run the backup again")
+        n = _snapshot_into(src_path, tmp)
         try:
             os.link(tmp, dest_path)  # fails instead of replacing a file that appeared meanwhile
         except FileExistsError:
@@ -562,6 +569,48 @@ def copy_database(src_path: str, dest_path: str) -> int:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return n
+
+
+def _snapshot_into(src_path: str, tmp: str) -> int:
+    """Back src_path up into tmp, reading again while a writer changes it; the job_gpus rows copied."""
+    for attempt in range(READ_ATTEMPTS):
+        reading = FileRead(src_path, live=attempt >= 2)
+        try:
+            n = _backup_once(src_path, reading, tmp)
+            if n is not None and reading.unchanged():
+                return n
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        finally:
+            reading.release()
+    raise StoreError(f"{src_path}: the database kept changing while it was copied ({READ_ATTEMPTS} attempts)",
+                     "run the backup again")
+
+
+def _backup_once(src_path: str, reading: FileRead, tmp: str) -> Optional[int]:
+    """One read of src_path copied into tmp: the job_gpus rows copied, None when a writer changed it meanwhile."""
+    src = _connect(reading.uri, src_path)
+    try:
+        _check_database(src, reading)
+        old = os.umask(0o027)  # like the node database: no write for group, nothing for others
+        try:
+            dst = sqlite3.connect(tmp, isolation_level=None)
+        finally:
+            os.umask(old)
+        try:
+            src.backup(dst)
+            dst.execute("PRAGMA journal_mode=DELETE")
+            return dst.execute("SELECT COUNT(*) FROM job_gpus").fetchone()[0]
+        finally:
+            dst.close()
+    except sqlite3.DatabaseError as e:
+        if reading.unchanged():
+            raise StoreError(f"{src_path}: cannot copy ({e})", _CORRUPT_HINT) from None
+        return None
+    except SourceChanged:
+        return None
+    finally:
+        src.close()
 
 
 # --------------------------------------------------------------------------- SQL building
@@ -597,7 +646,7 @@ def _filters(q: Query, params: Dict[str, Any]) -> List[str]:
             for i, v in enumerate(vals):
                 params[f"{col}{i}"] = v
                 names.append(f":{col}{i}")
-            conds.append(f"{col} IN ({', '.join(names)})")
+            conds.append(f'"{col}" IN ({", ".join(names)})')
     if q.job_id is not None:
         conds.append("job_id = :job_id")
         params["job_id"] = q.job_id
@@ -648,10 +697,8 @@ def _count_skipped(conn: sqlite3.Connection, table: str, q: Query) -> Dict[str, 
     return out
 
 
-def skipped_records(src: Source) -> Dict[str, int]:
-    if src.reading is None:
-        return dict(src.merge_skipped)
-    return _count_skipped(src.conn, src.table, src.query)
+def skipped_records(src: SourceBase) -> Dict[str, int]:
+    return src.skipped()
 
 
 def _notes(src: Source, clamped_s: float) -> Tuple[str, ...]:
@@ -668,12 +715,13 @@ def _notes(src: Source, clamped_s: float) -> Tuple[str, ...]:
     return tuple(notes)
 
 
-def _overlap_sql(q: Query, bucketed: bool = False) -> str:
+def _overlap_sql(q: Query, bucketed: bool = False, src: Optional[SourceBase] = None) -> str:
     """Seconds of the record inside the window (and inside the calendar bucket when bucketed)."""
+    least, greatest = (src.LEAST, src.GREATEST) if src is not None else ("MIN", "MAX")
     if bucketed:  # the calendar buckets are already clipped to the window
-        return "(MIN(end_time, b_end) - MAX(start_time, b_start))"
-    hi = "MIN(end_time, :until)" if q.until_s is not None else "end_time"
-    lo = "MAX(start_time, :since)" if q.since_s is not None else "start_time"
+        return f"({least}(end_time, b_end) - {greatest}(start_time, b_start))"
+    hi = f"{least}(end_time, :until)" if q.until_s is not None else "end_time"
+    lo = f"{greatest}(start_time, :since)" if q.since_s is not None else "start_time"
     return f"({hi} - {lo})"
 
 
@@ -732,24 +780,23 @@ def _dict_rows(cur: sqlite3.Cursor) -> Iterator[Dict[str, Any]]:
 
 
 def _bucket_start(ts: float, unit: str, tz: str) -> datetime:
-    zone = _zone(tz)
-    d = datetime.fromtimestamp(ts, zone) if zone else datetime.fromtimestamp(ts).astimezone()
+    d = in_zone(ts, tz)
     if unit == "month":
-        return _at(d.year, d.month, 1, 0, 0, 0, tz)
-    day = _at(d.year, d.month, d.day, 0, 0, 0, tz)
+        return wall_time(d.year, d.month, 1, 0, 0, 0, tz)
+    day = wall_time(d.year, d.month, d.day, 0, 0, 0, tz)
     if unit == "week":  # ISO weeks start on Monday
         monday = day.replace(tzinfo=None) - timedelta(days=d.weekday())
-        return _at(monday.year, monday.month, monday.day, 0, 0, 0, tz)
+        return wall_time(monday.year, monday.month, monday.day, 0, 0, 0, tz)
     return day
 
 
 def _next_bucket(d: datetime, unit: str, tz: str) -> datetime:
     if unit == "month":
         y, m = (d.year + 1, 1) if d.month == 12 else (d.year, d.month + 1)
-        return _at(y, m, 1, 0, 0, 0, tz)
+        return wall_time(y, m, 1, 0, 0, 0, tz)
     step = 7 if unit == "week" else 1
     n = d.replace(tzinfo=None) + timedelta(days=step)  # calendar days: DST-safe in local time
-    return _at(n.year, n.month, n.day, 0, 0, 0, tz)
+    return wall_time(n.year, n.month, n.day, 0, 0, 0, tz)
 
 
 def _label(d: datetime, unit: str) -> str:
@@ -790,13 +837,6 @@ def _calendar_for(src: Source, unit: str, where: str, params: Dict[str, Any]) ->
     return calendar(lo, hi, unit, q.tz)
 
 
-def _install_calendar(conn: sqlite3.Connection, buckets: Sequence[Tuple[float, float, str]]) -> None:
-    conn.execute("DROP TABLE IF EXISTS temp.cal")
-    conn.execute("CREATE TEMP TABLE cal (b_start REAL NOT NULL, b_end REAL NOT NULL, label TEXT NOT NULL)")
-    conn.executemany("INSERT INTO temp.cal VALUES (?, ?, ?)", buckets)
-    conn.execute("CREATE INDEX temp.cal_start ON cal (b_start)")
-
-
 _PART = "/*partition*/"
 
 
@@ -814,9 +854,9 @@ class SummaryPlan:
         return SummaryPlan(self.sql.replace(_PART, f" AND job_id % {int(n)} = {int(k)}"), self.params, self.buckets,
                            self.time_key)
 
-    def run(self, conn: sqlite3.Connection) -> List[Dict[str, Any]]:
+    def run(self, src: SourceBase, conn: Any) -> List[Dict[str, Any]]:
         if self.buckets:
-            _install_calendar(conn, self.buckets)
+            src.install_calendar(conn, self.buckets)
         rows = list(_dict_rows(conn.execute(self.sql.replace(_PART, ""), self.params)))
         if self.time_key:
             for row in rows:
@@ -849,11 +889,11 @@ def summary_plan(src: Source, by: Sequence[str]) -> Optional[SummaryPlan]:
     unit = next((k for k in by if k in TIME_KEYS), None)
     # The unary + keeps SQLite from walking a non-covering index to avoid a sort: a table lookup
     # per row costs more than sorting.  A covering index (schema v2) is walked: no sort at all.
-    plus = "" if _covering_key(src, by) else "+"
+    plus = "" if _covering_key(src, by) else src.PLUS
     group = ", ".join(f"{plus}\"{k}\"" for k in by)
     jobs = "COUNT(DISTINCT job_id)" if src.single_cluster() else "COUNT(DISTINCT cluster || '/' || job_id)"
     if unit is None:
-        t = _overlap_sql(q)
+        t = _overlap_sql(q, src=src)
         keys = ", ".join(f"{GROUP_KEYS[k]} AS \"{k}\"" for k in by)
         sql = (f"SELECT {keys},\n  {jobs} AS jobs,\n  {_aggregates_sql(t, _energy_sql(q, t, False))}\n"
                f"FROM {src.table}\nWHERE {where}\nGROUP BY {group}\nORDER BY {group}")
@@ -866,8 +906,8 @@ def summary_plan(src: Source, by: Sequence[str]) -> Optional[SummaryPlan]:
     end_of_start_bucket = _bucket_tree("start_time", buckets, lambda i: repr(buckets[i][1]))
     plain = [f"{GROUP_KEYS[k]} AS \"{k}\"" for k in by if k not in TIME_KEYS]
     cols = ", ".join(plain + ["cluster", "job_id", "gpu_util_mean_pct", "mem_util_mean_pct", "max_memory_bytes"])
-    t_in = _overlap_sql(q)
-    t_cut = _overlap_sql(q, bucketed=True)
+    t_in = _overlap_sql(q, src=src)
+    t_cut = _overlap_sql(q, bucketed=True, src=src)
     # Most records lie inside one bucket: their bucket comes from a CASE on start_time (the
     # calendar is clipped to the window, so t is the window overlap).  Only records crossing a
     # bucket boundary are joined with the calendar and cut into pieces.  CROSS JOIN keeps
@@ -876,13 +916,13 @@ def summary_plan(src: Source, by: Sequence[str]) -> Optional[SummaryPlan]:
         f"SELECT {cols}, {bucket_of_start} AS \"{unit}\", {t_in} AS t, {_energy_sql(q, t_in, True)} AS e\n"
         f"  FROM {src.table} WHERE {where} AND end_time <= {end_of_start_bucket}\n"
         f"  UNION ALL\n"
-        f"  SELECT {cols}, cal.rowid - 1, {t_cut}, {_energy_sql(q, t_cut, True)}\n"
-        f"  FROM {src.table} CROSS JOIN temp.cal ON b_start < end_time AND b_start > start_time - {maxlen} "
+        f"  SELECT {cols}, cal.idx, {t_cut}, {_energy_sql(q, t_cut, True)}\n"
+        f"  FROM {src.table} CROSS JOIN cal ON b_start < end_time AND b_start > start_time - {maxlen} "
         f"AND b_end > start_time\n  WHERE {where} AND end_time > {end_of_start_bucket}"
     )
     keys = ", ".join(f"\"{k}\"" for k in by)
     sql = (f"SELECT {keys},\n  {jobs} AS jobs,\n  {_aggregates_sql('t', 'e')}\n"
-           f"FROM (\n  {pieces}\n)\nGROUP BY {group}\nORDER BY {group}")
+           f"FROM (\n  {pieces}\n) AS pieces\nGROUP BY {group}\nORDER BY {group}")
     return SummaryPlan(sql, params, tuple(buckets), unit)
 
 
@@ -931,9 +971,9 @@ def _covering_key(src: Source, by: Sequence[str], with_time: bool = False) -> Op
     --since makes the end_time index the better start.
     """
     plain = [k for k in by if k not in TIME_KEYS]
-    if len(plain) != 1 or (len(by) > 1 and not with_time) or GROUP_KEYS[plain[0]] not in src.covering:
+    col = GROUP_KEYS[plain[0]].strip('"') if len(plain) == 1 else ""
+    if len(plain) != 1 or (len(by) > 1 and not with_time) or col not in src.covering:
         return None
-    col = GROUP_KEYS[plain[0]]
     q = src.query
     for fcol, vals in (("user", q.users), ("account", q.accounts), ("partition", q.partitions), ("node", q.nodes)):
         if vals and fcol != col:  # cluster is in the index
@@ -953,22 +993,49 @@ def _index_tasks(src: Source, by: Sequence[str], col: str, unit: Optional[str]
     where, params = _where(q, use_index=False)
     params["thr"] = q.idle_threshold_pct
     idx = f"job_gpus_by_{col}"
-    # The distinct keys, by skipping through the index: O(keys x log rows), not a scan.
-    keys: List[Any] = [v for (v,) in src.conn.execute(
-        f"WITH RECURSIVE k(v) AS (SELECT MIN({col}) FROM {src.table} INDEXED BY {idx} UNION ALL "
-        f"SELECT (SELECT MIN({col}) FROM {src.table} INDEXED BY {idx} WHERE {col} > k.v) FROM k WHERE k.v IS NOT NULL) "
-        f"SELECT v FROM k WHERE v IS NOT NULL")]
-    if src.conn.execute(f"SELECT EXISTS (SELECT 1 FROM {src.table} INDEXED BY {idx} WHERE {col} IS NULL)").fetchone()[0]:
-        keys.insert(0, None)  # SQLite's order: NULL first
-    wanted = {"user": q.users, "account": q.accounts, "partition": q.partitions, "node": q.nodes}.get(col)
-    if wanted:
-        keys = [k for k in keys if k in wanted]
+    keys = _index_keys(src, col, idx)
     jobs = "COUNT(DISTINCT job_id)" if src.single_cluster() else "COUNT(DISTINCT cluster || '/' || job_id)"
     if unit is None:
         t = _overlap_sql(q)
         sql = (f"SELECT {jobs} AS jobs,\n  {_aggregates_sql(t, _energy_sql(q, t, False))}\n"
                f"FROM {src.table} INDEXED BY {idx}\nWHERE {col} IS :key AND {where}")
         return sql, params, [(k, None) for k in keys], ()
+    plan = _index_buckets(src, unit, len(keys))
+    if plan is None:
+        return None
+    params["longest"], buckets = plan
+    t = "(MIN(end_time, :b_end) - MAX(start_time, :b_start))"
+    # Every record overlapping the bucket: start_time is a range in the index; the piece inside the
+    # bucket is t (buckets are clipped to the window), energy prorated by the same fraction.
+    sql = (f"SELECT {jobs} AS jobs,\n  {_aggregates_sql(t, f'energy_j * {t} / (end_time - start_time)')}\n"
+           f"FROM {src.table} INDEXED BY {idx}\nWHERE {col} IS :key AND start_time >= :b_start - :longest "
+           f"AND start_time < :b_end AND end_time > :b_start AND {where}")
+    # Tasks in the order of the output rows: --by month,user sorts by month first.
+    if by.index(unit) < by.index(next(k for k in by if k not in TIME_KEYS)):
+        tasks = [(k, i) for i in range(len(buckets)) for k in keys]
+    else:
+        tasks = [(k, i) for k in keys for i in range(len(buckets))]
+    return sql, params, tasks, tuple(buckets)
+
+
+def _index_keys(src: Source, col: str, idx: str) -> List[Any]:
+    """The distinct values of `col` the query's filters let through, in SQLite's order (NULL first)."""
+    # By skipping through the index: O(keys x log rows), not a scan.
+    keys: List[Any] = [v for (v,) in src.conn.execute(
+        f"WITH RECURSIVE k(v) AS (SELECT MIN({col}) FROM {src.table} INDEXED BY {idx} UNION ALL "
+        f"SELECT (SELECT MIN({col}) FROM {src.table} INDEXED BY {idx} WHERE {col} > k.v) FROM k WHERE k.v IS NOT NULL) "
+        f"SELECT v FROM k WHERE v IS NOT NULL")]
+    if src.conn.execute(f"SELECT EXISTS (SELECT 1 FROM {src.table} INDEXED BY {idx} WHERE {col} IS NULL)").fetchone()[0]:
+        keys.insert(0, None)
+    q = src.query
+    wanted = {"user": q.users, "account": q.accounts, "partition": q.partitions, "node": q.nodes}.get(col)
+    return [k for k in keys if k in wanted] if wanted else keys
+
+
+def _index_buckets(src: Source, unit: str, n_keys: int) -> Optional[Tuple[float, List[Tuple[float, float, str]]]]:
+    """(longest record in seconds, calendar buckets) for one index query per key and bucket; None
+    when the records' range is unknown or the one-pass plan is the better one."""
+    q = src.query
     # Buckets over the window, or over a bound of the data's range found in O(log n): no record
     # ends before MIN(end_time) nor starts before that minus the longest record.  Buckets
     # without records give no rows.
@@ -989,21 +1056,9 @@ def _index_tasks(src: Source, by: Sequence[str], col: str, unit: Optional[str]
         return None  # `lo` is only a bound: the one-pass plan decides on the records' real range
     # A bucket's query walks the records starting up to `longest` before it: give up when that
     # reads the table more than about twice (day buckets and multi-day jobs).
-    if len(buckets) * max(longest, 0.0) > 2 * (hi - lo) or len(keys) * len(buckets) > MAX_INDEX_TASKS:
+    if len(buckets) * max(longest, 0.0) > 2 * (hi - lo) or n_keys * len(buckets) > MAX_INDEX_TASKS:
         return None
-    params["longest"] = max(longest, 0.0)
-    t = "(MIN(end_time, :b_end) - MAX(start_time, :b_start))"
-    # Every record overlapping the bucket: start_time is a range in the index; the piece inside the
-    # bucket is t (buckets are clipped to the window), energy prorated by the same fraction.
-    sql = (f"SELECT {jobs} AS jobs,\n  {_aggregates_sql(t, f'energy_j * {t} / (end_time - start_time)')}\n"
-           f"FROM {src.table} INDEXED BY {idx}\nWHERE {col} IS :key AND start_time >= :b_start - :longest "
-           f"AND start_time < :b_end AND end_time > :b_start AND {where}")
-    # Tasks in the order of the output rows: --by month,user sorts by month first.
-    if by.index(unit) < by.index(next(k for k in by if k not in TIME_KEYS)):
-        tasks = [(k, i) for i in range(len(buckets)) for k in keys]
-    else:
-        tasks = [(k, i) for k in keys for i in range(len(buckets))]
-    return sql, params, tasks, tuple(buckets)
+    return max(longest, 0.0), buckets
 
 
 def _summary_by_index(src: Source, by: Sequence[str]) -> Optional[List[Dict[str, Any]]]:
@@ -1035,33 +1090,7 @@ def _summary_by_index(src: Source, by: Sequence[str]) -> Optional[List[Dict[str,
             got = cur.fetchone()
             results[i] = dict(zip([d[0] for d in cur.description], got))
 
-    n = min(_partitions(src), max(len(tasks), 1))
-    if n == 1:
-        work(src.conn, iter(range(len(tasks))))
-    else:
-        import threading
-        from concurrent.futures import ThreadPoolExecutor
-
-        lock = threading.Lock()
-        counter = iter(range(len(tasks)))
-
-        def shared() -> Iterator[int]:
-            while True:
-                with lock:
-                    i = next(counter, None)
-                if i is None:
-                    return
-                yield i
-
-        def run(_: int) -> None:
-            conn = src.connect_again()
-            try:
-                work(conn, shared())
-            finally:
-                conn.close()
-
-        with ThreadPoolExecutor(max_workers=n) as pool:
-            list(pool.map(run, range(n)))
+    _spread_tasks(src, len(tasks), work)
     rows: List[Dict[str, Any]] = []
     for (k, b), res in zip(tasks, results):
         if res is None or res["alloc_s"] is None:  # no record in this group
@@ -1074,6 +1103,38 @@ def _summary_by_index(src: Source, by: Sequence[str]) -> Optional[List[Dict[str,
     return rows
 
 
+def _spread_tasks(src: Source, n_tasks: int, work: Callable[[sqlite3.Connection, Iterator[int]], None]) -> None:
+    """work(conn, task numbers) over tasks 0..n_tasks-1: on src's own connection, or shared out
+    to threads that each take the next task on a connection of their own."""
+    n = min(_partitions(src), max(n_tasks, 1))
+    if n == 1:
+        work(src.conn, iter(range(n_tasks)))
+        return
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    lock = threading.Lock()
+    counter = iter(range(n_tasks))
+
+    def shared() -> Iterator[int]:
+        while True:
+            with lock:
+                i = next(counter, None)
+            if i is None:
+                return
+            yield i
+
+    def run(_: int) -> None:
+        conn = src.connect_again()
+        try:
+            work(conn, shared())
+        finally:
+            conn.close()
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        list(pool.map(run, range(n)))
+
+
 def summary_raw(src: Source, by: Sequence[str]) -> List[Dict[str, Any]]:
     """Raw per-group sums; large single files are split by job_id across threads (sqlite releases the GIL)."""
     fast = _summary_by_index(src, by)
@@ -1084,13 +1145,13 @@ def summary_raw(src: Source, by: Sequence[str]) -> List[Dict[str, Any]]:
         return []
     n = _partitions(src)
     if n == 1:
-        return plan.run(src.conn)
+        return plan.run(src, src.conn)
     from concurrent.futures import ThreadPoolExecutor
 
     def run(k: int) -> List[Dict[str, Any]]:
         conn = src.connect_again()
         try:
-            return plan.partition(k, n).run(conn)
+            return plan.partition(k, n).run(src, conn)
         finally:
             conn.close()
 
@@ -1149,16 +1210,17 @@ def _total(raws: Sequence[Dict[str, Any]], by: Sequence[str]) -> Dict[str, Any]:
     return total
 
 
-JOB_SORT_COLUMNS = JOB_LIST_COLUMNS
+# --sort column -> the raw sum it sorts by: SQL sorts, so that --limit never pulls every job into Python.
+_JOB_SORT_SQL = {
+    "job_id": "job_id", "restart": "restart_count", "start": "start_s", "end": "end_s",
+    "gpu_hours_alloc": "alloc_s", "gpu_hours_used": "util_pct_s", "gpu_hours_idle": "idle_s",
+    "gpu_util_mean_pct": "util_pct_s / util_known_s", "mem_util_mean_pct": "mem_pct_s / mem_known_s",
+    "peak_memory_gib": "peak_bytes", "energy_kwh": "energy_j", "gpu_util_min_pct": "util_min",
+}
 
 
-def jobs(src: Source, sort: Optional[str] = None, limit: Optional[int] = None, idle_only: bool = False) -> Table:
-    """One row per job run (cluster, job_id, restart) with its GPUs' figures; `idle_only`: jobs with an idle GPU."""
-    q = src.query
-    where, params = _where(q, use_index=src.use_end_index())
-    params["thr"] = q.idle_threshold_pct
-    t = _overlap_sql(q)
-    e = _energy_sql(q, t, False)
+def _job_sort(sort: Optional[str], idle_only: bool) -> Tuple[str, bool]:
+    """--sort [-|+]COLUMN -> (column, descending); the default is the most GPU time (idle with --idle-only)."""
     descending = True
     if sort is None:
         sort = "gpu_hours_idle" if idle_only else "gpu_hours_alloc"
@@ -1173,51 +1235,59 @@ def jobs(src: Source, sort: Optional[str] = None, limit: Optional[int] = None, i
     if sort not in JOB_LIST_COLUMNS:
         raise InputError(f"unknown --sort column {sort!r}", "choose from " + ", ".join(JOB_LIST_COLUMNS)
                          + " (prefix with - for largest first)")
+    return sort, descending
+
+
+def jobs(src: Source, sort: Optional[str] = None, limit: Optional[int] = None, idle_only: bool = False) -> Table:
+    """One row per job run (cluster, job_id, restart) with its GPUs' figures; `idle_only`: jobs with an idle GPU."""
+    q = src.query
+    where, params = _where(q, use_index=src.use_end_index())
+    params["thr"] = q.idle_threshold_pct
+    t = _overlap_sql(q, src=src)
+    e = _energy_sql(q, t, False)
+    sort, descending = _job_sort(sort, idle_only)
     if limit is not None and limit < 1:
         raise InputError(f"--limit must be at least 1, got {limit}", "e.g. --limit 20")
-    # Sort in SQL on the raw sums so that --limit never has to pull every job into Python.
-    sort_sql = {
-        "job_id": "job_id", "restart": "restart_count", "start": "start_s", "end": "end_s",
-        "gpu_hours_alloc": "alloc_s", "gpu_hours_used": "util_pct_s", "gpu_hours_idle": "idle_s",
-        "gpu_util_mean_pct": "util_pct_s / util_known_s", "mem_util_mean_pct": "mem_pct_s / mem_known_s",
-        "peak_memory_gib": "peak_bytes", "energy_kwh": "energy_j", "gpu_util_min_pct": "util_min",
-    }.get(sort, f"\"{sort}\"")
     order = f"_sortkey {'DESC' if descending else 'ASC'}, cluster, job_id, restart_count"
     having = "HAVING idle_gpus > 0" if idle_only else ""
-    per_job = (f"SELECT cluster, job_id, restart_count, MAX(user) AS user, MAX(account) AS account,\n"
-               f"  MAX(partition) AS partition, MIN(start_time) AS start_s, MAX(end_time) AS end_s,\n"
+    per_job = (f'SELECT cluster, job_id, restart_count, MAX("user") AS "user", MAX(account) AS account,\n'
+               f'  MAX("partition") AS "partition", MIN(start_time) AS start_s, MAX(end_time) AS end_s,\n'
                f"  COUNT(DISTINCT node) AS nodes, COUNT(*) AS gpus, MIN({UTIL}) AS util_min,\n"
                f"  SUM({IDLE}) AS idle_gpus,\n  {_aggregates_sql(t, e)}\n"
                f"FROM {src.table}\nWHERE {where}{_PART}\nGROUP BY cluster, job_id, restart_count\n{having}")
-    sql = f"SELECT *, {sort_sql} AS _sortkey FROM (\n{per_job}\n)\nORDER BY {order}"
+    sort_sql = _JOB_SORT_SQL.get(sort, f"\"{sort}\"")
+    sql = f"SELECT per_job.*, {sort_sql} AS _sortkey FROM (\n{per_job}\n) AS per_job\nORDER BY {order}"
     if limit is not None:
         sql += f"\nLIMIT {int(limit)}"
-    raws = _run_partitioned(src, sql, params)
-    if len(raws) > 1:
-        # Each partition is sorted and limited on its own: merge like ORDER BY would (NULLs first
-        # ascending, last descending), ties by cluster, job id, restart.
-        merged = sorted((r for part in raws for r in part), key=lambda r: (r["cluster"], r["job_id"], r["restart_count"]))
-        merged.sort(key=lambda r: (r["_sortkey"] is not None, r["_sortkey"]), reverse=descending)
-        result = merged[:limit] if limit is not None else merged
-    else:
-        result = raws[0]
-    rows = []
-    for raw in result:
-        row = {
-            "cluster": raw["cluster"], "job_id": raw["job_id"], "restart": raw["restart_count"],
-            "user": raw["user"], "account": raw["account"], "partition": raw["partition"],
-            "start": format_time(raw["start_s"], q.tz), "end": format_time(raw["end_s"], q.tz),
-            "nodes": raw["nodes"], "gpus": raw["gpus"],
-        }
-        fig = _figures(raw)
-        row.update(fig)
-        row["gpu_util_min_pct"] = _r(raw["util_min"], 2)
-        row["idle_gpus"] = raw["idle_gpus"] or 0
-        rows.append(row)
+    result = _merge_sorted(_run_partitioned(src, sql, params), descending, limit)
+    rows = [_job_row(raw, q.tz) for raw in result]
     title = "Jobs that held GPUs idle" if idle_only else "GPU usage by job"
     notes = _notes(src, sum(r.get("clamped_s") or 0.0 for r in result))
     return Table(title, JOB_LIST_COLUMNS, JOB_LIST_HEADERS, tuple(rows), ("cluster", "job_id", "restart"), "jobs",
                  notes=notes)
+
+
+def _merge_sorted(parts: List[List[Dict[str, Any]]], descending: bool, limit: Optional[int]) -> List[Dict[str, Any]]:
+    """Partitions each sorted and limited on their own, merged as ORDER BY would (NULLs first
+    ascending, last descending; ties by cluster, job id, restart)."""
+    if len(parts) == 1:
+        return parts[0]
+    merged = sorted((r for part in parts for r in part), key=lambda r: (r["cluster"], r["job_id"], r["restart_count"]))
+    merged.sort(key=lambda r: (r["_sortkey"] is not None, r["_sortkey"]), reverse=descending)
+    return merged[:limit] if limit is not None else merged
+
+
+def _job_row(raw: Dict[str, Any], tz: str) -> Dict[str, Any]:
+    row = {
+        "cluster": raw["cluster"], "job_id": raw["job_id"], "restart": raw["restart_count"],
+        "user": raw["user"], "account": raw["account"], "partition": raw["partition"],
+        "start": format_time(raw["start_s"], tz), "end": format_time(raw["end_s"], tz),
+        "nodes": raw["nodes"], "gpus": raw["gpus"],
+    }
+    row.update(_figures(raw))
+    row["gpu_util_min_pct"] = _r(raw["util_min"], 2)
+    row["idle_gpus"] = raw["idle_gpus"] or 0
+    return row
 
 
 def job(src: Source) -> Table:
@@ -1337,9 +1407,9 @@ def utilisation_histogram(src: Source) -> List[Tuple[str, float]]:
     """GPU-hours by per-GPU mean utilisation, in 10 % bins (plus 'n/a' for records without it)."""
     q = src.query
     where, params = _where(q, use_index=src.use_end_index())
-    t = _overlap_sql(q)
+    t = _overlap_sql(q, src=src)
     sql = (f"SELECT CASE WHEN gpu_util_mean_pct IS NULL THEN -1 "
-           f"ELSE MIN(CAST({UTIL} / 10 AS INTEGER), 9) END AS bin, SUM({t}) / 3600.0 "
+           f"ELSE {src.LEAST}({src.floor(f'{UTIL} / 10')}, 9) END AS bin, SUM({t}) / 3600.0 "
            f"FROM {src.table} WHERE {where} GROUP BY bin ORDER BY bin")
     got = dict(src.conn.execute(sql, params).fetchall())
     out = [(f"{10 * i}-{10 * i + 10}%", _r(got.get(i, 0.0), HOURS_ND) or 0.0) for i in range(UTIL_BINS)]
@@ -1363,9 +1433,3 @@ def energy_series(src: Source) -> Tuple[str, List[Tuple[str, Optional[float]]]]:
     unit = "day" if span_days <= 120 else "week" if span_days <= 800 else "month"
     table = summary(src, (unit,))
     return unit, [(r[unit], r["energy_kwh"]) for r in table.rows]
-
-
-def total_row(table: Table) -> Optional[Dict[str, Any]]:
-    """The TOTAL line of a summary: computed like every group's line, from the unrounded sums
-    (jobs only when groups cannot share a job: by user, account, partition or cluster)."""
-    return table.total if table.rows else None

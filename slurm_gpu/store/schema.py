@@ -1,4 +1,4 @@
-"""The node database schema: versioned migrations, shared by store.py (writes) and report.py (reads).
+"""The node database schema: versioned migrations, shared by store/node.py (writes) and report/query.py (reads).
 
 Times are unix seconds (REAL, UTC).  Energy in joules, memory in bytes, utilisation in
 percent (0-100).  NULL means "not available on this GPU" (unsupported or failed reading),
@@ -8,13 +8,35 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Group-by columns of `slurm-gpu report` with a covering index (v2), and the columns the index
 # carries after the key: everything report.summary reads, so the table itself is never touched.
 REPORT_INDEX_KEYS = ("user", "account", "partition", "node", "gpu_model")
 COVERED = ("start_time", "end_time", "job_id", "cluster", "gpu_util_mean_pct", "mem_util_mean_pct",
            "max_memory_bytes", "energy_j")
+
+# The tables `db push` ships, with the column that orders their outbox (oldest first).
+PUSHED_TABLES = (("jobs", "end_time"), ("job_gpus", "end_time"), ("health_events", "time"), ("drains", "time"))
+# Their columns at v5: a write that leaves all of them as they were (a re-run epilog whose
+# record loses to the first) is no change and does not ship the row again.
+_V5_COLUMNS = {
+    "jobs": ("cluster", "job_id", "restart_count", "node", "user", "uid", "account", "partition", "gpu_count",
+             "start_time", "end_time", "exit_code", "partial"),
+    "job_gpus": ("cluster", "job_id", "restart_count", "node", "gpu_uuid", "gpu_index", "gpu_model", "user",
+                 "account", "partition", "start_time", "end_time", "duration_s", "energy_j", "gpu_util_mean_pct",
+                 "mem_util_mean_pct", "max_memory_bytes", "process_count", "ecc_corrected_delta",
+                 "ecc_uncorrected_delta", "retired_pages_delta", "remapped_rows_delta", "clock_event_reasons",
+                 "xid_events", "parent_gpu_uuid", "notes", "partial", "end_counters"),
+    "health_events": ("time", "node", "source", "job_id", "gpu_index", "gpu_uuid", "check_name", "status", "message",
+                      "dedupe_key"),
+    "drains": ("time", "node", "source", "job_id", "reason", "ok", "cluster", "restart_count", "outcome",
+               "kept_reason", "dedupe_key"),
+}
+
+
+def _changed(table: str) -> str:
+    return " OR ".join(f'NEW."{c}" IS NOT OLD."{c}"' for c in _V5_COLUMNS[table])
 
 # Each migration takes the database from version i to i+1 (index i).
 MIGRATIONS: List[Tuple[str, ...]] = [
@@ -149,6 +171,43 @@ MIGRATIONS: List[Tuple[str, ...]] = [
         "ALTER TABLE drains ADD COLUMN dedupe_key TEXT",
         "CREATE UNIQUE INDEX IF NOT EXISTS drains_dedupe ON drains (dedupe_key)",
         "CREATE INDEX IF NOT EXISTS drains_job ON drains (job_id, node)",
+    ),
+    # v5: the outbox of `slurm-gpu db push` (store/push.py, docs/central.md).  Every row
+    # carries the version the central server has (pushed_version) beside its own
+    # (push_version); any change to a row, by any writer, bumps push_version in a trigger, so
+    # the row ships again (a write that changes no value is no change).  A deleted row that
+    # was shipped leaves a tombstone in push_withdrawn (the central writer may not delete: the
+    # server marks the row withdrawn).  Existing rows start unshipped: the first push sends a
+    # node's whole history.
+    tuple(stmt for table, when in PUSHED_TABLES for stmt in (
+        f"ALTER TABLE {table} ADD COLUMN push_version INTEGER NOT NULL DEFAULT 1",
+        f"ALTER TABLE {table} ADD COLUMN pushed_version INTEGER NOT NULL DEFAULT 0",
+        f"CREATE INDEX IF NOT EXISTS {table}_unpushed ON {table} ({when}) WHERE pushed_version < push_version",
+        f"CREATE TRIGGER IF NOT EXISTS {table}_changed AFTER UPDATE ON {table} "
+        f"WHEN NEW.pushed_version = OLD.pushed_version AND NEW.push_version = OLD.push_version AND ({_changed(table)}) "
+        f"BEGIN UPDATE {table} SET push_version = OLD.push_version + 1 WHERE rowid = NEW.rowid; END",
+    )) + (
+        """CREATE TABLE IF NOT EXISTS push_withdrawn (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            tbl TEXT NOT NULL,
+            cluster TEXT,
+            job_id INTEGER,
+            restart_count INTEGER,
+            node TEXT,
+            gpu_uuid TEXT,
+            time REAL NOT NULL
+        )""",
+        "CREATE TRIGGER IF NOT EXISTS jobs_withdrawn AFTER DELETE ON jobs WHEN OLD.pushed_version > 0 "
+        "BEGIN INSERT INTO push_withdrawn (tbl, cluster, job_id, restart_count, node, time) "
+        "VALUES ('jobs', OLD.cluster, OLD.job_id, OLD.restart_count, OLD.node, (julianday('now') - 2440587.5) * 86400.0); END",
+        "CREATE TRIGGER IF NOT EXISTS job_gpus_withdrawn AFTER DELETE ON job_gpus WHEN OLD.pushed_version > 0 "
+        "BEGIN INSERT INTO push_withdrawn (tbl, cluster, job_id, restart_count, node, gpu_uuid, time) "
+        "VALUES ('job_gpus', OLD.cluster, OLD.job_id, OLD.restart_count, OLD.node, OLD.gpu_uuid, "
+        "(julianday('now') - 2440587.5) * 86400.0); END",
+        """CREATE TABLE IF NOT EXISTS push_state (
+            name TEXT PRIMARY KEY,
+            value
+        )""",
     ),
 ]
 

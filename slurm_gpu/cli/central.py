@@ -1,0 +1,175 @@
+"""`slurm-gpu central init` and `slurm-gpu db push`: the cluster's SQL server (docs/central.md)."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Optional
+
+import click
+
+from slurm_gpu.errors import ExitCode, InputError
+
+_url_opt = click.option("--url", metavar="URL", default=None,
+                        help="mysql://USER@HOST[:PORT]/DATABASE (default: central.url). Never put a password here.")
+_pw_opt = click.option("--password-file", metavar="PATH", default=None,
+                       help="File with the password of USER, mode 600 (default: central.password_file).")
+
+
+@click.group()
+def central():
+    """The cluster's central SQL server (MariaDB/MySQL) that `db push` fills."""
+
+
+@central.command("init")
+@_url_opt
+@_pw_opt
+@click.option("--check", "check_only", is_flag=True,
+              help="Only say whether the schema is current: exit 0 if it is, 1 if `central init` would change it.")
+@click.option("--writer", default="slurm_gpu_writer", show_default=True, metavar="USER",
+              help="Account of the nodes in the printed GRANTs.")
+@click.option("--reporter", default="slurm_gpu_reporter", show_default=True, metavar="USER",
+              help="Read-only account in the printed GRANTs.")
+@click.option("--hosts", default="%", show_default=True, metavar="PATTERN",
+              help="Host pattern of both accounts in the printed GRANTs (e.g. '10.1.%').")
+@click.pass_obj
+def init(app, url, password_file, check_only, writer, reporter, hosts):
+    """Create or migrate the central schema; print the GRANTs for the two accounts.
+
+    Run once as an account that may create tables in the database (the database
+    admin), then run the printed statements with real passwords.  The writer (all
+    nodes) can insert and update records but neither read nor delete them; the
+    reporter can only read.
+    """
+    from slurm_gpu.store import central as C
+    with C.Central.from_config(app.config, url, password_file) as srv:
+        version = srv.schema_version()
+        if check_only:
+            if version == C.SCHEMA_VERSION:
+                click.echo(f"{srv.target.describe()}: schema version {version}, current")
+                return
+            have = "no slurm-gpu schema" if version is None else f"schema version {version}"
+            click.echo(f"{srv.target.describe()}: {have}, this slurm-gpu needs {C.SCHEMA_VERSION}: run `slurm-gpu central init`")
+            sys.exit(int(ExitCode.UNHEALTHY))
+        before, after = srv.migrate()
+        if before == after:
+            click.echo(f"{srv.target.describe()}: schema version {after}, already current", err=True)
+        else:
+            click.echo(f"{srv.target.describe()}: schema {'created' if before is None else f'migrated from {before}'}"
+                       f" at version {after}", err=True)
+        click.echo("-- Run as the database admin, with real passwords (docs/central.md):", err=True)
+        for stmt in C.grants(srv.target, writer, reporter, hosts):
+            click.echo(stmt)
+
+
+def _cluster(app, conn) -> str:
+    """The cluster name for health events and drains, which the node database keeps without it."""
+    name = app.config.get("", "cluster_name") or os.environ.get("SLURM_CLUSTER_NAME", "")
+    if name:
+        return name
+    name = _slurm_conf_cluster(os.environ.get("SLURM_CONF") or app.config.get("", "slurm_conf"))
+    if name:
+        return name
+    row = conn.execute("SELECT cluster FROM jobs ORDER BY end_time DESC LIMIT 1").fetchone()
+    if row and row[0]:
+        return row[0]
+    raise InputError("cannot tell this node's cluster name", "set cluster_name in the config")
+
+
+def _slurm_conf_cluster(path: str) -> str:
+    """ClusterName= of slurm.conf, '' when unreadable or absent."""
+    from slurm_gpu.slurm.conf import GresConfigError, config_lines
+    try:
+        for _where, line in config_lines(path):
+            key, _, value = line.partition("=")
+            if key.strip().lower() == "clustername":
+                return value.split()[0].strip('"') if value.split() else ""
+    except GresConfigError:
+        pass
+    return ""
+
+
+def _age(oldest: Optional[float]) -> str:
+    if oldest is None:
+        return "none"
+    s = max(0.0, time.time() - oldest)
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+@click.command("push")
+@click.option("--db", "--database", "database", metavar="PATH",
+              help="Node database (default: store.database; %n there is the short host name outside a hook).")
+@_url_opt
+@_pw_opt
+@click.option("--max-seconds", type=click.FloatRange(min=1), default=None, metavar="S",
+              help="Stop starting new batches after S seconds (what is left ships next time).")
+@click.option("--batch-size", type=click.IntRange(1, 100000), default=None, metavar="N",
+              help="Records per upsert (default: central.batch_size).")
+@click.option("--status", "status_only", is_flag=True,
+              help="Only print what waits to be shipped and its age; contact no server.")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress bar on stderr (default: when stderr is a terminal).")
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing when everything went (for cron and timers).")
+@click.pass_obj
+def push(app, database, url, password_file, max_seconds, batch_size, status_only, progress, quiet):
+    """Ship this node's records to the central server (idempotent upserts).
+
+    Job and GPU usage records, health events and drains that the server does not have
+    in their current form go in batches; the node database remembers what was shipped,
+    so a second run ships nothing and a restored node database doubles nothing.  When
+    the server is down or refuses the login, push exits 5 with one line and keeps every
+    record for the next run.  Prints what was shipped, what is left and the age of the
+    oldest record left.  Exit 0 when everything was shipped (or only --max-seconds
+    stopped it), 5 when the server failed, 1 when it refused some records.
+    """
+    from slurm_gpu.store.node import Store
+    from slurm_gpu.store import push as P
+    cfg = app.config
+    store = Store(database or cfg.path_value("store", "database"), cfg.path_value("store", "spool_dir"),
+                  cfg.get("store", "busy_timeout_s"))
+    if not os.path.lexists(store.path):
+        raise InputError(f"no database at {store.path}", "nothing has been recorded on this node yet, or --db names another file")
+    conn = store.connect()
+    try:
+        if status_only:
+            _print_backlog(P.backlog(conn), P.last_push_time(conn))
+            return
+        cluster = _cluster(app, conn)
+        from slurm_gpu.store.central import Central
+        before = P.backlog(conn)
+        show = sys.stderr.isatty() if progress is None else progress
+        with Central.from_config(cfg, url, password_file) as srv, \
+                click.progressbar(length=before.total, label="pushing", file=sys.stderr) if show and before.total \
+                else _NoBar() as bar:
+            result = P.Pusher(conn, srv, cluster, batch_size or cfg.get("central", "batch_size"), max_seconds,
+                              progress=bar.update).run()
+    finally:
+        store.close()
+    shipped = ", ".join(f"{t} {n}" for t, n in result.shipped.items() if n) or "nothing"
+    left = result.left
+    if not (quiet and not result.refused):
+        click.echo(f"{store.path} -> {srv.target.describe()}: shipped {shipped}; left {left.total}"
+                   + (f" (oldest {_age(left.oldest_time)} old)" if left.total else ""))
+    for line in result.refused[:10]:
+        click.echo(f"slurm-gpu: refused by the server: {line}", err=True)
+    if result.refused:
+        click.echo(f"hint: {len(result.refused)} record(s) stay in the node database; fix the server's column sizes "
+                   "or the records, then push again", err=True)
+        sys.exit(int(ExitCode.UNHEALTHY))
+
+
+class _NoBar:
+    def __enter__(self) -> "_NoBar":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def update(self, n: int) -> None:
+        pass
+
+
+def _print_backlog(b, last: Optional[float]) -> None:
+    rows = ", ".join(f"{t} {n}" for t, n in b.rows.items())
+    when = "never" if last is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(last))
+    click.echo(f"waiting: {b.total} ({rows}); oldest {_age(b.oldest_time)} old; last push {when}")

@@ -1,0 +1,418 @@
+"""The cluster's SQL server (MariaDB/MySQL): where every node's records meet (docs/central.md).
+
+Nothing here is on the hook path: the prolog and epilog write the node database only, and
+`slurm-gpu db push` (store/push.py) ships it here.  The driver, PyMySQL (the `central` extra),
+is imported when a connection is opened, never at module import.
+
+- The URL names user, host, port and database (`mysql://slurm_gpu_writer@dbhost/slurm_gpu`);
+  the password comes from a file only root (or the user running the command) can read.  No
+  password appears in a URL, a log line, an error message or a process argument.
+- Sessions use ANSI_QUOTES and PIPES_AS_CONCAT, UTC, and a binary collation, so that the
+  report's SQL reads the same on SQLite and on the server and sorts and groups names alike.
+- The schema is versioned like the node schema (table `meta`, name 'schema_version').
+  Records are keyed as on the nodes; a node never deletes here: a row it deleted after
+  shipping is marked `withdrawn`, and reports read the view `job_gpus_current`.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from slurm_gpu.errors import CentralError
+
+SCHEMA_VERSION = 1
+DEFAULT_PORT = 3306
+SESSION_SQL_MODE = "ANSI_QUOTES,PIPES_AS_CONCAT,STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION"
+URL_HINT = "central.url looks like mysql://USER@HOST[:PORT]/DATABASE (password in central.password_file)"
+
+
+class Target(NamedTuple):
+    """Where to connect: everything but the password."""
+
+    user: str
+    host: str
+    port: int
+    database: str
+    unix_socket: str = ""
+    ssl_ca: str = ""
+
+    def describe(self) -> str:
+        where = f"{self.host}:{self.port}" if not self.unix_socket else f"{self.host} (socket {self.unix_socket})"
+        return f"{self.user}@{where}/{self.database}"
+
+
+def is_url(text: str) -> bool:
+    return text.startswith(("mysql://", "mariadb://"))
+
+
+def parse_url(url: str) -> Target:
+    """mysql://USER@HOST[:PORT]/DATABASE[?unix_socket=PATH&ssl_ca=PATH]; CentralError if malformed."""
+    try:
+        u = urlsplit(url)
+        port = u.port
+    except ValueError as e:
+        raise CentralError(f"central URL is malformed ({e})", URL_HINT) from None
+    if u.scheme not in ("mysql", "mariadb"):
+        raise CentralError(f"central URL scheme {u.scheme!r} is not supported", URL_HINT)
+    if u.password is not None:
+        # Say where, never what: the text after ':' is a secret.
+        raise CentralError("central URL contains a password", "remove it from the URL and put it in central.password_file (mode 600)")
+    database = unquote(u.path.strip("/"))
+    if not u.username or not database or "/" in database:
+        raise CentralError(f"central URL {_safe(url)} must name a user and one database", URL_HINT)
+    opts = parse_qs(u.query)
+    unknown = sorted(set(opts) - {"unix_socket", "ssl_ca"})
+    if unknown:
+        raise CentralError(f"central URL option {unknown[0]!r} is not known", "known options: unix_socket, ssl_ca")
+    return Target(user=unquote(u.username), host=u.hostname or "localhost", port=port or DEFAULT_PORT,
+                  database=database, unix_socket=opts.get("unix_socket", [""])[-1], ssl_ca=opts.get("ssl_ca", [""])[-1])
+
+
+def _safe(url: str) -> str:
+    """A URL for a message: whatever stood between '//' and '@' reduced to the user name."""
+    try:
+        u = urlsplit(url)
+        if u.password is not None:
+            return url.replace(u.netloc, f"{u.username}:***@{u.hostname}" + (f":{u.port}" if u.port else ""))
+    except ValueError:
+        return "(unreadable URL)"
+    return url
+
+
+def read_password(path: str) -> str:
+    """The password in `path` (first line): refused unless a regular file, not a symlink, owned by
+    root or by us, and unreadable by group and others."""
+    hint = f"create it with `install -m 600 -o root /dev/null {path}` and write the password into it"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise CentralError(f"central.password_file {path}: no such file", hint) from None
+    except OSError as e:
+        why = "is a symlink" if e.errno in (40,) else (e.strerror or str(e))
+        raise CentralError(f"central.password_file {path}: cannot open ({why})", hint) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CentralError(f"central.password_file {path}: not a regular file", hint)
+        if st.st_uid not in (0, os.geteuid()):
+            raise CentralError(f"central.password_file {path}: owned by uid {st.st_uid}, not root",
+                               f"chown root {path} && chmod 600 {path}")
+        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise CentralError(f"central.password_file {path}: readable or writable by group/others "
+                               f"(mode {stat.S_IMODE(st.st_mode):04o})", f"chmod 600 {path}")
+        data = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    text = data.decode("utf-8", "replace").splitlines()
+    password = text[0].rstrip("\r") if text else ""
+    if not password:
+        raise CentralError(f"central.password_file {path}: empty", "write the account's password into it (one line)")
+    return password
+
+
+def _driver() -> Any:
+    try:
+        import pymysql
+    except ImportError:
+        raise CentralError("the central server needs PyMySQL, which is not installed",
+                           "pip install 'slurm-gpu[central]' (or Debian's python3-pymysql)") from None
+    return pymysql
+
+
+def _code(e: BaseException) -> Optional[int]:
+    """The server's or client's error number (1045 access denied, 2003 cannot connect, ...)."""
+    args = getattr(e, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
+
+
+def describe_error(e: BaseException, target: Target, password: str = "") -> Tuple[str, str]:
+    """(one line, hint) for a driver error: what happened at which server, never the password."""
+    code = _code(e)
+    text = str(e.args[1]) if len(getattr(e, "args", ())) > 1 else str(e)
+    if password:
+        text = text.replace(password, "***")
+    where = target.describe()
+    if code in (1045, 1698):
+        return (f"central server {where}: login refused for {target.user} ({text})",
+                "check the user in central.url and the password in central.password_file; `central init` prints the GRANTs")
+    if code in (1044, 1049):
+        return (f"central server {where}: no access to database {target.database} ({text})",
+                "run `slurm-gpu central init` as the database admin, then the GRANTs it prints")
+    if code in (1142, 1143, 1227):
+        return f"central server {where}: permission denied ({text})", "the account lacks a GRANT that `slurm-gpu central init` prints"
+    if code in (2003, 2002, 2006, 2013, 2055) or isinstance(e, (OSError, TimeoutError)):
+        return (f"central server {where}: unreachable or not answering ({text})",
+                "is the server up and reachable from here? nothing was lost: records stay in the node database for the next push")
+    return f"central server {where}: {type(e).__name__}: {text}", "see the server's log"
+
+
+class Central:
+    """One connection to the central server, with ANSI SQL (double-quoted names, || concatenation)."""
+
+    def __init__(self, target: Target, password: str, timeout_s: float = 10.0):
+        self.target = target
+        self.timeout_s = timeout_s
+        self._password = password
+        self.driver = _driver()
+        kw: Dict[str, Any] = dict(user=target.user, password=password, database=target.database,
+                                  connect_timeout=max(1, int(round(timeout_s))), read_timeout=timeout_s,
+                                  write_timeout=timeout_s, charset="utf8mb4", autocommit=False,
+                                  init_command=f"SET SESSION sql_mode='{SESSION_SQL_MODE}', time_zone='+00:00'")
+        if target.unix_socket:
+            kw["unix_socket"] = target.unix_socket
+        else:
+            kw.update(host=target.host, port=target.port)
+        if target.ssl_ca:
+            kw["ssl"] = {"ca": target.ssl_ca}
+        try:
+            self.conn = self.driver.connect(**kw)
+        except Exception as e:  # the driver's errors, socket errors, timeouts
+            raise self.error(e) from None
+
+    @classmethod
+    def from_config(cls, cfg: Any, url: Optional[str] = None, password_file: Optional[str] = None) -> "Central":
+        url = url or cfg.get("central", "url")
+        if not url:
+            raise CentralError("no central server configured", "set central.url in the config (docs/central.md)")
+        target = parse_url(url)
+        return cls(target, read_password(password_file or cfg.get("central", "password_file")),
+                   cfg.get("central", "timeout_s"))
+
+    def error(self, e: BaseException) -> CentralError:
+        message, hint = describe_error(e, self.target, self._password)
+        err = CentralError(message, hint)
+        err.driver_code = _code(e)  # type: ignore[attr-defined]
+        return err
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> List[Tuple[Any, ...]]:
+        try:
+            with self.conn.cursor() as cur:
+                cur.execute(sql, tuple(params) if params else None)
+                return list(cur.fetchall()) if cur.description else []
+        except Exception as e:
+            raise self.error(e) from None
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        try:
+            with self.conn.cursor() as cur:
+                cur.executemany(sql, [tuple(r) for r in rows])
+        except Exception as e:
+            raise self.error(e) from None
+
+    def commit(self) -> None:
+        try:
+            self.conn.commit()
+        except Exception as e:
+            raise self.error(e) from None
+
+    def rollback(self) -> None:
+        try:
+            self.conn.rollback()
+        except Exception:
+            pass  # the connection is gone: the server rolls back by itself
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except Exception:
+            pass
+
+    def __enter__(self) -> "Central":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- schema ------------------------------------------------------------------------------
+    def schema_version(self) -> Optional[int]:
+        """The central schema's version; None when the database has no slurm-gpu schema yet."""
+        try:
+            with self.conn.cursor() as cur:
+                cur.execute("SELECT value FROM meta WHERE name = 'schema_version'")
+                row = cur.fetchone()
+        except Exception as e:
+            if getattr(e, "args", (None,))[0] == 1146:  # table doesn't exist
+                return None
+            raise self.error(e) from None
+        return int(row[0]) if row else None
+
+    def require_current(self) -> None:
+        version = self.schema_version()
+        if version != SCHEMA_VERSION:
+            have = "no slurm-gpu schema" if version is None else f"schema version {version}"
+            raise CentralError(f"central server {self.target.describe()}: {have}, this slurm-gpu needs {SCHEMA_VERSION}",
+                               "run `slurm-gpu central init` as the database admin"
+                               + ("" if version is None or version < SCHEMA_VERSION else "; or upgrade slurm-gpu here"))
+
+    def migrate(self) -> Tuple[Optional[int], int]:
+        """Create or upgrade the schema: (version before, version after)."""
+        before = self.schema_version()
+        if before is not None and before > SCHEMA_VERSION:
+            raise CentralError(f"central schema version {before} is newer than this slurm-gpu ({SCHEMA_VERSION})",
+                               "upgrade slurm-gpu on this host")
+        for v in range(before or 0, SCHEMA_VERSION):
+            for stmt in MIGRATIONS[v]:
+                self.execute(stmt)
+            self.execute("INSERT INTO meta (name, value) VALUES ('schema_version', %s) "
+                         "ON DUPLICATE KEY UPDATE value = VALUES(value)", (str(v + 1),))
+            self.commit()
+        return before, SCHEMA_VERSION
+
+
+# --------------------------------------------------------------------------- schema
+#
+# The writer may neither read nor delete records, and MariaDB checks SELECT for every column
+# an `INSERT ... ON DUPLICATE KEY UPDATE` touches.  So the nodes INSERT into per-push staging
+# tables (stage_*: no SELECT, no UPDATE, no DELETE) and CALL apply_batch(batch), a
+# SQL SECURITY DEFINER procedure created by `central init`, which upserts the batch into the
+# record tables and removes it from staging, in the writer's transaction.
+
+_NAME = "VARCHAR(255)"
+_TAIL = "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+
+# Columns shipped per table (node column names; the key columns first).
+JOB_COLUMNS = ("cluster", "job_id", "restart_count", "node", "user", "uid", "account", "partition", "gpu_count",
+               "start_time", "end_time", "exit_code", "partial")
+JOB_GPU_COLUMNS = ("cluster", "job_id", "restart_count", "node", "gpu_uuid", "gpu_index", "gpu_model", "user",
+                   "account", "partition", "start_time", "end_time", "duration_s", "energy_j", "gpu_util_mean_pct",
+                   "mem_util_mean_pct", "max_memory_bytes", "process_count", "ecc_corrected_delta",
+                   "ecc_uncorrected_delta", "retired_pages_delta", "remapped_rows_delta", "clock_event_reasons",
+                   "xid_events", "parent_gpu_uuid", "notes", "partial")
+EVENT_COLUMNS = ("cluster", "node", "event_key", "time", "source", "job_id", "gpu_index", "gpu_uuid", "check_name",
+                 "status", "message")
+DRAIN_COLUMNS = ("cluster", "node", "drain_key", "time", "source", "job_id", "restart_count", "reason", "ok",
+                 "outcome", "kept_reason")
+COLUMNS = {"jobs": JOB_COLUMNS, "job_gpus": JOB_GPU_COLUMNS, "health_events": EVENT_COLUMNS, "drains": DRAIN_COLUMNS}
+KEYS = {"jobs": 4, "job_gpus": 5, "health_events": 3, "drains": 3}  # leading key columns of each list
+RECORD_TABLES = tuple(COLUMNS)
+SHIPPED = ("withdrawn", "shipped_at")  # set by push, not by the node's row
+
+_TYPES = {
+    "cluster": "VARCHAR(64)", "job_id": "BIGINT", "restart_count": "INT", "node": "VARCHAR(255)", "user": _NAME, "uid": "BIGINT", "account": _NAME, "partition": _NAME,
+    "gpu_count": "INT NOT NULL DEFAULT 0", "start_time": "DOUBLE", "end_time": "DOUBLE", "exit_code": "VARCHAR(64)",
+    "partial": "TINYINT NOT NULL DEFAULT 0", "gpu_uuid": "VARCHAR(128)", "gpu_index": "INT",
+    "gpu_model": _NAME, "duration_s": "DOUBLE NOT NULL", "energy_j": "DOUBLE", "gpu_util_mean_pct": "DOUBLE",
+    "mem_util_mean_pct": "DOUBLE", "max_memory_bytes": "BIGINT", "process_count": "INT",
+    "ecc_corrected_delta": "BIGINT", "ecc_uncorrected_delta": "BIGINT", "retired_pages_delta": "BIGINT",
+    "remapped_rows_delta": "BIGINT", "clock_event_reasons": "BIGINT", "xid_events": "MEDIUMTEXT",
+    "parent_gpu_uuid": "VARCHAR(128)", "notes": "TEXT", "event_key": "CHAR(64)", "drain_key": "CHAR(64)",
+    "time": "DOUBLE NOT NULL", "source": "VARCHAR(64) NOT NULL", "check_name": "VARCHAR(128) NOT NULL",
+    "status": "VARCHAR(16) NOT NULL", "message": "TEXT NOT NULL", "reason": "TEXT NOT NULL", "ok": "TINYINT NOT NULL",
+    "outcome": "VARCHAR(16)", "kept_reason": "TEXT", "withdrawn": "TINYINT NOT NULL DEFAULT 0",
+    "shipped_at": "DOUBLE NOT NULL",
+}
+# Besides the key columns: a record's times may be unknown only in jobs; in job_gpus they are the record.
+_NOT_NULL_IN = {"job_gpus": ("start_time", "end_time")}
+
+# Group keys of `report --by` with a covering index (as on the nodes: report/query.py).
+REPORT_INDEX_KEYS = ("user", "account", "partition", "node", "gpu_model")
+_COVERED = ("end_time", "start_time", "withdrawn", "gpu_util_mean_pct", "mem_util_mean_pct", "max_memory_bytes",
+            "energy_j")
+_INDEXES = {
+    "jobs": ("KEY jobs_end (end_time)",),
+    "job_gpus": ("KEY job_gpus_end (end_time)", "KEY job_gpus_duration (duration_s)",
+                 *(f'KEY job_gpus_by_{k} ("{k}", {", ".join(_COVERED)})' for k in REPORT_INDEX_KEYS)),
+    "health_events": ("KEY health_events_time (time)",),
+    "drains": ("KEY drains_time (time)",),
+}
+
+
+def _q(cols: Sequence[str]) -> str:
+    return ", ".join(f'"{c}"' for c in cols)
+
+
+def _column_ddl(table: str, col: str, staging: bool = False) -> str:
+    kind = _TYPES[col]
+    if col in _NOT_NULL_IN.get(table, ()) or col in COLUMNS[table][:KEYS[table]]:
+        kind += " NOT NULL"
+    if staging and col in ("withdrawn",):
+        kind = "TINYINT NOT NULL"
+    return f'"{col}" {kind}'
+
+
+def _table_ddl(table: str) -> str:
+    cols = COLUMNS[table] + SHIPPED
+    body = [_column_ddl(table, c) for c in cols]
+    body.append(f"PRIMARY KEY ({_q(COLUMNS[table][:KEYS[table]])})")
+    body += list(_INDEXES[table])
+    return f"CREATE TABLE IF NOT EXISTS {table} (\n    " + ",\n    ".join(body) + f"\n) {_TAIL}"
+
+
+def _stage_ddl(table: str) -> str:
+    # Same columns, every one nullable but batch and withdrawn: a tombstone carries only the key.
+    cols = [f'"{c}" {_TYPES[c].replace(" NOT NULL", "").replace(" DEFAULT 0", "")}' for c in COLUMNS[table] + ("shipped_at",)]
+    body = ["batch CHAR(32) NOT NULL", *cols, "withdrawn TINYINT NOT NULL",
+            f"PRIMARY KEY (batch, {_q(COLUMNS[table][:KEYS[table]])})"]
+    return f"CREATE TABLE IF NOT EXISTS stage_{table} (\n    " + ",\n    ".join(body) + f"\n) {_TAIL}"
+
+
+def _apply_sql(table: str) -> List[str]:
+    cols = COLUMNS[table] + SHIPPED
+    sets = ", ".join(f'"{c}" = VALUES("{c}")' for c in cols[KEYS[table]:])
+    out = [f"INSERT INTO {table} ({_q(cols)}) SELECT {_q(cols)} FROM stage_{table} WHERE batch = b AND withdrawn = 0 "
+           f"ON DUPLICATE KEY UPDATE {sets}"]
+    if table in ("jobs", "job_gpus"):
+        # A tombstone: the row the node deleted after shipping it.  Never seen here (a push
+        # lost before it): a placeholder row, already withdrawn, that no report reads.
+        key = COLUMNS[table][:KEYS[table]]
+        fill = ", 0, 0, 0" if table == "job_gpus" else ""
+        fill_cols = ', "start_time", "end_time", "duration_s"' if table == "job_gpus" else ""
+        out.append(f"INSERT INTO {table} ({_q(key)}{fill_cols}, withdrawn, shipped_at) "
+                   f"SELECT {_q(key)}{fill}, 1, shipped_at FROM stage_{table} WHERE batch = b AND withdrawn = 1 "
+                   "ON DUPLICATE KEY UPDATE withdrawn = 1, shipped_at = VALUES(shipped_at)")
+    out.append(f"DELETE FROM stage_{table} WHERE batch = b")
+    return out
+
+
+def _procedure() -> str:
+    body = ";\n  ".join(stmt for t in RECORD_TABLES for stmt in _apply_sql(t))
+    return ("CREATE OR REPLACE PROCEDURE apply_batch(IN b CHAR(32)) MODIFIES SQL DATA SQL SECURITY DEFINER\n"
+            f"BEGIN\n  {body};\nEND")
+
+
+MIGRATIONS: List[Tuple[str, ...]] = [
+    (
+        f"""CREATE TABLE IF NOT EXISTS meta (
+    name VARCHAR(64) NOT NULL PRIMARY KEY,
+    value VARCHAR(255) NOT NULL
+) {_TAIL}""",
+        *(_table_ddl(t) for t in RECORD_TABLES),
+        *(_stage_ddl(t) for t in RECORD_TABLES),
+        # What reports read: the same columns as a node's job_gpus, without withdrawn rows.
+        "CREATE OR REPLACE VIEW job_gpus_current AS SELECT * FROM job_gpus WHERE withdrawn = 0",
+        _procedure(),
+    ),
+]
+assert len(MIGRATIONS) == SCHEMA_VERSION
+
+
+def stage_sql(table: str) -> str:
+    """One staged row: batch, the node's columns, shipped_at, withdrawn (multi-row with executemany)."""
+    cols = ("batch",) + COLUMNS[table] + ("shipped_at", "withdrawn")
+    return f"INSERT INTO stage_{table} ({_q(cols)}) VALUES ({', '.join(['%s'] * len(cols))})"
+
+
+def withdraw_row(table: str, key: Sequence[Any], shipped_at: float) -> Tuple[Any, ...]:
+    """The staged values of a tombstone: the key, nothing else."""
+    return tuple(key) + (None,) * (len(COLUMNS[table]) - KEYS[table]) + (shipped_at, 1)
+
+
+def grants(target: Target, writer: str = "slurm_gpu_writer", reporter: str = "slurm_gpu_reporter",
+           hosts: str = "%") -> List[str]:
+    """The GRANT statements for the two accounts (run by the database admin).
+
+    The writer (every node) may insert into the staging tables, run apply_batch and read the
+    schema version: it can neither read nor change nor delete records.  The reporter reads
+    (and makes the session's temporary calendar table of day/week/month reports)."""
+    db = target.database.replace("`", "``")
+    out = [f"CREATE USER IF NOT EXISTS '{writer}'@'{hosts}' IDENTIFIED BY '<writer password>';",
+           f"CREATE USER IF NOT EXISTS '{reporter}'@'{hosts}' IDENTIFIED BY '<reporter password>';"]
+    for table in RECORD_TABLES:
+        out.append(f"GRANT INSERT ON `{db}`.`stage_{table}` TO '{writer}'@'{hosts}';")
+    out.append(f"GRANT EXECUTE ON PROCEDURE `{db}`.`apply_batch` TO '{writer}'@'{hosts}';")
+    out.append(f"GRANT SELECT ON `{db}`.`meta` TO '{writer}'@'{hosts}';")
+    # Day/week/month reports join a temporary calendar table of the session.
+    out.append(f"GRANT SELECT, SHOW VIEW, CREATE TEMPORARY TABLES ON `{db}`.* TO '{reporter}'@'{hosts}';")
+    return out

@@ -1,0 +1,477 @@
+"""The central SQL server: `central init`, `db push` and its faults, against a real MariaDB.
+
+One MariaDB server (Debian's mariadbd on 127.0.0.1) for the module; every test gets its own
+database, an admin account that ran `central init`, and the writer and reporter accounts
+created with exactly the GRANTs that `central init` prints.
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mariadb import MariaDB, MariaDBUnavailable
+from testbed import unavailable
+
+from slurm_gpu.store import central as C
+from slurm_gpu.store.node import Store
+
+pytestmark = pytest.mark.central
+
+
+@pytest.fixture(scope="module")
+def server():
+    try:
+        m = MariaDB()
+    except MariaDBUnavailable as e:
+        unavailable(str(e))
+    m.start()
+    yield m
+    m.cleanup()
+
+
+def job_end(job_id, node="n1", gpus=2, restart=0, user="u", account="a", partial=0, end=11.0):
+    job = {"cluster": "c", "job_id": job_id, "restart_count": restart, "node": node, "user": user, "uid": 1,
+           "account": account, "partition": "p", "gpu_count": gpus, "start_time": 1.0, "end_time": end,
+           "exit_code": "0"}
+    rows = [{"cluster": "c", "job_id": job_id, "restart_count": restart, "node": node, "gpu_uuid": f"GPU-{i}",
+             "gpu_index": i, "gpu_model": "NVIDIA H100", "user": user, "account": account, "partition": "p",
+             "start_time": 1.0, "end_time": end, "duration_s": end - 1.0, "energy_j": 5.0 * (i + 1),
+             "gpu_util_mean_pct": 50.0, "partial": partial} for i in range(gpus)]
+    return {"kind": "job_end", "job": job, "gpus": rows}
+
+
+class Site:
+    """A database on the test server with its three accounts and a node config pointing at it."""
+
+    def __init__(self, server: MariaDB, tmp: Path):
+        self.server = server
+        self.tmp = tmp
+        self.db = server.new_database()
+        suffix = self.db.split("_")[-1]
+        self.admin, self.writer, self.reporter = f"adm_{suffix}", f"wr_{suffix}", f"rep_{suffix}"
+        self.admin_pw = server.new_user(self.admin, [f"GRANT ALL ON {self.db}.* TO '{self.admin}'@'%';"])
+        self.node_db = tmp / "usage.db"
+        self.store = Store(str(self.node_db), str(tmp / "spool"))
+        self.config = self.write_config(self.admin, self.admin_pw)
+
+    def password_file(self, user: str, password: str) -> Path:
+        p = self.tmp / f"{user}.password"
+        p.write_text(password + "\n")
+        os.chmod(p, 0o600)
+        return p
+
+    def write_config(self, user: str, password: str, timeout_s: float = 5.0, name: str = "config.toml") -> Path:
+        cfg = self.tmp / name
+        cfg.write_text(f'cluster_name = "c"\nslurm_conf = "{self.tmp}/none.conf"\n'
+                       f'[store]\ndatabase = "{self.node_db}"\nspool_dir = "{self.tmp}/spool"\n'
+                       f'[central]\nurl = "{self.server.url(user, self.db)}"\n'
+                       f'password_file = "{self.password_file(user, password)}"\ntimeout_s = {timeout_s}\n')
+        os.chmod(cfg, 0o644)
+        return cfg
+
+    def init(self) -> subprocess.CompletedProcess:
+        r = cli("--config", str(self.config), "central", "init", "--writer", self.writer, "--reporter", self.reporter,
+                "--hosts", "%")
+        assert r.returncode == 0, r.stderr
+        grants = [s for s in r.stdout.splitlines() if s.startswith("GRANT")]
+        self.writer_pw = self.server.new_user(self.writer, [g for g in grants if f"'{self.writer}'" in g])
+        self.reporter_pw = self.server.new_user(self.reporter, [g for g in grants if f"'{self.reporter}'" in g])
+        self.writer_config = self.write_config(self.writer, self.writer_pw, name="writer.toml")
+        return r
+
+    def push(self, *args: str, config: Path = None) -> subprocess.CompletedProcess:
+        return cli("--config", str(config or self.writer_config), "db", "push", *args)
+
+    def rows(self, sql: str):
+        return self.server.rows(sql, self.db)
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("SLURM_CONF", None)
+    return subprocess.run([sys.executable, "-m", "slurm_gpu.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.fixture
+def site(server, tmp_path):
+    return Site(server, tmp_path)
+
+
+def test_central_init_creates_the_schema_and_check_says_whether_it_is_current(site):
+    r = cli("--config", str(site.config), "central", "init", "--check")
+    assert r.returncode == 1 and "no slurm-gpu schema" in r.stdout
+    r = site.init()
+    assert "schema created at version 1" in r.stderr
+    assert f"GRANT EXECUTE ON PROCEDURE `{site.db}`.`apply_batch` TO '{site.writer}'@'%';" in r.stdout
+    r = cli("--config", str(site.config), "central", "init", "--check")
+    assert r.returncode == 0 and "current" in r.stdout, r.stdout + r.stderr
+    r = cli("--config", str(site.config), "central", "init")  # again: nothing to do, same grants
+    assert r.returncode == 0 and "already current" in r.stderr
+
+
+def test_push_ships_every_record_once_and_a_second_push_ships_nothing(site):
+    site.init()
+    for j in range(1, 6):
+        site.store.write(job_end(j))
+    site.store.write({"kind": "health", "events": [
+        {"time": 5.0, "node": "n1", "source": "healthcheck", "gpu_index": 0, "gpu_uuid": "GPU-0",
+         "check_name": "ecc", "status": "FAIL", "message": "uncorrectable ECC errors: 2"}]})
+    site.store.write({"kind": "drain", "drain": {"time": 6.0, "node": "n1", "source": "healthcheck",
+                                                 "reason": "slurm-gpu: GPU 0 ecc", "ok": 1, "outcome": "drained"}})
+    r = site.push()
+    assert r.returncode == 0, r.stderr
+    assert "shipped jobs 5, job_gpus 10, health_events 1, drains 1; left 0" in r.stdout
+    assert site.rows("SELECT COUNT(*), COUNT(DISTINCT job_id), SUM(energy_j) FROM job_gpus") == [["10", "5", "75"]]
+    assert site.rows("SELECT cluster, node, check_name, status FROM health_events") == [["c", "n1", "ecc", "FAIL"]]
+    assert site.rows("SELECT cluster, outcome FROM drains") == [["c", "drained"]]
+    r = site.push()
+    assert r.returncode == 0 and "shipped nothing; left 0" in r.stdout
+    assert site.rows("SELECT COUNT(*) FROM stage_job_gpus") == [["0"]]
+
+
+def test_a_row_changed_after_shipping_ships_again_in_its_new_form(site):
+    site.init()
+    site.store.write(job_end(7, partial=1))
+    assert site.push().returncode == 0
+    assert site.rows("SELECT DISTINCT partial FROM job_gpus") == [["1"]]
+    site.store.write(job_end(7))  # the complete record replaces the partial one on the node
+    r = site.push()
+    assert r.returncode == 0 and "job_gpus 2" in r.stdout
+    assert site.rows("SELECT COUNT(*), MAX(partial) FROM job_gpus") == [["2", "0"]]
+
+
+def test_a_partial_row_the_node_dropped_is_withdrawn_on_the_server(site):
+    site.init()
+    site.store.write(job_end(8, partial=1))
+    assert site.push().returncode == 0
+    # The prolog's drain turns up late: the job never ran here; the node drops the partial rows.
+    site.store.write({"kind": "drain", "drain": {"time": 6.0, "node": "n1", "source": "prolog", "cluster": "c",
+                                                 "job_id": 8, "restart_count": 0, "reason": "slurm-gpu: x", "ok": 1,
+                                                 "outcome": "drained"}})
+    r = site.push()
+    assert r.returncode == 0 and "withdrawn 3" in r.stdout, r.stdout
+    assert site.rows("SELECT COUNT(*) FROM job_gpus WHERE withdrawn = 1") == [["2"]]
+    assert site.rows("SELECT COUNT(*) FROM job_gpus_current") == [["0"]]
+    assert site.rows("SELECT withdrawn FROM jobs") == [["1"]]
+
+
+def test_a_node_database_restored_from_an_old_backup_doubles_nothing(site):
+    site.init()
+    for j in range(1, 4):
+        site.store.write(job_end(j))
+    site.store.close()
+    backup = site.tmp / "backup.db"
+    r = cli("--config", str(site.writer_config), "db", "backup", str(backup))
+    assert r.returncode == 0, r.stderr
+    assert site.push().returncode == 0
+    for j in range(4, 6):
+        site.store.write(job_end(j))
+    assert site.push().returncode == 0
+    site.store.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{site.node_db}{suffix}").unlink(missing_ok=True)
+    os.rename(backup, site.node_db)
+    site.store.write(job_end(6))
+    r = site.push()
+    assert r.returncode == 0, r.stderr
+    assert site.rows("SELECT COUNT(*), COUNT(DISTINCT job_id) FROM job_gpus") == [["12", "6"]]
+    assert site.rows("SELECT COUNT(*) FROM jobs") == [["6"]]
+
+
+def test_the_writer_can_neither_read_nor_change_nor_delete_records(site):
+    site.init()
+    site.store.write(job_end(1))
+    assert site.push().returncode == 0
+    writer = C.Central(C.parse_url(site.server.url(site.writer, site.db)), site.writer_pw, 5)
+    try:
+        for sql in ("SELECT * FROM job_gpus", "SELECT * FROM job_gpus_current", "SELECT * FROM stage_job_gpus",
+                    "DELETE FROM job_gpus", "UPDATE job_gpus SET energy_j = 0", "DELETE FROM jobs",
+                    "SELECT * FROM health_events", "TRUNCATE TABLE drains", "DROP TABLE job_gpus"):
+            with pytest.raises(Exception) as e:
+                writer.execute(sql)
+            assert "denied" in str(e.value), (sql, e.value)
+    finally:
+        writer.close()
+    assert site.rows("SELECT COUNT(*) FROM job_gpus") == [["2"]]
+    reporter = C.Central(C.parse_url(site.server.url(site.reporter, site.db)), site.reporter_pw, 5)
+    try:
+        assert reporter.execute("SELECT COUNT(*) FROM job_gpus_current") == [(2,)]
+        with pytest.raises(Exception, match="denied"):
+            reporter.execute("DELETE FROM job_gpus")
+    finally:
+        reporter.close()
+
+
+def test_a_wrong_password_is_one_line_naming_the_problem_and_no_secret(site):
+    site.init()
+    site.store.write(job_end(1))
+    bad = site.write_config(site.writer, "Wr0ng-S3cret-Pa55", name="bad.toml")
+    r = site.push(config=bad)
+    assert r.returncode == 5
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("slurm-gpu: error: central server") and "login refused" in lines[0]
+    assert lines[1].startswith("hint: ")
+    assert "Wr0ng-S3cret-Pa55" not in r.stdout + r.stderr and site.writer_pw not in r.stdout + r.stderr
+    assert "left" not in r.stdout
+    r = site.push("--status")
+    assert r.returncode == 0 and "waiting: 3 (jobs 1, job_gpus 2" in r.stdout
+
+
+def test_a_password_in_the_url_is_refused_without_being_printed(site):
+    cfg = site.tmp / "pw-in-url.toml"
+    cfg.write_text(f'[central]\nurl = "mysql://{site.writer}:Hunter2Secret@127.0.0.1/{site.db}"\n')
+    os.chmod(cfg, 0o644)
+    r = cli("--config", str(cfg), "db", "push", "--status")
+    assert r.returncode == 2 and "must not contain a password" in r.stderr
+    assert "Hunter2Secret" not in r.stderr + r.stdout
+
+
+def test_a_password_file_readable_by_others_is_refused(site):
+    site.init()
+    site.store.write(job_end(1))
+    pw = site.tmp / f"{site.writer}.password"
+    os.chmod(pw, 0o644)
+    r = site.push()
+    assert r.returncode == 5 and "readable or writable by group/others (mode 0644)" in r.stderr
+    assert "hint: chmod 600" in r.stderr
+
+
+def test_server_down_while_20_jobs_end_then_the_next_push_ships_them_once(site):
+    site.init()
+    site.store.write(job_end(100))
+    assert site.push().returncode == 0
+    site.server.stop()
+    try:
+        for j in range(1, 21):
+            site.store.write(job_end(j, gpus=1))
+        t0 = time.monotonic()
+        r = site.push()
+        took = time.monotonic() - t0
+        assert r.returncode == 5 and "unreachable" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 2
+        assert took < 5 + 10, took  # timeout_s plus interpreter start
+    finally:
+        site.server.start()
+    r = site.push()
+    assert r.returncode == 0 and "job_gpus 20" in r.stdout, r.stdout + r.stderr
+    assert site.rows("SELECT COUNT(*), COUNT(DISTINCT job_id) FROM job_gpus") == [["22", "21"]]
+    assert site.push().returncode == 0
+    assert site.rows("SELECT COUNT(*) FROM job_gpus") == [["22"]]
+
+
+def test_a_hung_server_makes_push_give_up_within_its_timeout(site):
+    site.init()
+    site.store.write(job_end(1))
+    cfg = site.write_config(site.writer, site.writer_pw, timeout_s=2.0, name="short.toml")
+    site.server.pause()
+    try:
+        t0 = time.monotonic()
+        r = site.push(config=cfg)
+        took = time.monotonic() - t0
+    finally:
+        site.server.resume()
+    assert r.returncode == 5 and "not answering" in r.stderr, r.stderr
+    assert took < 2.0 * 3 + 5, took  # connect, read and write timeouts, plus start-up
+    assert site.push().returncode == 0
+    assert site.rows("SELECT COUNT(*) FROM job_gpus") == [["2"]]
+
+
+def test_a_record_the_server_refuses_stays_behind_and_the_others_ship(site):
+    site.init()
+    site.store.write(job_end(1))
+    site.store.write(job_end(2, user="x" * 300))  # longer than the server's VARCHAR(255)
+    site.store.write(job_end(3))
+    r = site.push()
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "refused by the server: jobs c/2/0/n1" in r.stderr and "Data too long" in r.stderr
+    assert site.rows("SELECT job_id FROM jobs ORDER BY job_id") == [["1"], ["3"]]
+    assert "left 3" in r.stdout  # the refused job row and its two GPU rows
+
+
+def test_push_without_schema_says_run_central_init(site):
+    site.store.write(job_end(1))
+    r = cli("--config", str(site.config), "db", "push")
+    assert r.returncode == 5 and "no slurm-gpu schema" in r.stderr and "central init" in r.stderr
+
+
+def test_push_progress_bar_only_when_asked_or_on_a_terminal(site):
+    site.init()
+    for j in range(1, 4):
+        site.store.write(job_end(j))
+    r = site.push("--progress", "--batch-size", "2")
+    assert r.returncode == 0 and "pushing" in r.stderr
+    site.store.write(job_end(9))
+    r = site.push()
+    assert r.returncode == 0 and r.stderr == ""
+
+
+def test_push_status_reads_only_the_node_database(site, tmp_path):
+    site.store.write(job_end(1))
+    cfg = tmp_path / "nowhere.toml"
+    cfg.write_text(f'[store]\ndatabase = "{site.node_db}"\n[central]\nurl = "mysql://u@127.0.0.1:1/x"\n')
+    os.chmod(cfg, 0o644)
+    r = cli("--config", str(cfg), "db", "push", "--status")
+    assert r.returncode == 0 and "waiting: 3" in r.stdout and "last push never" in r.stdout
+
+
+def test_the_node_outbox_marks_every_change_and_every_deletion(tmp_path):
+    """Pure node side: the v5 triggers (no server needed)."""
+    st = Store(str(tmp_path / "u.db"), str(tmp_path / "spool"))
+    st.write(job_end(1, partial=1))
+    conn = sqlite3.connect(st.path)
+    assert conn.execute("SELECT push_version, pushed_version FROM job_gpus").fetchall() == [(1, 0), (1, 0)]
+    conn.execute("UPDATE job_gpus SET pushed_version = push_version")
+    conn.commit()
+    st.write(job_end(1))  # completes the rows: a change
+    assert conn.execute("SELECT push_version > pushed_version FROM job_gpus").fetchall() == [(1,), (1,)]
+    conn.execute("UPDATE job_gpus SET pushed_version = push_version")
+    conn.execute("DELETE FROM job_gpus WHERE gpu_index = 0")
+    conn.commit()
+    assert conn.execute("SELECT tbl, job_id, gpu_uuid FROM push_withdrawn").fetchall() == [("job_gpus", 1, "GPU-0")]
+    conn.close()
+
+
+UNITS = Path(__file__).resolve().parent.parent / "deploy" / "systemd"
+
+
+def _installed_units(tmp_path: Path) -> Path:
+    """The shipped units with ExecStart pointing at this installation's slurm-gpu."""
+    import shutil
+    exe = shutil.which("slurm-gpu") or str(Path(sys.executable).with_name("slurm-gpu"))
+    out = tmp_path / "units"
+    out.mkdir()
+    for unit in UNITS.iterdir():
+        (out / unit.name).write_text(unit.read_text().replace("/usr/local/bin/slurm-gpu", exe))
+    return out
+
+
+def test_shipped_systemd_units_pass_systemd_analyze_verify(tmp_path):
+    import shutil
+    if shutil.which("systemd-analyze") is None:
+        unavailable("systemd-analyze not found (Debian package systemd)")
+    units = _installed_units(tmp_path)
+    r = subprocess.run(["systemd-analyze", "verify", *(str(p) for p in sorted(units.iterdir()))],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # Warnings about the unit files themselves (not about this machine's other units) fail too.
+    assert "slurm-gpu-push" not in r.stderr, r.stderr
+
+
+def test_the_timer_ships_a_record_within_60_seconds_of_the_epilog(site, tmp_path):
+    """Period of the timer + the service's own command, run as written, against a real server."""
+    import configparser
+    import shlex
+    units = _installed_units(tmp_path)
+    timer = configparser.ConfigParser(strict=False, interpolation=None)
+    timer.read(units / "slurm-gpu-push.timer")
+    period = timer["Timer"]["OnUnitActiveSec"]
+    assert period.endswith("s") and int(period[:-1]) + int(timer["Timer"]["AccuracySec"][:-1]) \
+        + int(timer["Timer"]["RandomizedDelaySec"][:-1]) <= 45
+    service = configparser.ConfigParser(strict=False, interpolation=None)
+    service.read(units / "slurm-gpu-push.service")
+    argv = shlex.split(service["Service"]["ExecStart"])
+    site.init()
+    site.store.write(job_end(77))
+    t0 = time.monotonic()
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, SLURM_GPU_CONFIG=str(site.writer_config)))
+    took = time.monotonic() - t0
+    assert r.returncode == 0 and r.stdout == "" and r.stderr == "", r.stdout + r.stderr
+    assert site.rows("SELECT COUNT(*) FROM job_gpus WHERE job_id = 77") == [["2"]]
+    assert took < 15, took
+
+
+def _mixed_records(seed: int = 7):
+    """Jobs over two months, three nodes, users, accounts, models, MIG-less and partial rows,
+    unknown utilisation, a record crossing midnight and one with out-of-range utilisation."""
+    import random
+    rnd = random.Random(seed)
+    t0 = 1_790_000_000.0  # 2026-09-21
+    out = {"n1": [], "n2": [], "n3": []}
+    for j in range(1, 121):
+        node = ("n1", "n2", "n3")[j % 3]
+        start = t0 + rnd.uniform(0, 60 * 86400)
+        dur = rnd.choice((30.0, 600.5, 3600.0, 5 * 3600 + 0.25, 26 * 3600.0))
+        gpus = rnd.choice((1, 2, 4))
+        user = rnd.choice(("alice", "bob", "Carol", "dave\u00e9", None))
+        account = rnd.choice(("physics", "chem", "bio"))
+        model = rnd.choice(("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"))
+        job = {"cluster": rnd.choice(("c", "c", "d")), "job_id": 1000 + j, "restart_count": rnd.choice((0, 0, 1)),
+               "node": node, "user": user, "uid": 1, "account": account, "partition": rnd.choice(("gpu", "long")),
+               "gpu_count": gpus, "start_time": start, "end_time": start + dur, "exit_code": "0"}
+        rows = []
+        for i in range(gpus):
+            util = rnd.choice((None, 0.0, 3.2, 47.123, 99.9, 100.0, 131.0))
+            rows.append({k: job[k] for k in ("cluster", "job_id", "restart_count", "node", "user", "account",
+                                             "partition")} | {
+                "gpu_uuid": f"GPU-{node}-{i}", "gpu_index": i, "gpu_model": model, "start_time": start,
+                "end_time": start + dur, "duration_s": dur, "energy_j": None if util is None else rnd.uniform(1e3, 3e6),
+                "gpu_util_mean_pct": util, "mem_util_mean_pct": None if util is None else util / 3,
+                "max_memory_bytes": rnd.choice((None, 1 << 30, 80 << 30)), "process_count": 1})
+        out[node].append({"kind": "job_end", "job": job, "gpus": rows})
+    return out
+
+
+@pytest.fixture(scope="module")
+def pushed(server, tmp_path_factory):
+    """The same records in three node files and on the server (pushed by the writer)."""
+    tmp = tmp_path_factory.mktemp("equal")
+    s = Site(server, tmp)
+    s.init()
+    files = []
+    for node, recs in _mixed_records().items():
+        st = Store(str(tmp / f"{node}.db"), str(tmp / f"spool-{node}"))
+        for rec in recs:
+            st.write(rec)
+        st.close()
+        files.append(str(tmp / f"{node}.db"))
+        r = s.push("--db", files[-1])
+        assert r.returncode == 0, r.stderr
+    s.reporter_config = s.write_config(s.reporter, s.reporter_pw, name="reporter.toml")
+    return s, files
+
+
+@pytest.mark.parametrize("args", [
+    ("--by", "user"), ("--by", "account,month"), ("--by", "gpu-model,week"), ("--by", "node,day"),
+    ("--by", "partition", "--since", "2026-10-01", "--until", "2026-10-15T12:30"), ("--by", "cluster,user"),
+    ("--by", "month", "--user", "alice,Carol"), ("--by", "account", "--idle-threshold", "10"),
+    ("jobs", "--sort", "-energy_kwh"), ("jobs", "--idle", "--limit", "7"), ("jobs", "--since", "now-3650days"),
+    ("job", "1005"), ("--by", "day", "--tz", "local", "--since", "2026-10-20", "--until", "2026-10-24"),
+])
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_report_from_the_server_equals_report_from_node_files_byte_for_byte(pushed, args, fmt):
+    s, files = pushed
+    node_args = [a for f in files for a in ("--db", f)]
+    url = s.server.url(s.reporter, s.db)
+    env_tz = {"TZ": "Europe/Berlin"}
+    a = cli_env(env_tz, "--config", str(s.reporter_config), "report", *args, *node_args, "--format", fmt)
+    b = cli_env(env_tz, "--config", str(s.reporter_config), "report", *args, "--db", url, "--format", fmt)
+    assert a.returncode == 0, a.stderr
+    assert b.returncode == 0, b.stderr
+    assert a.stdout.strip(), a.stderr
+    assert b.stdout == a.stdout
+    assert b.stderr == a.stderr
+
+
+def test_report_db_central_uses_the_configured_url_and_a_reporter_cannot_be_a_writer(pushed):
+    s, files = pushed
+    r = cli("--config", str(s.reporter_config), "report", "--by", "account", "--db", "central", "--format", "csv")
+    assert r.returncode == 0 and r.stdout.startswith("account,jobs,"), r.stderr
+    r = cli("--config", str(s.writer_config), "report", "--by", "account", "--db", "central")
+    assert r.returncode == 5 and "permission denied" in r.stderr and "SELECT command denied" in r.stderr
+    r = cli("--config", str(s.reporter_config), "report", "--db", "central", "--db", files[0])
+    assert r.returncode == 2 and "cannot be combined" in r.stderr
+
+
+def cli_env(extra_env, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **extra_env)
+    env.pop("SLURM_CONF", None)
+    return subprocess.run([sys.executable, "-m", "slurm_gpu.cli", *args], capture_output=True, text=True,
+                          timeout=120, env=env)
