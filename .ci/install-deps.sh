@@ -81,5 +81,14 @@ if ! getent passwd sgtest >/dev/null; then
     fi
     echo "install-deps.sh: created user sgtest (uid $(id -u sgtest))"
 fi
+# A second job user: `slurm-gpu job` must not show one user's job to another (PrivateData=jobs).
+if ! getent passwd sgtest2 >/dev/null; then
+    if getent passwd "$((SGTEST_UID + 1))" >/dev/null; then
+        useradd --create-home --shell /bin/bash sgtest2
+    else
+        useradd --create-home --shell /bin/bash --uid "$((SGTEST_UID + 1))" sgtest2
+    fi
+    echo "install-deps.sh: created user sgtest2 (uid $(id -u sgtest2))"
+fi
 
 echo "install-deps.sh: done"

@@ -75,9 +75,11 @@ def main() -> int:
         for g, m in zip(prof["gpus"], minors):
             g["minor"] = m
         simgpu.write_state(site / f"{node}.state", prof)
+    # [job] min_runtime_s: the demo's jobs last seconds; `slurm-gpu job` judges them anyway.
     config = (f'nvml_library = "{lib}"\nnvml_timeout_s = 2.0\n'
               f'[store]\ndatabase = "{site}/%n/usage.db"\nspool_dir = "{site}/%n/spool"\n'
-              f'[log]\nsyslog = false\nfile = "{site}/%n/hooks.log"\n[xid]\nsource = "none"\n')
+              f'[log]\nsyslog = false\nfile = "{site}/%n/hooks.log"\n[xid]\nsource = "none"\n'
+              '[job]\nmin_runtime_s = 1\n')
     bed = SlurmTestbed(work / "cluster", prolog=prolog, epilog=epilog, slurm_gpu_config=config)
     try:
         say("Starting a 2-node Slurm 22.05 cluster (munge, MariaDB, slurmdbd, slurmctld, 2x slurmd) on 127.0.0.1")
@@ -137,6 +139,16 @@ def main() -> int:
         for node in ("gpu01", "gpu02"):
             run_cli("--config", str(writer), "db", "push", "--db", str(site / node / "usage.db"), env=env)
         run_cli("--config", str(reporter), "report", "--by", "account,node", "--db", "central", env=env)
+
+        say("Each job's GPU summary into Slurm's accounting (AdminComment), then `slurm-gpu job` as user sgtest")
+        print(f"{DIM}on a cluster the controller epilog (slurm-gpu-epilog-ctld) writes it as each job ends; "
+              f"here `central annotate` does it for all of them{RESET}")
+        run_cli("--config", str(reporter), "central", "annotate", "--since", "now-1hour", env=env)
+        from testbed import user_cli
+        for job, _node, util in (jobs[0], jobs[2]):
+            print(f"{DIM}$ slurm-gpu job {job}    # as sgtest, through sacct: no root, no database{RESET}")
+            cp = user_cli("sgtest", ["job", str(job)], env)
+            sys.stdout.write(cp.stdout + (cp.stderr if cp.returncode not in (0,) else ""))
         say("What the hooks logged on gpu01")
         log = (site / "gpu01" / "hooks.log").read_text().splitlines()
         print("\n".join(line for line in log if " drain " in line or " check " in line)[:2000])

@@ -94,6 +94,12 @@ def _str_map(v):
     return None
 
 
+def _one_line(v):
+    if len(v) > 500 or any(ord(c) < 32 or ord(c) == 127 for c in v):
+        return "must be one line of at most 500 characters"
+    return None
+
+
 # section -> key -> Key ; section "" is the top level.
 SCHEMA: Dict[str, Dict[str, Key]] = {
     "": {
@@ -124,6 +130,7 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
     "hooks": {
         "prolog_deadline_s": Key(float, 30.0, "Wall-clock budget of the prolog; keep below Slurm's PrologEpilogTimeout.", _rng(1, 3600)),
         "epilog_deadline_s": Key(float, 60.0, "Wall-clock budget of the epilog; keep below Slurm's PrologEpilogTimeout.", _rng(1, 3600)),
+        "epilog_ctld_deadline_s": Key(float, 60.0, "Wall-clock budget of `slurm-gpu-epilog-ctld` (EpilogSlurmctld), waiting for the nodes' records included; it always exits 0.", _rng(1, 3600)),
         "fail_open": Key(bool, True, "On an internal error (a bug, not a GPU fault) log it and let the job run (true) or fail the hook (false)."),
         "drain_on_fault": Key(bool, True, "Drain the node through Slurm when a job's GPU FAILs (else only exit non-zero)."),
         "reset_clocks": Key(bool, True, "Reset application and locked clocks in prolog and epilog."),
@@ -156,11 +163,22 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
                        lambda v: None if all(isinstance(x, str) and x for x in v) else "must be a list of non-empty paths"),
         "tz": Key(str, "utc", "Time zone of report calendar times and day/week/month groups: 'utc' or 'local' (`report --tz`).", _choice("utc", "local")),
     },
+    "job_summary": {
+        "field": Key(str, "AdminComment", "Where `slurm-gpu-epilog-ctld` and `central annotate` write each job's GPU summary in Slurm's accounting: 'AdminComment', or 'off'. An AdminComment another tool wrote is never overwritten.", _choice("AdminComment", "off")),
+        "wait_s": Key(float, 20.0, "How long the controller epilog waits for every node's records to reach the central server before it writes a summary marked partial (`central annotate` completes it).", _rng(0, 3000)),
+    },
     "central": {
         "url": Key(str, "", "The cluster's SQL server that `slurm-gpu db push` ships this node's records to and `report --db central` reads, e.g. 'mysql://slurm_gpu_writer@dbhost/slurm_gpu' (MariaDB/MySQL; '?unix_socket=PATH' for a local socket). No password here: see password_file. Empty: no central server.", _central_url),
         "password_file": Key(str, "/etc/slurm-gpu/central.password", "File holding the password of the account in url (one line). Refused unless a regular file owned by root (or by the user running the command) and unreadable by group and others (chmod 600)."),
         "timeout_s": Key(float, 10.0, "Timeout of connecting to the central server and of each read and write; a server that is down, unreachable or hung makes `db push` give up with one line after about this long.", _rng(1, 600)),
         "batch_size": Key(int, 2000, "Records per upsert statement of `db push`.", _rng(1, 100000)),
+    },
+    "job": {
+        "idle_pct": Key(float, 5.0, "`slurm-gpu job`: a GPU whose mean utilisation over the job stays below this was idle (note: request fewer GPUs).", _rng(0, 100)),
+        "low_util_pct": Key(float, 25.0, "`slurm-gpu job`: mean utilisation of the used GPUs below this gets the low-utilisation note.", _rng(0, 100)),
+        "small_memory_fraction": Key(float, 0.25, "`slurm-gpu job`: a peak memory below this fraction of the GPU's memory gets the note that a smaller GPU or a MIG slice would do; 0: never.", _rng(0, 1)),
+        "min_runtime_s": Key(int, 300, "`slurm-gpu job`: a job that ran shorter than this is too short to judge: no utilisation or memory advice.", _rng(0, 30 * 86400)),
+        "site_note": Key(str, "", "`slurm-gpu job`: a line of the site's own shown under every job's notes, e.g. 'GPU efficiency guide: https://...'; empty: none.", _one_line),
     },
 }
 

@@ -14,6 +14,11 @@ class ExitCode(enum.IntEnum):
     SLURM_ERROR = 4  # slurmctld unreachable, unknown node, scontrol failed
     STORE_ERROR = 5  # database unusable and nothing could be spooled
     REFUSED = 6  # a safety refusal: resume of a node not drained by slurm-gpu without --force
+    JOB_NOT_FOUND = 7  # `job`: no such job, or one the caller may not see (PrivateData=jobs)
+    JOB_WITHOUT_GPUS = 8  # `job`: the job ran without GPUs, or never ran
+    JOB_NOT_ENDED = 9  # `job`: the job is pending or running; its GPU summary is written when it ends
+    JOB_NO_SUMMARY = 10  # `job`: the job ended but has no usable GPU summary (yet)
+    JOB_FOREIGN_COMMENT = 11  # `job`: the job's AdminComment belongs to another tool
 
 
 class SlurmGpuError(Exception):

@@ -21,6 +21,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ RUN_DIR = Path("/run/slurm-gpu-testbed")
 REGISTRY = RUN_DIR / "daemons"
 PORT_RANGE = (16817, 16999)
 JOB_USER = "sgtest"
+OTHER_USER = "sgtest2"  # a second job user (created by .ci/install-deps.sh), account chem
 CLUSTER = "sgtest"
 ACCOUNTS = ("physics", "chem")
 DB_USER = "slurm"
@@ -334,6 +336,8 @@ class SlurmTestbed:
         prolog_epilog_timeout: int = 60,
         health_check_program: Optional[str] = None,
         extra_slurm_conf: str = "",
+        extra_slurmdbd_conf: str = "",
+        epilog_slurmctld: Optional[str] = None,
         extra_node_env: Optional[dict] = None,
         gres_conf: Optional[str] = None,
         node_gres: Optional[Mapping[str, str]] = None,
@@ -348,11 +352,13 @@ class SlurmTestbed:
         self.prolog_epilog_timeout = prolog_epilog_timeout
         self.health_check_program = health_check_program
         self.extra_slurm_conf = extra_slurm_conf
+        self.extra_slurmdbd_conf = extra_slurmdbd_conf  # e.g. PrivateData=jobs (sacct's privacy lives here)
+        self.epilog_slurmctld = epilog_slurmctld
         self.extra_node_env = dict(extra_node_env or {})
         self.gres_conf = gres_conf  # verbatim gres.conf instead of the generated one
         # slurm.conf Gres= per node (e.g. {"gpu01": "gpu:a100:1,gpu:v100:2"}) instead of gpu:<type>:<n>
         self.node_gres = dict(node_gres or {})
-        for hook in (prolog, epilog, health_check_program):
+        for hook in (prolog, epilog, health_check_program, epilog_slurmctld):
             if hook is not None and not os.path.isabs(hook):
                 raise ValueError(f"hook path must be absolute (slurmd runs it without PATH): {hook!r}")
 
@@ -569,6 +575,8 @@ class SlurmTestbed:
             settings.append(("Prolog", self.prolog))
         if self.epilog:
             settings.append(("Epilog", self.epilog))
+        if self.epilog_slurmctld:
+            settings.append(("EpilogSlurmctld", self.epilog_slurmctld))
         if self.health_check_program:
             settings += [("HealthCheckProgram", self.health_check_program), ("HealthCheckInterval", "60")]
         # A key repeated in extra_slurm_conf replaces the default (e.g. PrologFlags=, HealthCheckInterval=).
@@ -608,7 +616,7 @@ class SlurmTestbed:
             "StorageType=accounting_storage/mysql", "StorageHost=127.0.0.1",
             f"StoragePort={self.ports['mariadb']}", f"StorageUser={DB_USER}",
             f"StoragePass={self._db_password}", f"StorageLoc={DB_NAME}",
-        ]
+        ] + [line.strip() for line in self.extra_slurmdbd_conf.splitlines() if line.strip()]
         self._write_file(self.conf_dir / "slurmdbd.conf", "\n".join(dbd) + "\n", 0o600)
         if self.slurm_gpu_config is not None:
             self._write_file(self.conf_dir / "slurm-gpu.toml", self.slurm_gpu_config)
@@ -728,6 +736,12 @@ class SlurmTestbed:
         # Associated with every account, default physics: jobs can charge `-A chem` too.
         self.run("sacctmgr", "-i", "add", "user", JOB_USER, f"account={','.join(ACCOUNTS)}",
                  f"defaultaccount={ACCOUNTS[0]}", f"cluster={CLUSTER}", check=False)
+        try:
+            pwd.getpwnam(OTHER_USER)
+            self.run("sacctmgr", "-i", "add", "user", OTHER_USER, f"account={ACCOUNTS[1]}",
+                     f"defaultaccount={ACCOUNTS[1]}", f"cluster={CLUSTER}", check=False)
+        except KeyError:
+            pass  # tests that need the second user say so (install-deps.sh creates it)
         out = self.run("sacctmgr", "-n", "-P", "show", "assoc", f"user={JOB_USER}", "format=account").stdout
         if ACCOUNTS[0] not in out.split():
             raise TestbedError(f"accounting setup failed: association {JOB_USER}/{ACCOUNTS[0]} missing ({out!r})")
@@ -906,3 +920,29 @@ class SlurmTestbed:
         """Cancel all jobs and resume all nodes: a clean cluster for the next test."""
         self.cancel_all()
         self.resume_all()
+
+
+_USER_CLI_DIR: Optional[Path] = None
+
+
+def user_cli(user: str, args: Sequence[str], env: Mapping[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+    """`slurm-gpu ARGS` run as an unprivileged user, the way a user on a login node runs it.
+
+    The user cannot read root's interpreter or checkout, so a world-readable copy of the
+    package (and of click, its one import on this path) runs under the system python3."""
+    global _USER_CLI_DIR
+    import click
+    import slurm_gpu
+    if _USER_CLI_DIR is None or not _USER_CLI_DIR.exists():
+        d = Path(tempfile.mkdtemp(prefix="slurm-gpu-usercli-", dir="/tmp"))
+        for mod in (slurm_gpu, click):
+            src = Path(mod.__file__).parent
+            shutil.copytree(src, d / src.name, ignore=shutil.ignore_patterns("__pycache__"))
+        for p in [d, *d.rglob("*")]:
+            os.chmod(p, 0o755 if p.is_dir() else 0o644)
+        _USER_CLI_DIR = d
+    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    full = {k: v for k, v in env.items() if k in ("SLURM_CONF", "PATH", "LANG", "TZ", "TERM")}
+    full.update(PYTHONPATH=str(_USER_CLI_DIR), HOME="/tmp")
+    return subprocess.run(["runuser", "-u", user, "--", "env", *(f"{k}={v}" for k, v in full.items()),
+                           py, "-m", "slurm_gpu.cli", *args], capture_output=True, text=True, timeout=timeout)

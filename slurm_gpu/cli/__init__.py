@@ -34,6 +34,7 @@ COMMANDS: Dict[str, str] = {
     "resume": "slurm_gpu.cli.admin:resume",
     "status": "slurm_gpu.cli.admin:status",
     "healthcheck": "slurm_gpu.cli.admin:healthcheck",
+    "job": "slurm_gpu.cli.job:job",
 }
 
 

@@ -8,7 +8,8 @@ from typing import Any, Optional
 
 import click
 
-from slurm_gpu.errors import ExitCode, InputError
+from slurm_gpu.cli import dry_run_option
+from slurm_gpu.errors import ExitCode, InputError, SlurmError
 
 _url_opt = click.option("--url", metavar="URL", default=None,
                         help="mysql://USER@HOST[:PORT]/DATABASE (default: central.url). Never put a password here.")
@@ -173,3 +174,105 @@ def _print_backlog(b, last: Optional[float]) -> None:
     rows = ", ".join(f"{t} {n}" for t, n in b.rows.items())
     when = "never" if last is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(last))
     click.echo(f"waiting: {b.total} ({rows}); oldest {_age(b.oldest_time)} old; last push {when}")
+
+
+@central.command("annotate")
+@_url_opt
+@_pw_opt
+@click.option("--since", metavar="TIME", default=None,
+              help="Jobs that ended since TIME (e.g. now-1day, 2026-11-01); required unless --job is given.")
+@click.option("--job", "job_ids", multiple=True, type=click.IntRange(min=1), metavar="JOBID",
+              help="Only this job (raw job id; repeatable).")
+@dry_run_option("Say which summaries would be written; write nothing.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: on a terminal).")
+@click.pass_obj
+def annotate(app, url, password_file, since, job_ids, dry_run, progress):
+    """Write or complete jobs' GPU summaries in Slurm's accounting (AdminComment).
+
+    For a cron job on the database host: jobs whose summary is missing (the controller
+    epilog was not configured, or the records came later) or marked partial get one from
+    the records now on the central server. An AdminComment written by another tool is
+    left alone. Needs the reporter account and Slurm's sacct/sacctmgr as an operator.
+    """
+    from slurm_gpu.report.timespec import parse_time
+    from slurm_gpu.slurm.cli_backend import CliBackend
+    from slurm_gpu.store import summary as S
+    from slurm_gpu.store.central import Central, job_rows
+    cfg = app.config
+    if since is None and not job_ids:
+        raise InputError("say which jobs: --since TIME or --job JOBID", "e.g. slurm-gpu central annotate --since now-1day")
+    if cfg.get("job_summary", "field") == "off":
+        raise InputError("job_summary.field is 'off' in the config", "set it to 'AdminComment' to write summaries")
+    since_s = parse_time(since, option="--since") if since else None
+    backend = CliBackend(cfg)
+    with Central.from_config(cfg, url, password_file) as srv:
+        jobs = _annotate_candidates(srv, since_s, job_ids)
+        comments = _admin_comments(backend, jobs)
+        counts = {"written": 0, "completed": 0, "partial": 0, "kept": 0, "foreign": 0, "unknown": 0, "failed": 0}
+        failures = []
+        show = sys.stderr.isatty() if progress is None else progress
+        with click.progressbar(jobs, label="annotating", file=sys.stderr) if show and jobs else _NoBar() as bar:
+            for cluster, job_id, restart in (bar if show and jobs else jobs):
+                if (cluster, job_id) not in comments:
+                    counts["unknown"] += 1  # records of a job accounting does not know (purged, other slurmdbd)
+                    continue
+                try:
+                    outcome = _annotate_one(backend, srv, S, job_rows, cluster, job_id, restart,
+                                            comments[(cluster, job_id)], dry_run)
+                except SlurmError as e:
+                    outcome = "failed"
+                    failures.append(e)
+                counts[outcome] += 1
+    verb = "would write" if dry_run else "wrote"
+    click.echo(f"{len(jobs)} job(s): {verb} {counts['written']} new and {counts['completed']} completed summaries; "
+               f"{counts['partial']} still partial, {counts['kept']} already complete, "
+               f"{counts['foreign']} with another tool's AdminComment (left alone), "
+               f"{counts['unknown']} not in Slurm's accounting, {counts['failed']} failed")
+    if failures:
+        raise failures[0]
+
+
+def _annotate_candidates(srv, since_s, job_ids):
+    """(cluster, job id, latest restart) of the jobs with records on the server."""
+    sql = ('SELECT cluster, job_id, MAX(restart_count) FROM job_gpus_current WHERE 1 = 1'
+           + (" AND end_time >= %s" if since_s is not None else "")
+           + (f" AND job_id IN ({', '.join(['%s'] * len(job_ids))})" if job_ids else "")
+           + " GROUP BY cluster, job_id ORDER BY cluster, job_id")
+    params = ((since_s,) if since_s is not None else ()) + tuple(job_ids)
+    return [(c, int(j), int(r)) for c, j, r in srv.execute(sql, params)]
+
+
+def _admin_comments(backend, jobs):
+    """{(cluster, job id): AdminComment} from accounting, per cluster."""
+    out = {}
+    by_cluster = {}
+    for cluster, job_id, _restart in jobs:
+        by_cluster.setdefault(cluster, []).append(job_id)
+    for cluster, ids in by_cluster.items():
+        for job_id, comment in backend.admin_comments(ids, cluster).items():
+            out[(cluster, job_id)] = comment
+    return out
+
+
+def _annotate_one(backend, srv, S, job_rows, cluster, job_id, restart, comment, dry_run) -> str:
+    nodes = None
+    if comment:
+        if not S.is_ours(comment):
+            return "foreign"
+        try:
+            old = S.decode(comment)
+        except InputError:
+            old = None  # damaged: written again from the records
+        if old is not None and not old.partial and old.restart == restart:
+            return "kept"
+        if old is not None and old.restart == restart:
+            nodes = old.nodes
+    rows = job_rows(srv, cluster, job_id, restart)
+    summary = S.from_records(cluster, job_id, restart, nodes or sorted({r["node"] for r in rows}), rows)
+    if comment and S.is_ours(comment) and summary.partial and S.decode_safe(comment) == summary:
+        return "partial"
+    if not dry_run:
+        backend.set_admin_comment(job_id, cluster, S.encode(summary))
+    if summary.partial:
+        return "partial"
+    return "completed" if comment else "written"

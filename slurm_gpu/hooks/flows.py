@@ -553,6 +553,7 @@ def _usage(g: GpuSnapshot, jg: JobGpu, start: Optional[Dict[str, Any]], acct: An
         "duration_s": round(duration, 3), "energy_j": None if energy is None else round(energy, 3),
         "gpu_util_mean_pct": mean("gpu_utilization_pct"), "mem_util_mean_pct": mean("memory_utilization_pct"),
         "max_memory_bytes": max(peaks) if peaks else None,  # NULL, never 0, when no process reported it
+        "memory_total_bytes": jg.mig.memory_total_bytes if jg.mig is not None else g.memory_total_bytes.get(),
         "process_count": None if records is None else len(records),
         "ecc_corrected_delta": delta(g.ecc_volatile_corrected.get(), "ecc_corrected"),
         "ecc_uncorrected_delta": delta(g.ecc_volatile_uncorrected.get(), "ecc_uncorrected"),

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurm_gpu.errors import SlurmError
 from slurm_gpu.timefmt import SLURM_ISO, slurm_to_unix
+from slurm_gpu.slurm import hostlist
 from slurm_gpu.slurm.hostlist import compress
 from slurm_gpu.slurm.model import NodeInfo, NodeLookup, SlurmBackend, gpu_count, hostlist_batches, select_nodes, split_state, tres_gpu_count
 
@@ -42,6 +43,7 @@ _DENIED = ("access/permission denied", "permission denied", "invalid user id", "
 _KEY = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/]*)=")
 _REASON_TAIL = re.compile(r" \[([^\[\]@\s]*)@(" + SLURM_ISO + r")\](?=$|\s+[A-Z][A-Za-z_]*=)")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
+_NODE_GRES = re.compile(r"\bNodes=(\S+) CPU_IDs=\S* Mem=\S* GRES=(\S*)")
 _NOT_FOUND = re.compile(r"^Node (\S+) not found$")  # scontrol show node, per unknown name (on stdout in 22.05)
 
 
@@ -308,6 +310,63 @@ class CliBackend(SlurmBackend):
             self._raise(rc, out, err, f"{state.lower()} {expr}", node=expr if len(names) == 1 else "")
 
     # ------------------------------------------------------------ jobs
+    def job_summary_target(self, job_id: int) -> Tuple[str, Optional[List[str]]]:
+        """(the job's AdminComment, the nodes that hold GPUs of it) while slurmctld still knows
+        the job (EpilogSlurmctld); ('', None) when it does not.
+
+        From `scontrol -d -o show job`: ``Nodes=gpu[01-02] CPU_IDs=0-1 Mem=0 GRES=gpu:h100:2(IDX:0-1)``
+        per group of nodes.  While the job is COMPLETING (EpilogSlurmctld) slurmctld has already
+        released the GRES (observed on 22.05.8: ``GRES=`` empty, ``NodeList=`` empty): then every
+        node of the job with TRES ``gres/gpu=N`` counts."""
+        rc, out, err = self.run("scontrol", ["-d", "-o", "show", "job", str(int(job_id))])
+        if rc != 0 or not out.strip():
+            if "invalid job id" in (err + out).lower():
+                return "", None
+            self._raise(rc, out, err, f"scontrol show job {job_id}", job=int(job_id))
+        line = split_records(out)[0]
+        fields = _kv(line)
+        comment = fields.get("AdminComment", "")
+        groups = [(m.group(1), m.group(2)) for m in _NODE_GRES.finditer(line)]
+        has_gpus = bool(tres_gpu_count(fields.get("TRES", ""))) or "gpu" in fields.get("JOB_GRES", "")
+        if not has_gpus:
+            return ("" if comment == "(null)" else comment), []
+        gpu_nodes: List[str] = []
+        released = all(not gres or gres == "(null)" for _, gres in groups)
+        for nodes, gres in groups:
+            if released or re.search(r"(?:^|,)gpu[:(]", gres):
+                gpu_nodes += hostlist.expand(nodes)
+        return ("" if comment == "(null)" else comment), (gpu_nodes or None)
+
+    def set_admin_comment(self, job_id: int, cluster: str, text: str) -> None:
+        """Write a finished (or finishing) job's AdminComment in accounting (slurmdbd).
+
+        `sacctmgr modify job` is the path that works once the job completes: slurmctld refuses
+        `scontrol update` then ("Job has already finished").  sacctmgr lowercases the value."""
+        where = ["where", f"jobid={int(job_id)}"] + ([f"cluster={cluster}"] if cluster else [])
+        rc, out, err = self.run("sacctmgr", ["-i", "modify", "job", *where, "set", f"AdminComment={text}"])
+        if "nothing modified" in (out + err).lower() or "didn't affect anything" in (out + err).lower():
+            raise SlurmError(f"sacctmgr modified nothing for job {job_id}: not in accounting (yet), or this user "
+                             "may not modify jobs", "the user running this must be SlurmUser, root or have "
+                             "AdminLevel=Operator in slurmdbd (sacctmgr modify user NAME set adminlevel=operator)")
+        if rc != 0:
+            self._raise(rc, out, err, f"sacctmgr modify job {job_id}", job=int(job_id))
+
+    def admin_comments(self, job_ids: Sequence[int], cluster: str = "") -> Dict[int, str]:
+        """{raw job id: AdminComment} of finished jobs from accounting (sacct), 200 jobs per call."""
+        out: Dict[int, str] = {}
+        ids = [str(int(j)) for j in job_ids]
+        for i in range(0, len(ids), 200):
+            chunk = ",".join(ids[i:i + 200])
+            rc, text, err = self.run("sacct", ["-X", "-n", "-P", *(["-M", cluster] if cluster else []), "-j", chunk,
+                                              "--format=JobIDRaw,AdminComment"])
+            if rc != 0:
+                self._raise(rc, text, err, f"sacct -j {chunk[:40]}")
+            for line in text.splitlines():
+                raw, _, comment = line.partition("|")  # AdminComment last: a '|' in it stays in it
+                if raw.strip().isdigit():
+                    out[int(raw)] = comment.strip()
+        return out
+
     def job(self, job_id: int) -> Dict[str, Any]:
         job_id = int(job_id)
         rc, out, err = self.run("scontrol", ["-o", "show", "job", str(job_id)])

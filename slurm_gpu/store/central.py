@@ -279,7 +279,7 @@ JOB_GPU_COLUMNS = ("cluster", "job_id", "restart_count", "node", "gpu_uuid", "gp
                    "account", "partition", "start_time", "end_time", "duration_s", "energy_j", "gpu_util_mean_pct",
                    "mem_util_mean_pct", "max_memory_bytes", "process_count", "ecc_corrected_delta",
                    "ecc_uncorrected_delta", "retired_pages_delta", "remapped_rows_delta", "clock_event_reasons",
-                   "xid_events", "parent_gpu_uuid", "notes", "partial")
+                   "xid_events", "parent_gpu_uuid", "notes", "partial", "memory_total_bytes")
 EVENT_COLUMNS = ("cluster", "node", "event_key", "time", "source", "job_id", "gpu_index", "gpu_uuid", "check_name",
                  "status", "message")
 DRAIN_COLUMNS = ("cluster", "node", "drain_key", "time", "source", "job_id", "restart_count", "reason", "ok",
@@ -294,7 +294,7 @@ _TYPES = {
     "gpu_count": "INT NOT NULL DEFAULT 0", "start_time": "DOUBLE", "end_time": "DOUBLE", "exit_code": "VARCHAR(64)",
     "partial": "TINYINT NOT NULL DEFAULT 0", "gpu_uuid": "VARCHAR(128)", "gpu_index": "INT",
     "gpu_model": _NAME, "duration_s": "DOUBLE NOT NULL", "energy_j": "DOUBLE", "gpu_util_mean_pct": "DOUBLE",
-    "mem_util_mean_pct": "DOUBLE", "max_memory_bytes": "BIGINT", "process_count": "INT",
+    "mem_util_mean_pct": "DOUBLE", "max_memory_bytes": "BIGINT", "memory_total_bytes": "BIGINT", "process_count": "INT",
     "ecc_corrected_delta": "BIGINT", "ecc_uncorrected_delta": "BIGINT", "retired_pages_delta": "BIGINT",
     "remapped_rows_delta": "BIGINT", "clock_event_reasons": "BIGINT", "xid_events": "MEDIUMTEXT",
     "parent_gpu_uuid": "VARCHAR(128)", "notes": "TEXT", "event_key": "CHAR(64)", "drain_key": "CHAR(64)",
@@ -416,3 +416,16 @@ def grants(target: Target, writer: str = "slurm_gpu_writer", reporter: str = "sl
     # Day/week/month reports join a temporary calendar table of the session.
     out.append(f"GRANT SELECT, SHOW VIEW, CREATE TEMPORARY TABLES ON `{db}`.* TO '{reporter}'@'{hosts}';")
     return out
+
+
+def job_rows(central: Central, cluster: str, job_id: int, restart: Optional[int] = None) -> List[Dict[str, Any]]:
+    """A job's usage rows on the server (all restarts, or one): what a summary is built from."""
+    cols = ("node", "gpu_index", "gpu_model", "start_time", "end_time", "gpu_util_mean_pct", "mem_util_mean_pct",
+            "max_memory_bytes", "memory_total_bytes", "energy_j", "ecc_uncorrected_delta", "xid_events",
+            "parent_gpu_uuid", "restart_count")
+    sql = f"SELECT {_q(cols)} FROM job_gpus_current WHERE cluster = %s AND job_id = %s"
+    params: Tuple[Any, ...] = (cluster, int(job_id))
+    if restart is not None:
+        sql += " AND restart_count = %s"
+        params += (int(restart),)
+    return [dict(zip(cols, row)) for row in central.execute(sql + " ORDER BY node, gpu_index", params)]

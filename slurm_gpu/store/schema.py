@@ -27,7 +27,7 @@ _V5_COLUMNS = {
                  "account", "partition", "start_time", "end_time", "duration_s", "energy_j", "gpu_util_mean_pct",
                  "mem_util_mean_pct", "max_memory_bytes", "process_count", "ecc_corrected_delta",
                  "ecc_uncorrected_delta", "retired_pages_delta", "remapped_rows_delta", "clock_event_reasons",
-                 "xid_events", "parent_gpu_uuid", "notes", "partial", "end_counters"),
+                 "xid_events", "parent_gpu_uuid", "notes", "partial", "end_counters", "memory_total_bytes"),
     "health_events": ("time", "node", "source", "job_id", "gpu_index", "gpu_uuid", "check_name", "status", "message",
                       "dedupe_key"),
     "drains": ("time", "node", "source", "job_id", "reason", "ok", "cluster", "restart_count", "outcome",
@@ -179,6 +179,9 @@ MIGRATIONS: List[Tuple[str, ...]] = [
     # was shipped leaves a tombstone in push_withdrawn (the central writer may not delete: the
     # server marks the row withdrawn).  Existing rows start unshipped: the first push sends a
     # node's whole history.
+    # The GPU's (or MIG slice's) memory comes with each usage record: `slurm-gpu job` judges a
+    # job's peak memory against it.
+    ("ALTER TABLE job_gpus ADD COLUMN memory_total_bytes INTEGER",) +
     tuple(stmt for table, when in PUSHED_TABLES for stmt in (
         f"ALTER TABLE {table} ADD COLUMN push_version INTEGER NOT NULL DEFAULT 1",
         f"ALTER TABLE {table} ADD COLUMN pushed_version INTEGER NOT NULL DEFAULT 0",
@@ -220,4 +223,4 @@ JOB_GPU_COLUMNS = (
     "remapped_rows_delta", "clock_event_reasons", "xid_events",
 )
 # What the epilog writes: the report reads JOB_GPU_COLUMNS only, so databases of every version read alike.
-JOB_GPU_WRITE_COLUMNS = JOB_GPU_COLUMNS + ("parent_gpu_uuid", "notes", "partial", "end_counters")
+JOB_GPU_WRITE_COLUMNS = JOB_GPU_COLUMNS + ("parent_gpu_uuid", "notes", "partial", "end_counters", "memory_total_bytes")

@@ -1,0 +1,132 @@
+"""`slurm-gpu-epilog-ctld`: Slurm's EpilogSlurmctld, the job's GPU summary into its AdminComment.
+
+slurmctld runs it once per job (each array task and heterogeneous component is a job of its
+own, with its raw id in SLURM_JOB_ID) as SlurmUser, while the job is COMPLETING, with an
+environment that lacks SLURM_CONF (observed on 22.05.8): the Slurm commands get the config's
+`slurm_conf`.  Steps: which nodes hold the job's GPUs (`scontrol -d show job`), whether the
+AdminComment is free (never overwrite another tool's), the nodes' records from the central
+server (waiting up to job_summary.wait_s for every node's push), then `sacctmgr modify job`
+(store/summary.py explains the encoding).  A summary whose records did not all arrive is
+marked partial; `slurm-gpu central annotate` completes it later.
+
+It never fails a job and never hangs slurmctld: the watchdog is armed before anything is read,
+every outcome is one log line, and it always exits 0.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, List, Mapping, Optional
+
+from slurm_gpu.errors import CentralError, SlurmGpuError
+from slurm_gpu.hooks.main import _describe, _exit, _Run
+
+NAME = "epilog_ctld"
+
+
+def _int(env: Mapping[str, str], key: str) -> Optional[int]:
+    v = (env.get(key) or "").strip()
+    return int(v) if v.isascii() and v.isdigit() and len(v) < 19 else None
+
+
+def run_ctld(env: Optional[Mapping[str, str]] = None, sleep=time.sleep) -> str:
+    """The controller epilog; returns the outcome word that was logged (for tests)."""
+    run = _Run(NAME, os.environ if env is None else env)
+    try:
+        run.arm(run.deadline_s)
+        return _ctld(run, sleep)
+    except BaseException as e:  # our bug must not touch the job or slurmctld
+        error, trace = _describe(e)
+        run.problem("internal-error", error=error, trace=trace)
+        return "internal-error"
+    finally:
+        run.disarm()
+
+
+def _ctld(run: _Run, sleep) -> str:
+    from slurm_gpu import config as config_mod
+    from slurm_gpu.errors import ConfigError
+    try:
+        cfg, errors = config_mod.load(env=run.env, lenient=True)
+    except ConfigError as e:
+        run.problem("config-error", error=e.message, hint=e.hint)
+        return "config-error"
+    run.configure(cfg)
+    run.fail_code = 0  # whatever happens: the job is done, slurmctld must not see a failure
+    for e in errors:
+        run.problem("config-error", error=e.message, hint=e.hint)
+    job_id = _int(run.env, "SLURM_JOB_ID")
+    if job_id is None:
+        run.problem("bad-environment", error=f"SLURM_JOB_ID={run.job!r} is not a job id")
+        return "bad-environment"
+    if cfg.get("job_summary", "field") == "off":
+        return "off"
+    if not cfg.get("central", "url"):
+        run.log.info("summary-skipped", job=job_id, why="no central server (central.url) on the controller")
+        return "no-central"
+    try:
+        return _summarise(run, cfg, job_id, sleep)
+    except SlurmGpuError as e:
+        run.problem("summary-failed", error=e.message, hint=e.hint)
+        return "failed"
+
+
+def _summarise(run: _Run, cfg: Any, job_id: int, sleep) -> str:
+    from slurm_gpu.slurm.cli_backend import CliBackend
+    from slurm_gpu.store import summary as S
+    env = dict(run.env)
+    env.setdefault("SLURM_CONF", cfg.get("", "slurm_conf"))  # slurmctld does not pass it
+    backend = CliBackend(cfg, env=env)
+    cluster = run.env.get("SLURM_CLUSTER_NAME") or cfg.get("", "cluster_name")
+    restart = _int(run.env, "SLURM_JOB_RESTART_COUNT") or 0
+    comment, gpu_nodes = backend.job_summary_target(job_id)
+    if comment and not S.is_ours(comment):
+        run.log.info("summary-skipped", job=job_id, why="AdminComment belongs to another tool")
+        return "foreign"
+    if gpu_nodes is not None and not gpu_nodes:
+        run.log.info("summary-skipped", job=job_id, why="the job has no GPUs")
+        return "no-gpus"
+    try:
+        rows = _wait_for_rows(cfg, cluster, job_id, restart, gpu_nodes, run, sleep)
+    except CentralError as e:
+        # The server is down: a summary marked partial (no figures yet) tells the user that it
+        # is coming; `central annotate` writes the figures once the server is back.
+        run.problem("central-unavailable", error=e.message, hint="slurm-gpu central annotate completes the summary later")
+        rows = []
+    if not rows and not gpu_nodes:
+        run.log.warning("summary-skipped", job=job_id, why="no records of the job on the central server",
+                        hint="slurm-gpu central annotate --since ... writes it once they arrive")
+        return "no-records"
+    summary = S.from_records(cluster, job_id, restart, gpu_nodes or sorted({r["node"] for r in rows}), rows)
+    text = S.encode(summary)
+    backend.set_admin_comment(job_id, cluster, text)
+    run.log.info("summary", job=job_id, gpus=len(summary.gpus), bytes=len(text), partial=int(summary.partial),
+                 missing=",".join(summary.missing) or None)
+    return "partial" if summary.partial else "written"
+
+
+def _wait_for_rows(cfg: Any, cluster: str, job_id: int, restart: int, gpu_nodes: Optional[List[str]],
+                   run: _Run, sleep) -> List[dict]:
+    """The job's rows once every GPU node has pushed, or what arrived by job_summary.wait_s."""
+    from slurm_gpu.store.central import Central, job_rows
+    # Leave the write ~10 s of the hook's own deadline.
+    left_for_hook = run.deadline_s - (time.monotonic() - run.started) - 10.0
+    until = time.monotonic() + max(0.0, min(cfg.get("job_summary", "wait_s"), left_for_hook))
+    with Central.from_config(cfg) as central:
+        while True:
+            central.rollback()  # a new snapshot: see what the nodes pushed since the last look
+            rows = job_rows(central, cluster, job_id, restart)
+            have = {r["node"] for r in rows}
+            if gpu_nodes is not None and have >= set(gpu_nodes) and rows:
+                return rows
+            left = until - time.monotonic()
+            if left <= 0:
+                return rows
+            sleep(min(2.0, left))
+
+
+def epilog_ctld_main() -> None:
+    try:
+        run_ctld()
+    finally:
+        _exit(0)

@@ -1,0 +1,248 @@
+"""The controller epilog on the real testbed: every job's GPU summary in its AdminComment.
+
+Nodes run the real prolog/epilog; a background loop plays the push timer (`db push` of both
+node databases every second) into a central MariaDB of its own (tests/mariadb.py), so that it
+can be stopped without stopping slurmdbd; slurmctld runs `slurm-gpu-epilog-ctld` (through a
+wrapper that names the config: slurmctld gives EpilogSlurmctld no SLURM_CONF).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import simgpu
+from mariadb import MariaDB, MariaDBUnavailable
+from testbed import unavailable
+
+from slurm_gpu.store import summary as S
+
+from .test_hooks_slurm import _script, site, wait_running  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.slurm
+
+
+def _cli(env, *args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "slurm_gpu.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+class Central:
+    """A fresh database per test (each test's testbed numbers its jobs from 1 again)."""
+
+    def __init__(self, server: MariaDB, tmp: Path):
+        self.server = server
+        self.db = self.server.new_database("sgjobs")
+        self.tmp = tmp
+        self.admin = self._account("sg_admin", [f"GRANT ALL ON {self.db}.* TO 'sg_admin'@'%';"])
+        r = _cli(dict(os.environ), "--config", str(self.admin), "central", "init")
+        assert r.returncode == 0, r.stderr
+        grants = [s for s in r.stdout.splitlines() if s.startswith("GRANT")]
+        self.writer = self._account("slurm_gpu_writer", [g for g in grants if "slurm_gpu_writer" in g])
+        self.reporter = self._account("slurm_gpu_reporter", [g for g in grants if "slurm_gpu_reporter" in g])
+
+    def _account(self, user, grants, extra=""):
+        password = self.server.new_user(user, grants)
+        pw = self.tmp / f"{user}.password"
+        pw.write_text(password + "\n")
+        os.chmod(pw, 0o600)
+        cfg = self.tmp / f"{user}.toml"
+        cfg.write_text(f'cluster_name = "sgtest"\n{extra}[central]\nurl = "{self.server.url(user, self.db)}"\n'
+                       f'password_file = "{pw}"\ntimeout_s = 3\n')
+        os.chmod(cfg, 0o644)
+        return cfg
+
+
+@pytest.fixture(scope="module")
+def central_server(tmp_path_factory):
+    try:
+        server = MariaDB(tmp_path_factory.mktemp("jobsum") / "central")
+    except MariaDBUnavailable as e:
+        unavailable(str(e))
+    server.start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def central(central_server, tmp_path):
+    return Central(central_server, tmp_path)
+
+
+def _ctld_testbed(site, central, factory, tmp_path, users_config="", slurmdbd_conf=""):  # noqa: F811
+    """A testbed whose slurmctld runs `slurm-gpu-epilog-ctld`, through a wrapper naming its config
+    (reporter account, the testbed's slurm.conf, a 15 s wait): slurmctld passes it neither."""
+    site.reset()
+    ctld_cfg = tmp_path / "ctld.toml"
+    wrapper = tmp_path / "epilog-ctld.sh"
+    wrapper.write_text(f"#!/bin/sh\nSLURM_GPU_CONFIG={ctld_cfg} exec {_script('slurm-gpu-epilog-ctld')}\n")
+    os.chmod(wrapper, 0o755)
+    b = factory(prolog=_script("slurm-gpu-prolog"), epilog=_script("slurm-gpu-epilog"),
+                slurm_gpu_config=site.config() + users_config, prolog_epilog_timeout=60,
+                epilog_slurmctld=str(wrapper), extra_slurmdbd_conf=slurmdbd_conf)
+    ctld_cfg.write_text(central.reporter.read_text().replace(
+        "[central]", f'slurm_conf = "{b.slurm_conf}"\n[job_summary]\nwait_s = 15\n'
+                     f'[log]\nsyslog = false\nfile = "{tmp_path}/ctld.log"\n[central]'))
+    os.chmod(ctld_cfg, 0o644)
+    b.ctld_log = tmp_path / "ctld.log"
+    return b
+
+
+@pytest.fixture
+def bed(site, central, slurm_testbed_factory, tmp_path):  # noqa: F811
+    return _ctld_testbed(site, central, slurm_testbed_factory, tmp_path)
+
+
+class PushTimer:
+    """`db push` of both node databases every second, like the systemd timer (faster)."""
+
+    def __init__(self, central: Central, site, bed):  # noqa: F811
+        self.stop_flag = threading.Event()
+        self.central, self.site, self.env = central, site, dict(bed.env)
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self):
+        while not self.stop_flag.is_set():
+            for node in ("gpu01", "gpu02"):
+                if self.site.db(node).exists():
+                    _cli(self.env, "--config", str(self.central.writer), "db", "push", "--quiet",
+                         "--db", str(self.site.db(node)))
+            self.stop_flag.wait(1.0)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_flag.set()
+        self.thread.join(timeout=30)
+
+
+def admin_comment(bed, job):
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", str(job), "--format=JobIDRaw,AdminComment"],
+                         env=dict(bed.env), capture_output=True, text=True, timeout=30).stdout
+    return {line.split("|", 1)[0]: line.split("|", 1)[1] for line in out.splitlines() if "|" in line}
+
+
+def wait_comment(bed, job, timeout=60, raw=None):
+    end = time.monotonic() + timeout
+    key = str(raw or job)
+    while time.monotonic() < end:
+        c = admin_comment(bed, job).get(key, "")
+        if c:
+            return c
+        time.sleep(1)
+    raise AssertionError(f"no AdminComment for job {job} after {timeout}s: "
+                         f"{bed.ctld_log.read_text() if bed.ctld_log.exists() else '(no ctld log)'}")
+
+
+def test_every_job_gets_a_summary_in_its_admin_comment_with_the_node_records_numbers(bed, site, central):  # noqa: F811
+    with PushTimer(central, site, bed):
+        busy = bed.sbatch("sleep 4", args=["-p", "gpu", "-w", "gpu01", "--gres=gpu:1"])
+        idle = bed.sbatch("sleep 4", args=["-p", "gpu", "-w", "gpu02", "-A", "chem", "--gres=gpu:1"])
+        wide = bed.sbatch("sleep 4", args=["-p", "gpu", "-N", "2", "--gres=gpu:1"])
+        array = bed.sbatch("sleep 1", args=["-p", "gpu", "--gres=gpu:1", "--array=1-2"])
+        wait_running(bed, site, "gpu01", busy)
+        now_us = int(time.time() * 1e6)
+        simgpu.set_gpu(site.state("gpu01"), 0, energy_mj=1_000_000_000 + 36_000_000,
+                       acct=[dict(pid=4242, gpu_util=90, mem_util=40, max_mem_bytes=6 << 30, time_ms=3000,
+                                  start_time_us=now_us, is_running=0)])
+        for j in (busy, idle, wide):
+            assert bed.wait_job(j, timeout=90) == "COMPLETED"
+        comments = {j: S.decode(wait_comment(bed, j)) for j in (busy, idle, wide)}
+        tasks = admin_comment(bed, array)
+        assert len(tasks) == 2, tasks
+        for raw in tasks:
+            comments[int(raw)] = S.decode(wait_comment(bed, array, raw=raw))
+    b = comments[busy]
+    assert b.job_id == busy and not b.partial and [g.node for g in b.gpus] == ["gpu01"]
+    rec = site.rows("gpu01", "SELECT * FROM job_gpus WHERE job_id = ?", busy)[0]
+    assert b.gpus[0].energy_wh == round(rec["energy_j"] / 3600, 2) == 10.0
+    assert b.gpus[0].util_pct == round(rec["gpu_util_mean_pct"], 1) > 0
+    assert b.gpus[0].peak_mib == 6 * 1024 and b.gpus[0].total_mib and b.gpus[0].total_mib > 6 * 1024
+    assert comments[idle].gpus[0].util_pct in (0.0, None)
+    assert sorted(g.node for g in comments[wide].gpus) == ["gpu01", "gpu02"] and not comments[wide].partial
+    assert all(len(comments[int(raw)].gpus) == 1 for raw in tasks)
+    # sacctmgr lowercased what it stored; the summary reads back all the same.
+    assert wait_comment(bed, busy) == wait_comment(bed, busy).lower()
+
+
+def test_an_admin_comment_set_before_the_job_ends_is_left_as_it_was(bed, site, central):  # noqa: F811
+    with PushTimer(central, site, bed):
+        job = bed.sbatch("sleep 3", args=["-p", "gpu", "--gres=gpu:1"])
+        bed.run("scontrol", "update", f"job={job}", "AdminComment=JS1:Keep-This")
+        assert bed.wait_job(job, timeout=90) == "COMPLETED"
+        time.sleep(5)
+    assert admin_comment(bed, job)[str(job)] == "JS1:Keep-This"
+    assert "AdminComment belongs to another tool" in bed.ctld_log.read_text()
+
+
+def test_central_down_at_job_end_gives_a_partial_summary_that_annotate_completes(bed, site, central):  # noqa: F811
+    job = bed.sbatch("sleep 3", args=["-p", "gpu", "-w", "gpu02", "--gres=gpu:2"])
+    wait_running(bed, site, "gpu02", job)
+    central.server.stop()
+    try:
+        assert bed.wait_job(job, timeout=90) == "COMPLETED"
+        first = S.decode(wait_comment(bed, job, timeout=60))
+    finally:
+        central.server.start()
+    assert first.partial and first.gpus == [] and first.missing == ["gpu02"]
+    assert "central-unavailable" in bed.ctld_log.read_text()
+    env = dict(bed.env)
+    assert _cli(env, "--config", str(central.writer), "db", "push", "--db", str(site.db("gpu02"))).returncode == 0
+    ctld_cfg = Path(str(bed.ctld_log).replace("ctld.log", "ctld.toml"))
+    r = _cli(env, "--config", str(ctld_cfg), "central", "annotate", "--since", "now-1hour")
+    assert r.returncode == 0 and "1 completed" in r.stdout, r.stdout + r.stderr
+    done = S.decode(admin_comment(bed, job)[str(job)])
+    assert not done.partial and len(done.gpus) == 2
+    r = _cli(env, "--config", str(ctld_cfg), "central", "annotate", "--since", "now-1hour")
+    assert r.returncode == 0 and "1 already complete" in r.stdout, r.stdout
+
+
+@pytest.fixture
+def private_bed(site, central, slurm_testbed_factory, tmp_path):  # noqa: F811
+    """PrivateData=jobs in slurmdbd.conf (what hides other users' jobs from sacct), and the users'
+    config (slurm-gpu.toml beside slurm.conf) judging seconds-long jobs too."""
+    return _ctld_testbed(site, central, slurm_testbed_factory, tmp_path, users_config="[job]\nmin_runtime_s = 1\n",
+                         slurmdbd_conf="PrivateData=jobs")
+
+
+def test_users_see_their_own_jobs_gpu_use_and_advice_and_not_other_users_jobs(private_bed, site, central):  # noqa: F811
+    import json
+    import pwd
+    from testbed import OTHER_USER, user_cli
+    try:
+        pwd.getpwnam(OTHER_USER)
+    except KeyError:
+        unavailable(f"user {OTHER_USER} missing (run .ci/install-deps.sh)")
+    bed = private_bed
+    with PushTimer(central, site, bed):
+        busy = bed.sbatch("sleep 8", args=["-p", "gpu", "-w", "gpu01", "--gres=gpu:1"])
+        idle = bed.sbatch("sleep 8", args=["-p", "gpu", "-w", "gpu02", "--gres=gpu:2"])
+        wait_running(bed, site, "gpu01", busy)
+        now_us = int(time.time() * 1e6)
+        simgpu.set_gpu(site.state("gpu01"), 0, energy_mj=1_000_000_000 + 72_000_000,
+                       acct=[dict(pid=4343, gpu_util=95, mem_util=50, max_mem_bytes=70 << 30, time_ms=8000,
+                                  start_time_us=now_us, is_running=0)])
+        for j in (busy, idle):
+            assert bed.wait_job(j, timeout=90) == "COMPLETED"
+            wait_comment(bed, j)
+    env = dict(bed.env)
+    r = user_cli("sgtest", ["job", str(busy), "--format", "json"], env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads(r.stdout)
+    assert [round(g["util_pct"]) for g in data["gpus"]] == [round(site.rows(
+        "gpu01", "SELECT gpu_util_mean_pct FROM job_gpus WHERE job_id = ?", busy)[0]["gpu_util_mean_pct"])]
+    assert not any(n["code"] in ("idle", "small_memory") for n in data["notes"]), data["notes"]
+    r = user_cli("sgtest", ["job", str(idle)], env)
+    assert r.returncode == 0, r.stderr
+    assert "None of the job's 2 GPUs was used" in r.stdout, r.stdout
+    # PrivateData=jobs in slurmdbd.conf: another user's job is not there for sgtest2.
+    r = user_cli(OTHER_USER, ["job", str(busy)], env)
+    assert r.returncode == 7, r.stdout + r.stderr
+    assert "not visible to you" in r.stderr and len(r.stderr.strip().splitlines()) == 2
