@@ -272,7 +272,7 @@ def _annotate_one(backend, srv, S, job_rows, cluster, job_id, restart, comment, 
     if comment and S.is_ours(comment) and summary.partial and S.decode_safe(comment) == summary:
         return "partial"
     if not dry_run:
-        backend.set_admin_comment(job_id, cluster, S.encode(summary))
+        backend.set_admin_comment(job_id, cluster, S.encode(summary), named=backend.named_ids.get(job_id, ""))
     if summary.partial:
         return "partial"
     return "completed" if comment else "written"

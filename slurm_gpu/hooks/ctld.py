@@ -99,10 +99,19 @@ def _summarise(run: _Run, cfg: Any, job_id: int, sleep) -> str:
         return "no-records"
     summary = S.from_records(cluster, job_id, restart, gpu_nodes or sorted({r["node"] for r in rows}), rows)
     text = S.encode(summary)
-    backend.set_admin_comment(job_id, cluster, text)
+    backend.set_admin_comment(job_id, cluster, text, named=_named(run.env))
     run.log.info("summary", job=job_id, gpus=len(summary.gpus), bytes=len(text), partial=int(summary.partial),
                  missing=",".join(summary.missing) or None)
     return "partial" if summary.partial else "written"
+
+
+def _named(env: Mapping[str, str]) -> str:
+    """ARRAY_TASK of an array task, LEADER+OFFSET of a heterogeneous job's component, else ''."""
+    array, task = _int(env, "SLURM_ARRAY_JOB_ID"), _int(env, "SLURM_ARRAY_TASK_ID")
+    if array is not None and task is not None:
+        return f"{array}_{task}"
+    leader, offset = _int(env, "SLURM_HET_JOB_ID"), _int(env, "SLURM_HET_JOB_OFFSET")
+    return f"{leader}+{offset}" if leader is not None and offset is not None else ""
 
 
 def _wait_for_rows(cfg: Any, cluster: str, job_id: int, restart: int, gpu_nodes: Optional[List[str]],

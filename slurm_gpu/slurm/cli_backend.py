@@ -126,6 +126,7 @@ class CliBackend(SlurmBackend):
         self.bin_dir = bin_dir if bin_dir is not None else (getattr(cfg, "slurm_bin_dir", "") or "")
         self.timeout_s = float(timeout_s if timeout_s is not None else getattr(cfg, "slurm_timeout_s", 10.0))
         self._env = env
+        self.named_ids: Dict[int, str] = {}
         self._bins: Dict[str, str] = {}
         self._sacct_json: Optional[bool] = None  # None: not tried yet
 
@@ -337,12 +338,16 @@ class CliBackend(SlurmBackend):
                 gpu_nodes += hostlist.expand(nodes)
         return ("" if comment == "(null)" else comment), (gpu_nodes or None)
 
-    def set_admin_comment(self, job_id: int, cluster: str, text: str) -> None:
+    def set_admin_comment(self, job_id: int, cluster: str, text: str, named: str = "") -> None:
         """Write a finished (or finishing) job's AdminComment in accounting (slurmdbd).
 
         `sacctmgr modify job` is the path that works once the job completes: slurmctld refuses
-        `scontrol update` then ("Job has already finished").  sacctmgr lowercases the value."""
-        where = ["where", f"jobid={int(job_id)}"] + ([f"cluster={cluster}"] if cluster else [])
+        `scontrol update` then ("Job has already finished").  sacctmgr lowercases the value.
+        An array task is named ARRAY_TASK and a heterogeneous job's component LEADER+OFFSET
+        (`named`): `jobid=N` writes every task of array N and every component of het job N
+        (observed on 22.05.8), so the raw id alone could overwrite another task's summary."""
+        which = named if re.fullmatch(r"\d+[_+]\d+", named or "") else str(int(job_id))
+        where = ["where", f"jobid={which}"] + ([f"cluster={cluster}"] if cluster else [])
         rc, out, err = self.run("sacctmgr", ["-i", "modify", "job", *where, "set", f"AdminComment={text}"])
         if "nothing modified" in (out + err).lower() or "didn't affect anything" in (out + err).lower():
             raise SlurmError(f"sacctmgr modified nothing for job {job_id}: not in accounting (yet), or this user "
@@ -352,19 +357,24 @@ class CliBackend(SlurmBackend):
             self._raise(rc, out, err, f"sacctmgr modify job {job_id}", job=int(job_id))
 
     def admin_comments(self, job_ids: Sequence[int], cluster: str = "") -> Dict[int, str]:
-        """{raw job id: AdminComment} of finished jobs from accounting (sacct), 200 jobs per call."""
+        """{raw job id: AdminComment} of finished jobs from accounting (sacct), 200 jobs per call;
+        array tasks and heterogeneous components are noted in ``named_ids`` (raw id -> 4711_3 or
+        4711+1, what set_admin_comment needs)."""
         out: Dict[int, str] = {}
         ids = [str(int(j)) for j in job_ids]
         for i in range(0, len(ids), 200):
             chunk = ",".join(ids[i:i + 200])
             rc, text, err = self.run("sacct", ["-X", "-n", "-P", *(["-M", cluster] if cluster else []), "-j", chunk,
-                                              "--format=JobIDRaw,AdminComment"])
+                                              "--format=JobIDRaw,JobID,AdminComment"])
             if rc != 0:
                 self._raise(rc, text, err, f"sacct -j {chunk[:40]}")
             for line in text.splitlines():
-                raw, _, comment = line.partition("|")  # AdminComment last: a '|' in it stays in it
+                raw, _, rest = line.partition("|")
+                shown, _, comment = rest.partition("|")  # AdminComment last: a '|' in it stays in it
                 if raw.strip().isdigit():
                     out[int(raw)] = comment.strip()
+                    if re.fullmatch(r"\d+[_+]\d+", shown.strip()):
+                        self.named_ids[int(raw)] = shown.strip()
         return out
 
     def job(self, job_id: int) -> Dict[str, Any]:

@@ -147,6 +147,7 @@ def test_every_job_gets_a_summary_in_its_admin_comment_with_the_node_records_num
         idle = bed.sbatch("sleep 4", args=["-p", "gpu", "-w", "gpu02", "-A", "chem", "--gres=gpu:1"])
         wide = bed.sbatch("sleep 4", args=["-p", "gpu", "-N", "2", "--gres=gpu:1"])
         array = bed.sbatch("sleep 1", args=["-p", "gpu", "--gres=gpu:1", "--array=1-2"])
+        het = bed.sbatch("sleep 1", args=["-p", "gpu", "--gres=gpu:1", ":", "-p", "gpu", "--gres=gpu:1"])
         wait_running(bed, site, "gpu01", busy)
         now_us = int(time.time() * 1e6)
         simgpu.set_gpu(site.state("gpu01"), 0, energy_mj=1_000_000_000 + 36_000_000,
@@ -159,6 +160,9 @@ def test_every_job_gets_a_summary_in_its_admin_comment_with_the_node_records_num
         assert len(tasks) == 2, tasks
         for raw in tasks:
             comments[int(raw)] = S.decode(wait_comment(bed, array, raw=raw))
+        # A heterogeneous job: each component is a job of its own, under its raw id (het, het + 1).
+        for raw in (het, het + 1):
+            comments[raw] = S.decode(wait_comment(bed, het, raw=raw))
     b = comments[busy]
     assert b.job_id == busy and not b.partial and [g.node for g in b.gpus] == ["gpu01"]
     rec = site.rows("gpu01", "SELECT * FROM job_gpus WHERE job_id = ?", busy)[0]
@@ -167,7 +171,9 @@ def test_every_job_gets_a_summary_in_its_admin_comment_with_the_node_records_num
     assert b.gpus[0].peak_mib == 6 * 1024 and b.gpus[0].total_mib and b.gpus[0].total_mib > 6 * 1024
     assert comments[idle].gpus[0].util_pct in (0.0, None)
     assert sorted(g.node for g in comments[wide].gpus) == ["gpu01", "gpu02"] and not comments[wide].partial
-    assert all(len(comments[int(raw)].gpus) == 1 for raw in tasks)
+    assert all(len(comments[int(raw)].gpus) == 1 and comments[int(raw)].job_id == int(raw) for raw in tasks)
+    assert [comments[r].job_id for r in (het, het + 1)] == [het, het + 1]
+    assert all(len(comments[r].gpus) == 1 and not comments[r].partial for r in (het, het + 1)), [comments[r] for r in (het, het + 1)]
     # sacctmgr lowercased what it stored; the summary reads back all the same.
     assert wait_comment(bed, busy) == wait_comment(bed, busy).lower()
 
