@@ -11,7 +11,10 @@ set -euo pipefail
 SGTEST_UID=2501
 # chromium: the HTML report is checked in a headless browser (tests/test_report_html.py).
 # systemd: `systemd-analyze verify` checks the shipped units (deploy/systemd, tests/test_central.py).
-APT_PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server build-essential procps make chromium systemd)
+# prometheus (with promtool), prometheus-node-exporter: the alert rules and dashboards are checked
+# against a real Prometheus scraping node_exporter's textfile collector (tests/test_monitoring.py).
+APT_PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server build-essential procps make chromium systemd
+              prometheus prometheus-node-exporter)
 
 cd "$(dirname "$0")/.."
 

@@ -94,6 +94,12 @@ def _str_map(v):
     return None
 
 
+def _abs_path_or_empty(v):
+    if v and not v.startswith("/"):
+        return "must be an absolute path, or empty for off"
+    return None
+
+
 def _one_line(v):
     if len(v) > 500 or any(ord(c) < 32 or ord(c) == 127 for c in v):
         return "must be one line of at most 500 characters"
@@ -172,6 +178,12 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "password_file": Key(str, "/etc/slurm-gpu/central.password", "File holding the password of the account in url (one line). Refused unless a regular file owned by root (or by the user running the command) and unreadable by group and others (chmod 600)."),
         "timeout_s": Key(float, 10.0, "Timeout of connecting to the central server and of each read and write; a server that is down, unreachable or hung makes `db push` give up with one line after about this long.", _rng(1, 600)),
         "batch_size": Key(int, 2000, "Records per upsert statement of `db push`.", _rng(1, 100000)),
+    },
+    "metrics": {
+        "textfile_dir": Key(str, "", "Directory of node_exporter's textfile collector (`--collector.textfile.directory`) that the prolog, the epilog and `healthcheck` write `slurm_gpu_*.prom` files into, created if missing (%n: node name); empty: no metrics. See docs/prometheus.md.", _abs_path_or_empty),
+        "dcgm_job_mapping_dir": Key(str, "", "dcgm-exporter's `--hpc-job-mapping-dir`: the prolog adds the job id to the file of each GPU it holds (`<index>`, `<index>.<GPU instance>` for a MIG slice), the epilog removes it, so dcgm-exporter labels GPU metrics `hpc_job` (%n: node name); empty: off.", _abs_path_or_empty),
+        "by_account": Key(bool, True, "Usage counters (GPU-seconds allocated and used, energy) by account; false: one node total without the account label."),
+        "max_accounts": Key(int, 100, "Most accounts with a usage series of their own on a node; the rest are summed into account=\"other\".", _rng(1, 10000)),
     },
     "job": {
         "idle_pct": Key(float, 5.0, "`slurm-gpu job`: a GPU whose mean utilisation over the job stays below this was idle (note: request fewer GPUs).", _rng(0, 100)),

@@ -70,7 +70,20 @@ def check_node(
         events, problem, undated = [], "", 0  # offline evaluation of a saved snapshot: no live kernel log
     results = health.evaluate(snapshot, cfg, gpus=indices, idle=idle, expected_count=expected_count,
                               xid_events=events, xid_problem=problem, xid_undated=undated, now=now)
-    return snapshot, results
+    return snapshot, CheckRun(results, snapshot, events, cfg, all_gpus=indices is None)
+
+
+class CheckRun(list):
+    """check_node's results, with what they were judged on: `healthcheck` gets only the
+    results from its checker and writes its metrics from these (hooks/healthcheck.py)."""
+
+    def __init__(self, results: Iterable[CheckResult], snapshot: Optional[NodeSnapshot] = None,
+                 xid_events: Sequence[xid.XidEvent] = (), cfg: Optional[Config] = None, all_gpus: bool = False):
+        super().__init__(results)
+        self.snapshot = snapshot
+        self.xid_events = xid_events
+        self.cfg = cfg
+        self.all_gpus = all_gpus  # the snapshot holds every GPU of the node
 
 
 # --- prolog / epilog -------------------------------------------------------------------------
@@ -260,11 +273,59 @@ def _drain_node(deps: HookDeps, job: JobEnv, source: str, fault: str) -> Tuple[b
     return drained, record
 
 
-def _drain(deps: HookDeps, job: JobEnv, source: str, fault: str) -> bool:
-    """Drain this node with our reason; record it.  Returns True when the node is drained now."""
+def _drain(deps: HookDeps, job: JobEnv, source: str, fault: str, seen: Any = None, check: str = "") -> bool:
+    """Drain this node with our reason; record it.  Returns True when the node is drained now.
+    seen (metrics' Observed, when metrics are on) learns the drain state and the check."""
     drained, record = _drain_node(deps, job, source, fault)
     _write(deps, record, job)
+    _seen_drain(seen, record, check)
     return drained
+
+
+def _seen_drain(seen: Any, record: Optional[Dict[str, Any]], check: str) -> None:
+    """The node's drain state as the metrics say it: drained by us for this check, already
+    drained by us (cause known to an earlier writer), or drained by someone else."""
+    if seen is None or record is None:
+        return
+    from slurm_gpu.slurm.reason import is_ours
+    d = record["drain"]
+    if d["outcome"] == "drained":
+        seen.drain = ("set", check)
+    elif d["outcome"] == "kept":
+        seen.drain = ("ours", check) if is_ours(d["kept_reason"]) else ("clear", "")
+
+
+def _fault_check(results: Sequence[CheckResult]) -> str:
+    """The check whose FAIL leads the drain reason (health.drain_fault's first)."""
+    fails = health.failures(results)
+    return fails[0].check if fails else ""
+
+
+def _observer(deps: HookDeps, job: JobEnv) -> Any:
+    """An Observed for the metrics when the config asks for metrics and the job has GPUs, else None
+    (the metrics package is then not even imported)."""
+    try:
+        wanted = deps.cfg.get("metrics", "textfile_dir") or deps.cfg.get("metrics", "dcgm_job_mapping_dir")
+    except (KeyError, AttributeError):  # a stand-in config without the section
+        return None
+    if not job.gpus or not wanted:
+        return None
+    from slurm_gpu.metrics.hookwrite import Observed
+    return Observed()
+
+
+def _write_metrics(deps: HookDeps, job: JobEnv, hook: str, seen: Any) -> None:
+    """The hook's metrics, last: a few milliseconds, never an exception (metrics/hookwrite.py)."""
+    from slurm_gpu.metrics import hookwrite
+    t0 = time.monotonic()
+    try:
+        if hook == "prolog":
+            hookwrite.prolog(deps.cfg, deps.log, job, seen, deps.now())
+        else:
+            hookwrite.epilog(deps.cfg, deps.log, job, seen, deps.now(), store=deps.store)
+    except Exception as e:  # a bug in the metrics must not change the hook's outcome
+        deps.log.error("metrics-failed", job=job.job_id, node=job.node, error=f"{type(e).__name__}: {e}")
+    deps.log.event("metrics", "debug", job=job.job_id, node=job.node, ms=round((time.monotonic() - t0) * 1000, 2))
 
 
 def _write(deps: HookDeps, record: Dict[str, Any], job: JobEnv) -> str:
@@ -335,15 +396,25 @@ def _find_start(deps: HookDeps, job: JobEnv) -> Any:
         return StartLookup({}, False, f"{type(e).__name__}: {e}")
 
 
-def _job_gpu_snapshot(deps: HookDeps, job: JobEnv) -> Tuple[Optional[JobGpuMap], NodeSnapshot, List[CheckResult]]:
+def _job_gpu_snapshot(deps: HookDeps, job: JobEnv, seen: Any = None
+                      ) -> Tuple[Optional[JobGpuMap], NodeSnapshot, List[CheckResult]]:
     """Map the job's GPUs, read them, and judge them (they must be idle)."""
     try:
         gmap = map_gpus(deps, job)
     except MissingGpu as e:
-        return None, NodeSnapshot(node_name(), deps.now()), [CheckResult("gpu_count", health.FAIL, None, "", e.message, e.hint)]
+        results = [CheckResult("gpu_count", health.FAIL, None, "", e.message, e.hint)]
+        _seen_check(seen, None, results, ())
+        return None, NodeSnapshot(node_name(), deps.now()), results
     now = deps.now()
-    snap, results, _ = _read_and_judge(deps, gmap, now, now)
+    snap, results, events = _read_and_judge(deps, gmap, now, now)
+    _seen_check(seen, snap, results, events)
     return gmap, snap, results
+
+
+def _seen_check(seen: Any, snap: Optional[NodeSnapshot], results: Sequence[CheckResult],
+                events: Sequence[xid.XidEvent]) -> None:
+    if seen is not None:
+        seen.snapshot, seen.results, seen.xid_events = snap, results, events
 
 
 def _read_and_judge(deps: HookDeps, gmap: JobGpuMap, xids_at: float, judged_at: float, killed: Iterable[int] = ()
@@ -375,6 +446,19 @@ def _record_key(g: GpuSnapshot, jg: JobGpu) -> str:
 
 def prolog(job: JobEnv, deps: HookDeps) -> int:
     """Gate the job on its GPUs' health, then reset them and record the job start."""
+    return _with_metrics(job, deps, "prolog", _prolog)
+
+
+def _with_metrics(job: JobEnv, deps: HookDeps, hook: str, flow: Callable[[JobEnv, HookDeps, Any], int]) -> int:
+    """Run the flow; then, when metrics are configured, write what it saw (never changes the code)."""
+    seen = _observer(deps, job)
+    code = flow(job, deps, seen)
+    if seen is not None:
+        _write_metrics(deps, job, hook, seen)
+    return code
+
+
+def _prolog(job: JobEnv, deps: HookDeps, seen: Any) -> int:
     log = deps.log
     if not job.gpus:
         log.info("no-gpus", job=job.job_id, node=job.node)
@@ -382,10 +466,10 @@ def prolog(job: JobEnv, deps: HookDeps) -> int:
     # GPU time starts when the prolog does: Slurm's allocation (PrologFlags=Alloc) began then,
     # and sreport/sacct count the prolog's run time as the job's.
     t = deps.started if deps.started is not None else deps.now()
-    gmap, snap, results = _job_gpu_snapshot(deps, job)
+    gmap, snap, results = _job_gpu_snapshot(deps, job, seen)
     _log_results(log, job, results)
     if health.worst(results) == health.FAIL:
-        _drain(deps, job, "prolog", health.drain_fault(results))
+        _drain(deps, job, "prolog", health.drain_fault(results), seen, _fault_check(results))
         _write(deps, {"kind": "health", "events": _results_events(results, job.node, "prolog", job.job_id, t)}, job)
         _housekeeping(deps, job, "prolog")
         return PROLOG_FAULT
@@ -400,26 +484,42 @@ def prolog(job: JobEnv, deps: HookDeps) -> int:
             # A GPU that stops answering while we reset it is a fault; other write errors
             # (e.g. no permission) are our environment's problem and must not block the job.
             if deps.reader.is_stuck(g.index):
-                _drain(deps, job, "prolog", f"{g.label} stopped responding during reset: {outcome.message}")
+                _drain(deps, job, "prolog", f"{g.label} stopped responding during reset: {outcome.message}", seen, "responsive")
                 _housekeeping(deps, job, "prolog")
                 return PROLOG_FAULT
             log.error("reset-failed", job=job.job_id, node=job.node, gpu=uuid, error=outcome.message)
-        starts.append({
-            "cluster": job.cluster, "job_id": job.job_id, "restart_count": job.restart_count, "node": job.node,
-            "gpu_uuid": uuid, "gpu_index": g.index, "start_time": t,
-            # The energy counter is the whole GPU's: a MIG slice's share of it is unknown.
-            "energy_mj": None if jg.mig is not None else g.energy_mj.get(),
-            "ecc_corrected": g.ecc_volatile_corrected.get(), "ecc_uncorrected": g.ecc_volatile_uncorrected.get(),
-            "retired_pages": _sum(g.retired_pages_sbe, g.retired_pages_dbe),
-            "remapped_rows": _sum(g.remapped_rows_corrected, g.remapped_rows_uncorrected),
-        })
+        starts.append(_start_row(job, g, jg, uuid, t))
         log.info("pass", job=job.job_id, node=job.node, gpu=uuid, index=g.index, slurm_index=jg.slurm_index)
     _write(deps, {"kind": "job_start", "starts": starts}, job)
     warn = _results_events(results, job.node, "prolog", job.job_id, t)
     if warn:
         _write(deps, {"kind": "health", "events": warn}, job)
     _housekeeping(deps, job, "prolog")
+    _seen_start(seen, deps, gmap, snap, prepared)
     return PROLOG_OK
+
+
+def _start_row(job: JobEnv, g: GpuSnapshot, jg: JobGpu, uuid: str, t: float) -> Dict[str, Any]:
+    """The prolog's start counters of one GPU or MIG slice (job_starts)."""
+    return {
+        "cluster": job.cluster, "job_id": job.job_id, "restart_count": job.restart_count, "node": job.node,
+        "gpu_uuid": uuid, "gpu_index": g.index, "start_time": t,
+        # The energy counter is the whole GPU's: a MIG slice's share of it is unknown.
+        "energy_mj": None if jg.mig is not None else g.energy_mj.get(),
+        "ecc_corrected": g.ecc_volatile_corrected.get(), "ecc_uncorrected": g.ecc_volatile_uncorrected.get(),
+        "retired_pages": _sum(g.retired_pages_sbe, g.retired_pages_dbe),
+        "remapped_rows": _sum(g.remapped_rows_corrected, g.remapped_rows_uncorrected),
+    }
+
+
+def _seen_start(seen: Any, deps: HookDeps, gmap: JobGpuMap, snap: NodeSnapshot, prepared: Dict[int, Any]) -> None:
+    """For the metrics: the GPUs (and slices) the job now holds, and where persistence is on now."""
+    if seen is None:
+        return
+    seen.held = [(snap.gpu(jg.nvml_index), jg) for jg in gmap.gpus]
+    if deps.cfg.get("hooks", "persistence_mode"):
+        seen.persistence_on = [i for i, out in prepared.items()
+                               if isinstance(out, dict) and out.get("nvmlDeviceSetPersistenceMode")]
 
 
 def _prepare(deps: HookDeps, job: JobEnv, gmap: JobGpuMap) -> Dict[int, Any]:
@@ -632,6 +732,10 @@ def _epilog_fault(results: List[CheckResult], survivors: Dict[int, List[int]], s
 
 def epilog(job: JobEnv, deps: HookDeps) -> int:
     """Record what the job did with its GPUs, clean up, and check the GPUs again."""
+    return _with_metrics(job, deps, "epilog", _epilog)
+
+
+def _epilog(job: JobEnv, deps: HookDeps, seen: Any) -> int:
     if not job.gpus:
         deps.log.info("no-gpus", job=job.job_id, node=job.node)
         return 0
@@ -641,7 +745,8 @@ def epilog(job: JobEnv, deps: HookDeps) -> int:
         gmap = map_gpus(deps, job)  # which GPUs (and MIG slices) are the job's
     except MissingGpu as e:
         deps.log.error("check", job=job.job_id, node=job.node, check="gpu_count", status=health.FAIL, message=e.message)
-        return 0 if _drain(deps, job, "epilog", e.message) else 1
+        _seen_check(seen, None, [CheckResult("gpu_count", health.FAIL, None, "", e.message, e.hint)], ())
+        return 0 if _drain(deps, job, "epilog", e.message, seen, "gpu_count") else 1
     # The job's own processes go; everyone else's stay and are judged.
     survivors, killed = _kill_leftovers(deps, job, gmap)
     acct = _read_accounting(deps, job, gmap)
@@ -651,6 +756,8 @@ def epilog(job: JobEnv, deps: HookDeps) -> int:
     fault = _epilog_fault(results, survivors, snap)
     _log_results(deps.log, job, results)
     drained, drain_record = _drain_node(deps, job, "epilog", fault) if fault else (True, None)
+    _seen_check(seen, snap, results, events)
+    _seen_drain(seen, drain_record, "leftover_processes" if survivors else _fault_check(results))
     rows = _usage_rows(deps, job, gmap, snap, events, acct, end)
     _record_usage(deps, job, rows, _results_events(results, job.node, "epilog", job.job_id, end), end)
     if drain_record is not None:

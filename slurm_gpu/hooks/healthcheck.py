@@ -1,6 +1,7 @@
 """The healthcheck flow: check this node's GPUs and bring its Slurm state in line."""
 from __future__ import annotations
 
+import sys
 import time as _time
 from typing import Any, List, NamedTuple, Tuple
 
@@ -40,8 +41,31 @@ def node_health_cycle(
     context: str = _reason.HEALTHCHECK,
     summarise: Any = _summarise,
     clock: Any = None,
+    metrics: bool = True,
 ) -> HealthOutcome:
     """Check this node's GPUs and bring its Slurm state in line — the `healthcheck` flow.
+
+    With ``metrics`` (and metrics configured), the node's metrics are written afterwards from
+    what the check read: the real checker returns hooks.flows.CheckRun, results that carry
+    their snapshot and config.  A dry run, a timeout or an error writes none.
+    """
+    kept: List[Any] = []
+
+    def keeping(info: Any) -> Any:
+        run = checker(info)
+        kept.append(run)
+        return run
+
+    outcome = _cycle(backend, node_name, keeping, allow_resume=allow_resume, dry_run=dry_run, deadline_s=deadline_s,
+                     context=context, summarise=summarise, clock=clock)
+    if metrics and not dry_run and kept:
+        write_metrics(kept[0], outcome)
+    return outcome
+
+
+def _cycle(backend: SlurmBackend, node_name: str, checker: Any, *, allow_resume: bool, dry_run: bool,
+           deadline_s: float, context: str, summarise: Any, clock: Any) -> HealthOutcome:
+    """node_health_cycle without the metrics.
 
     checker(NodeInfo) -> results (``CheckResult`` list); it gets the node as Slurm sees it so
     it can expect the configured GPU count.  On FAIL: drain with
@@ -146,3 +170,42 @@ def _settle_healthy(backend: SlurmBackend, info: Any, node_name: str, worst: str
                              f"{node_name}: {worst}: healthy; {info.state} by {info.reason_user or 'someone else'} "
                              f"({info.reason or 'no reason'}) is not ours, left alone", info.reason, res)
     return HealthOutcome(node_name, worst, "none", f"{node_name}: {worst}: healthy ({info.state})", "", res)
+
+
+# What the node's drain state is after each action, for slurm_gpu_node_drained (metrics/node.py).
+_CLEARED = ("resumed", "left-alone", "none")
+
+
+def _drain_state(outcome: HealthOutcome) -> Any:
+    """(state, check) for NodeUpdate.drain, or None when the outcome says nothing sure."""
+    fails = [r for r in outcome.results if getattr(r, "status", "") == "FAIL"]
+    check = fails[0].check if fails else ""
+    if outcome.action == "drained":
+        return ("set", check)
+    if outcome.action == "kept-drained":
+        return ("ours", check) if _reason.is_ours(outcome.reason) else ("clear", "")
+    if outcome.action in _CLEARED:
+        return ("clear", "")
+    return None
+
+
+def write_metrics(run: Any, outcome: HealthOutcome, now: Any = None) -> None:
+    """The node file after a healthcheck: every GPU, every check, the drain state, the spool and
+    the push backlog.  Never raises; nothing when the run did not finish or metrics are off."""
+    cfg = getattr(run, "cfg", None)
+    state = _drain_state(outcome)
+    if cfg is None or state is None:
+        return
+    try:
+        from slurm_gpu.metrics import hookwrite
+        if not hookwrite.enabled(cfg):
+            return
+        from slurm_gpu.hooks.log import HookLog
+        from slurm_gpu.metrics.storestats import store_samples
+        obs = hookwrite.Observed()
+        obs.snapshot, obs.results, obs.xid_events = run.snapshot, list(run), run.xid_events
+        obs.all_gpus, obs.drain = run.all_gpus, state
+        hookwrite.healthcheck(cfg, HookLog.from_config("healthcheck", cfg), outcome.node, obs,
+                              _time.time() if now is None else now, extra=lambda: store_samples(cfg))
+    except Exception as e:  # metrics never change the healthcheck's verdict or exit code
+        sys.stderr.write(f"slurm-gpu healthcheck metrics-failed error={type(e).__name__}: {e}\n")

@@ -1,0 +1,107 @@
+"""The metric catalog: every family slurm-gpu exposes, its type, labels and meaning.
+
+docs/prometheus.md embeds reference_markdown() (a test keeps them equal); monitoring/'s alert
+rules and dashboards are written against exactly these names and labels.  Per-GPU labels are
+named as dcgm-exporter names them (`gpu`, `UUID`, `modelName`), so PromQL joins on `UUID`.
+Standard library only: the prolog imports this.
+"""
+from __future__ import annotations
+
+from typing import List, NamedTuple, Tuple
+
+PREFIX = "slurm_gpu_"
+GPU_LABELS = ("gpu", "UUID", "modelName")
+STATUSES = ("PASS", "WARN", "FAIL", "SKIP")
+SOURCES = ("prolog", "epilog", "healthcheck")
+
+# The files of the textfile directory, one per concern, so that separate processes never fight.
+NODE_FILE = "slurm_gpu_node.prom"
+USAGE_FILE = "slurm_gpu_usage.prom"
+JOB_FILE_PREFIX = "slurm_gpu_job_"  # + <job id> + ".prom"
+
+# NVML clock event reason bits (nvmlClocksEventReason*) -> label value.
+CLOCK_EVENT_REASONS: Tuple[Tuple[int, str], ...] = (
+    (0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), (0x4, "sw_power_cap"), (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"), (0x20, "sw_thermal_slowdown"), (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"), (0x100, "display_clock_setting"),
+)
+
+
+class Family(NamedTuple):
+    name: str
+    type: str  # gauge | counter
+    labels: Tuple[str, ...]
+    help: str  # the HELP line
+    written_by: str  # who writes it, into which file (the reference's last column)
+
+
+_HOOKS = "prolog, epilog, healthcheck (node file)"
+_STORE = "healthcheck (node file), exporter (each scrape)"
+_USAGE = "epilog (usage file)"
+
+
+def _gpu(name: str, kind: str, extra: Tuple[str, ...], text: str, note: str = "") -> Family:
+    """A per-GPU family of the node file (labels gpu, UUID, modelName first)."""
+    return Family(name, kind, GPU_LABELS + extra, text, _HOOKS + (f"; {note}" if note else ""))
+
+
+FAMILIES: Tuple[Family, ...] = (
+    _gpu("slurm_gpu_check_status", "gauge", ("check", "status"),
+         "Last status of a health check: 1 for the status it has, 0 for the other three of PASS/WARN/FAIL/SKIP.",
+         'node-wide checks have gpu="", UUID="", modelName=""'),
+    Family("slurm_gpu_check_timestamp_seconds", "gauge", ("source",),
+           "Unix time of the last health check, by the program that ran it (prolog, epilog, healthcheck).", _HOOKS),
+    _gpu("slurm_gpu_ecc_errors_total", "counter", ("type", "counter"),
+         "ECC error counts as the driver reports them (type corrected/uncorrected, counter volatile/aggregate).",
+         "absent where the GPU has no ECC"),
+    _gpu("slurm_gpu_retired_pages", "gauge", ("cause",),
+         "Retired memory pages by cause (sbe: single-bit, dbe: double-bit errors).", "pre-Ampere GPUs"),
+    _gpu("slurm_gpu_retired_pages_pending", "gauge", (), "1 when a page retirement waits for a GPU reset."),
+    _gpu("slurm_gpu_remapped_rows", "gauge", ("type",),
+         "Rows remapped by the memory's row remapper (type correctable/uncorrectable).", "Ampere and later"),
+    _gpu("slurm_gpu_row_remap_failure", "gauge", (), "1 when a row remapping failed (no spare row left: the RMA criterion)."),
+    _gpu("slurm_gpu_row_remap_pending", "gauge", (), "1 when a row remapping waits for a GPU reset."),
+    _gpu("slurm_gpu_xid_errors_total", "counter", ("xid",),
+         "XID events of the GPU seen in the kernel log, by code; each logged event is counted once.",
+         "a series appears with its first event"),
+    _gpu("slurm_gpu_xid_last_timestamp_seconds", "gauge", (),
+         "Unix time of the newest XID event counted for the GPU (the counter's de-duplication mark)."),
+    _gpu("slurm_gpu_persistence_mode", "gauge", (), "1 when persistence mode is on.",
+         "the prolog writes 1 where it turned persistence on"),
+    _gpu("slurm_gpu_clock_event_reason", "gauge", ("reason",),
+         "1 for each clock event reason active at the last reading (NVML clock event reason bits), else 0."),
+    Family("slurm_gpu_node_drained", "gauge", ("reason",),
+           "1 when slurm-gpu drained this node (reason: the failing check's name, or other), else 0 with reason=\"\".",
+           "prolog and epilog when they drain, healthcheck always (node file)"),
+    Family("slurm_gpu_spool_records", "gauge", (), "Records waiting in the spool directory for the node database.", _STORE),
+    Family("slurm_gpu_unpushed_records", "gauge", (),
+           "Records of the node database not yet shipped to the central server (db push).", _STORE),
+    Family("slurm_gpu_unpushed_oldest_timestamp_seconds", "gauge", (),
+           "Unix time of the oldest record not yet shipped to the central server; absent when none waits.", _STORE),
+    Family("slurm_gpu_last_run_timestamp_seconds", "gauge", ("hook",),
+           "Unix time of the last completed run of the prolog, epilog or healthcheck.", _HOOKS),
+    Family("slurm_gpu_job_info", "gauge", GPU_LABELS + ("GPU_I_ID", "slurm_job", "user", "account", "partition"),
+           "1 while a Slurm job holds the GPU (GPU_I_ID: the MIG GPU instance of a slice, else empty).",
+           "prolog writes `slurm_gpu_job_<job>.prom`, the epilog removes it"),
+    Family("slurm_gpu_allocated_seconds_total", "counter", ("account",),
+           "GPU-seconds allocated to finished jobs on this node, by account (node database, job_gpus).", _USAGE),
+    Family("slurm_gpu_used_seconds_total", "counter", ("account",),
+           "GPU-seconds weighted by utilisation (allocated seconds x mean utilisation / 100), by account.", _USAGE),
+    Family("slurm_gpu_energy_joules_total", "counter", ("account",),
+           "GPU energy of finished jobs on this node in joules, by account (whole GPUs; MIG slices have none).", _USAGE),
+)
+
+BY_NAME = {f.name: f for f in FAMILIES}
+GPU_FAMILIES = frozenset(f.name for f in FAMILIES if f.labels[:3] == GPU_LABELS and f.name != "slurm_gpu_job_info")
+
+
+def reference_markdown() -> str:
+    """The metric reference, generated from FAMILIES (docs/prometheus.md embeds it; a test keeps them equal)."""
+    lines: List[str] = ["| metric | type | labels | meaning | written by |", "| --- | --- | --- | --- | --- |"]
+    for f in FAMILIES:
+        labels = ", ".join(f"`{label}`" for label in f.labels) or "-"
+        lines.append(f"| `{f.name}` | {f.type} | {labels} | {f.help} | {f.written_by} |")
+    lines.append("")
+    lines.append("`slurm_gpu_clock_event_reason` reasons: " + ", ".join(f"`{n}` (0x{bit:x})" for bit, n in CLOCK_EVENT_REASONS) + ".")
+    lines.append("")
+    return "\n".join(lines)

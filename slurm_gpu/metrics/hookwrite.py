@@ -1,0 +1,149 @@
+"""What the prolog, the epilog and `healthcheck` write for Prometheus; never raises.
+
+The flows fill an Observed as they go and call prolog()/epilog()/healthcheck() at their end.
+Metrics never change a hook's outcome and cost it a few milliseconds: a directory that cannot
+be written is one logged line per run (`metrics-write-failed`, naming the directory), and the
+hook goes on.  Off unless metrics.textfile_dir or metrics.dcgm_job_mapping_dir is set.
+On the hook path: standard library and our own modules only (no prometheus_client).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from slurm_gpu.metrics import jobs as J
+from slurm_gpu.metrics import node as N
+from slurm_gpu.metrics.catalog import NODE_FILE, USAGE_FILE
+from slurm_gpu.metrics.textfile import DirLock, ensure_dir, parse, read, remove, render, write_atomic
+
+
+def enabled(cfg: Any) -> bool:
+    try:
+        return bool(cfg.get("metrics", "textfile_dir") or cfg.get("metrics", "dcgm_job_mapping_dir"))
+    except (KeyError, AttributeError):  # a stand-in config without the section
+        return False
+
+
+class Observed:
+    """What a hook saw, for its metrics."""
+
+    def __init__(self) -> None:
+        self.snapshot: Any = None  # NodeSnapshot read by the hook
+        self.results: Sequence[Any] = ()  # CheckResults
+        self.xid_events: Sequence[Any] = ()
+        self.persistence_on: Sequence[int] = ()  # GPUs the prolog turned persistence on for
+        self.held: List[Tuple[Any, Any]] = []  # (GpuSnapshot, JobGpu) of a job that starts
+        self.drain: Optional[Tuple[str, str]] = None  # NodeUpdate.drain's (state, check)
+        self.all_gpus = False  # the snapshot holds every GPU of the node (healthcheck)
+
+
+class _Writer:
+    """One hook run's writes: the first failure per directory is logged, once."""
+
+    def __init__(self, cfg: Any, log: Any, hook: str, **ids: Any):
+        self.textfile = cfg.path_value("metrics", "textfile_dir")
+        self.mapping = cfg.path_value("metrics", "dcgm_job_mapping_dir")
+        self.cfg, self.log, self.hook, self.ids = cfg, log, hook, ids
+        self.failed: Dict[str, str] = {}
+
+    def do(self, directory: str, what: str, fn: Callable[[], Any]) -> Any:
+        if not directory or directory in self.failed:
+            return None
+        try:
+            ensure_dir(directory)
+            return fn()
+        except Exception as e:  # metrics never change a hook's outcome
+            self.failed[directory] = str(e)
+            self._say(directory, what, e)
+            return None
+
+    def _say(self, directory: str, what: str, e: Exception) -> None:
+        key = "metrics.textfile_dir" if directory == self.textfile else "metrics.dcgm_job_mapping_dir"
+        try:
+            if isinstance(e, OSError):
+                self.log.error("metrics-write-failed", **self.ids, dir=directory, what=what, error=e.strerror or str(e),
+                               hint=f"{key} must be a directory root can write; the hook itself is not affected")
+            else:  # a bug of ours
+                self.log.error("metrics-failed", **self.ids, dir=directory, what=what, error=f"{type(e).__name__}: {e}",
+                               hint="the hook itself is not affected")
+        except Exception:
+            pass
+
+
+def _node_update(obs: Observed, source: str, now: float) -> N.NodeUpdate:
+    up = N.NodeUpdate(source, now)
+    snap = obs.snapshot
+    if snap is not None:
+        on = set(obs.persistence_on)
+        for g in snap.gpus:
+            up.gpu(g, persistence=True if g.index in on else None)
+        if obs.all_gpus:
+            up.node_gpus(snap)
+    if obs.results:
+        up.results(obs.results, snap)
+    up.xids(obs.xid_events)
+    if obs.drain is not None:
+        up.drain(*obs.drain)
+    up.ran(source)
+    return up
+
+
+def write_node(directory: str, up: N.NodeUpdate) -> None:
+    """Merge one writer's view into the node file, under the directory's lock."""
+    raw: Dict[Any, str] = {}
+    with DirLock(directory):
+        old = parse(read(directory, NODE_FILE), raw=raw)
+        write_atomic(directory, NODE_FILE, render(N.apply(old, up), raw=raw))
+
+
+def prolog(cfg: Any, log: Any, job: Any, obs: Observed, now: float) -> None:
+    w = _Writer(cfg, log, "prolog", job=job.job_id, node=job.node)
+    w.do(w.textfile, "node", lambda: write_node(w.textfile, _node_update(obs, "prolog", now)))
+    if obs.held:
+        w.do(w.textfile, "job", lambda: J.write_job(w.textfile, job, obs.held))
+        w.do(w.mapping, "dcgm-mapping", lambda: J.map_job(w.mapping, job.job_id, [J.mapping_name(jg) for _, jg in obs.held]))
+
+
+def epilog(cfg: Any, log: Any, job: Any, obs: Observed, now: float, store: Any = None,
+           live: Optional[J.Liveness] = None) -> None:
+    w = _Writer(cfg, log, "epilog", job=job.job_id, node=job.node)
+    mine = str(job.job_id)
+    w.do(w.textfile, "job", lambda: remove(w.textfile, J.job_file(job.job_id)))
+    w.do(w.mapping, "dcgm-mapping", lambda: J.unmap_jobs(w.mapping, lambda x, _t: x == mine))
+    w.do(w.textfile, "node", lambda: write_node(w.textfile, _node_update(obs, "epilog", now)))
+    if store is not None and not getattr(store, "unavailable", ""):
+        w.do(w.textfile, "usage", lambda: write_usage(cfg, w.textfile, store.connect()))
+    cleanup(w, live or J.Liveness(time.time()))  # file times are the wall clock's
+
+
+def healthcheck(cfg: Any, log: Any, node: str, obs: Observed, now: float, extra: Any = None,
+                live: Optional[J.Liveness] = None) -> None:
+    """extra: () -> samples of node-level values (spool, unpushed records) merged in too."""
+    w = _Writer(cfg, log, "healthcheck", node=node)
+    up = _node_update(obs, "healthcheck", now)
+    if extra is not None and w.textfile:
+        try:
+            up.replace(extra())
+        except Exception as e:  # a database that cannot be read leaves those values out
+            log.warning("metrics-store-unreadable", node=node, error=f"{type(e).__name__}: {e}")
+    w.do(w.textfile, "node", lambda: write_node(w.textfile, up))
+    cleanup(w, live or J.Liveness(time.time()))
+
+
+def write_usage(cfg: Any, directory: str, conn: Any) -> None:
+    from slurm_gpu.metrics.usage import account_sums, usage_samples
+    sums = account_sums(conn)
+    with DirLock(directory):
+        old = parse(read(directory, USAGE_FILE))
+        new = usage_samples(sums, old, cfg.get("metrics", "by_account"), cfg.get("metrics", "max_accounts"))
+        write_atomic(directory, USAGE_FILE, render(new))
+
+
+def cleanup(w: _Writer, live: J.Liveness) -> None:
+    """Job info files and mapping lines of jobs that are gone (their epilog never ran)."""
+    def files() -> None:
+        for name, job_id in J.stale_job_files(w.textfile, live):
+            remove(w.textfile, name)
+            w.log.info("metrics-stale-job", job=job_id, file=name)
+    w.do(w.textfile, "stale jobs", files)
+    w.do(w.mapping, "stale dcgm mapping", lambda: J.unmap_jobs(w.mapping, live.gone))

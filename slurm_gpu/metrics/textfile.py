@@ -1,0 +1,235 @@
+"""The Prometheus text exposition format (0.0.4) as node_exporter's textfile collector reads it.
+
+A small writer of our own rather than prometheus_client: its import costs 50-90 ms on the
+hook path (docs/prometheus.md, "Why not prometheus_client"), ours about 1 ms.  The tests
+check every file we write with prometheus_client's parser and `promtool check metrics`.
+
+Samples are held as {family name: {labels: value}}, labels a tuple of (name, value) pairs in
+the catalog's order.  Files are written atomically (a temporary file in the same directory,
+fsync, rename; mode 0644) with # HELP and # TYPE once per family and no timestamps.  Only our
+own files are read back (to merge what an earlier writer wrote): parse() reads the format
+render() writes.  Standard library only.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+import time
+from typing import Dict, Iterator, Mapping, Optional, Tuple
+
+from slurm_gpu.metrics.catalog import BY_NAME, FAMILIES
+
+Labels = Tuple[Tuple[str, str], ...]
+Samples = Dict[str, Dict[Labels, float]]
+
+_ORDER = {f.name: i for i, f in enumerate(FAMILIES)}
+_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"\s*,?')
+_UNESCAPE = re.compile(r"\\(.)")
+
+
+def escape_label(value: str) -> str:
+    """A label value as the format wants it: backslash, double quote and newline escaped."""
+    if "\\" in value or '"' in value or "\n" in value:
+        return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return value
+
+
+def escape_help(text: str) -> str:
+    """HELP text: backslash and newline escaped (a double quote stays as it is)."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def format_value(v: float) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, int) or (isinstance(v, float) and v.is_integer() and abs(v) < 1e15):
+        return str(int(v))
+    return repr(float(v))
+
+
+def sample_line(name: str, labels: Labels, value: float, inner: Optional[str] = None) -> str:
+    if not labels:
+        return f"{name} {format_value(value)}"
+    if inner is None:
+        inner = ",".join([f'{k}="{escape_label(v)}"' for k, v in labels])
+    return f"{name}{{{inner}}} {format_value(value)}"
+
+
+def render(samples: Mapping[str, Mapping[Labels, float]], meta: Optional[Mapping[str, Tuple[str, str]]] = None,
+           raw: Optional[Mapping[Labels, str]] = None) -> str:
+    """The exposition text: families in catalog order, each with # HELP and # TYPE once, then
+    its samples sorted by labels.  meta gives (type, help) of families outside the catalog;
+    raw, the label text parse() read for a label set (written again as it was, unescaped once)."""
+    raw = raw or {}
+    out = []
+    for name in sorted(samples, key=lambda n: (_ORDER.get(n, len(_ORDER)), n)):
+        series = samples[name]
+        if not series:
+            continue
+        fam = BY_NAME.get(name)
+        kind, text = (fam.type, fam.help) if fam is not None else (meta or {}).get(name, ("untyped", ""))
+        out.append(f"# HELP {name} {escape_help(text)}")
+        out.append(f"# TYPE {name} {kind}")
+        out.extend([sample_line(name, labels, series[labels], raw.get(labels)) for labels in sorted(series, key=_sort_key)])
+    return "\n".join(out) + "\n" if out else ""
+
+
+def _sort_key(labels: Labels) -> Tuple[str, ...]:
+    # GPU indices as numbers: GPU 10 after GPU 9.
+    return tuple([v.zfill(8) if v.isdigit() else v for _, v in labels])
+
+
+def _unescape(text: str) -> str:
+    return _UNESCAPE.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), text)
+
+
+def _labels(inner: str) -> Labels:
+    if "\\" in inner:  # escapes: the careful way
+        return tuple([(k, _unescape(v)) for k, v in _LABEL.findall(inner)])
+    out = []
+    for part in inner.split('",'):  # without escapes '",' only ever ends a value
+        k, eq, v = part.partition('="')
+        if eq:
+            out.append((k.strip(), v[:-1] if v.endswith('"') else v))
+    return tuple(out)
+
+
+def parse(text: str, meta: Optional[Dict[str, Tuple[str, str]]] = None, raw: Optional[Dict[Labels, str]] = None) -> Samples:
+    """Samples of text in the format render() writes; lines it cannot read are skipped.
+    meta, when given, receives {family: (type, help)} of the # TYPE / # HELP lines; raw, the
+    label text of each label set (render() reuses it instead of escaping again)."""
+    out: Samples = {}
+    for line in text.split("\n"):
+        if not line or line[0] == "#":
+            if line and meta is not None:
+                _meta_line(line, meta)
+            continue
+        brace = line.find("{")
+        if brace < 0:
+            name, _, rest = line.strip().partition(" ")
+            labels: Labels = ()
+        else:
+            end = line.rfind("}")
+            if end < brace:
+                continue
+            inner = line[brace + 1:end]
+            name, rest, labels = line[:brace], line[end + 1:], _labels(inner)
+            if raw is not None:
+                raw[labels] = inner
+        try:
+            value = float(rest.split()[0])
+        except (ValueError, IndexError):
+            continue
+        out.setdefault(name.strip(), {})[labels] = value
+    return out
+
+
+def _meta_line(line: str, meta: Dict[str, Tuple[str, str]]) -> None:
+    parts = line.split(None, 3)
+    if len(parts) < 3 or parts[1] not in ("HELP", "TYPE"):
+        return
+    kind, text = meta.get(parts[2], ("untyped", ""))
+    rest = parts[3] if len(parts) > 3 else ""
+    meta[parts[2]] = (rest.strip() or kind, text) if parts[1] == "TYPE" else (kind, _unescape(rest))
+
+
+# --- files ---------------------------------------------------------------------------------
+
+
+def ensure_dir(directory: str) -> None:
+    """The directory, created (0755) when missing; a file in its place raises OSError."""
+    try:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+    except FileExistsError:
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", directory) from None
+
+
+def read(directory: str, name: str) -> str:
+    """A file of ours ("" when there is none); never follows a symlink, never waits on a FIFO."""
+    def opener(path: str, flags: int) -> int:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        with open(os.path.join(directory, name), "rb", opener=opener) as f:
+            return f.read().decode("utf-8", "replace")
+    except (FileNotFoundError, NotADirectoryError):
+        return ""
+
+
+def write_atomic(directory: str, name: str, text: str, mode: int = 0o644, sync: bool = True) -> None:
+    """Replace directory/name with text in one step: readers see the old file or the new one.
+    sync: fsync before the rename, so that a crash leaves the old file or the new one whole."""
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    try:
+        try:
+            data = text.encode("utf-8")
+            while data:
+                data = data[os.write(fd, data):]
+            os.fchmod(fd, mode)  # whatever the umask
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, os.path.join(directory, name))
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def remove(directory: str, name: str) -> bool:
+    try:
+        os.unlink(os.path.join(directory, name))
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def listing(directory: str) -> Iterator[str]:
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return iter(())
+    return iter(sorted(names))
+
+
+class LockTimeout(OSError):
+    pass
+
+
+class DirLock:
+    """An exclusive flock on `.slurm-gpu.lock` in a directory, waited for at most wait_s.
+
+    Prologs and epilogs of jobs sharing a node run at once: each reads, merges and replaces
+    the node file under this lock.  Neither node_exporter (it reads *.prom) nor dcgm-exporter
+    (digits only) looks at the lock file."""
+
+    NAME = ".slurm-gpu.lock"
+
+    def __init__(self, directory: str, wait_s: float = 0.1):
+        self.path = os.path.join(directory, self.NAME)
+        self.wait_s = wait_s
+        self.fd = -1
+
+    def __enter__(self) -> "DirLock":
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        end = time.monotonic() + self.wait_s
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                if time.monotonic() >= end:
+                    os.close(self.fd)
+                    self.fd = -1
+                    raise LockTimeout(errno.EAGAIN, f"locked by another writer for over {self.wait_s:g} s", self.path) from None
+                time.sleep(0.002)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # closing drops the lock
+            self.fd = -1
