@@ -178,6 +178,7 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "password_file": Key(str, "/etc/slurm-gpu/central.password", "File holding the password of the account in url (one line). Refused unless a regular file owned by root (or by the user running the command) and unreadable by group and others (chmod 600)."),
         "timeout_s": Key(float, 10.0, "Timeout of connecting to the central server and of each read and write; a server that is down, unreachable or hung makes `db push` give up with one line after about this long.", _rng(1, 600)),
         "batch_size": Key(int, 2000, "Records per upsert statement of `db push`.", _rng(1, 100000)),
+        "query_timeout_s": Key(float, 600.0, "Longest a report (`report --db mysql://...`) or `central annotate` waits for one answer of the server: a report over 10 million records takes tens of seconds.", _rng(1, 86400)),
     },
     "metrics": {
         "textfile_dir": Key(str, "", "Directory of node_exporter's textfile collector (`--collector.textfile.directory`) that the prolog, the epilog and `healthcheck` write `slurm_gpu_*.prom` files into, created if missing (%n: node name); empty: no metrics. See docs/prometheus.md.", _abs_path_or_empty),

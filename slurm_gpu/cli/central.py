@@ -205,7 +205,7 @@ def annotate(app, url, password_file, since, job_ids, dry_run, progress):
         raise InputError("job_summary.field is 'off' in the config", "set it to 'AdminComment' to write summaries")
     since_s = parse_time(since, option="--since") if since else None
     backend = CliBackend(cfg)
-    with Central.from_config(cfg, url, password_file) as srv:
+    with Central.from_config(cfg, url, password_file, long_queries=True) as srv:
         jobs = _annotate_candidates(srv, since_s, job_ids)
         comments = _admin_comments(backend, jobs)
         counts = {"written": 0, "completed": 0, "partial": 0, "kept": 0, "foreign": 0, "unknown": 0, "failed": 0}

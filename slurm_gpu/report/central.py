@@ -150,7 +150,7 @@ def read_central(cfg: Any, dbs: Sequence[str], query: Query, fn: Callable[[Centr
         raise InputError("--db: a central server cannot be combined with other sources",
                          "report from the server alone (it holds every pushed node), or from node files")
     url = None if dbs[0] == "central" else dbs[0]
-    central = Central.from_config(cfg, url, password_file)
+    central = Central.from_config(cfg, url, password_file, long_queries=True)
     try:
         src = CentralSource(central, query)
     except BaseException:

@@ -151,13 +151,16 @@ def describe_error(e: BaseException, target: Target, password: str = "") -> Tupl
 class Central:
     """One connection to the central server, with ANSI SQL (double-quoted names, || concatenation)."""
 
-    def __init__(self, target: Target, password: str, timeout_s: float = 10.0):
+    def __init__(self, target: Target, password: str, timeout_s: float = 10.0, read_timeout_s: Optional[float] = None):
+        """timeout_s bounds connecting and each write; read_timeout_s (default: timeout_s) each
+        answer — a report over millions of records may take minutes (central.query_timeout_s)."""
         self.target = target
         self.timeout_s = timeout_s
         self._password = password
         self.driver = _driver()
         kw: Dict[str, Any] = dict(user=target.user, password=password, database=target.database,
-                                  connect_timeout=max(1, int(round(timeout_s))), read_timeout=timeout_s,
+                                  connect_timeout=max(1, int(round(timeout_s))),
+                                  read_timeout=read_timeout_s if read_timeout_s is not None else timeout_s,
                                   write_timeout=timeout_s, charset="utf8mb4", autocommit=False,
                                   init_command=f"SET SESSION sql_mode='{SESSION_SQL_MODE}', time_zone='+00:00'")
         if target.unix_socket:
@@ -172,13 +175,15 @@ class Central:
             raise self.error(e) from None
 
     @classmethod
-    def from_config(cls, cfg: Any, url: Optional[str] = None, password_file: Optional[str] = None) -> "Central":
+    def from_config(cls, cfg: Any, url: Optional[str] = None, password_file: Optional[str] = None,
+                    long_queries: bool = False) -> "Central":
         url = url or cfg.get("central", "url")
         if not url:
             raise CentralError("no central server configured", "set central.url in the config (docs/central.md)")
         target = parse_url(url)
         return cls(target, read_password(password_file or cfg.get("central", "password_file")),
-                   cfg.get("central", "timeout_s"))
+                   cfg.get("central", "timeout_s"),
+                   cfg.get("central", "query_timeout_s") if long_queries else None)
 
     def error(self, e: BaseException) -> CentralError:
         message, hint = describe_error(e, self.target, self._password)
