@@ -334,8 +334,10 @@ class SourceBase:
     def floor(self, expr: str) -> str:
         return f"CAST({expr} AS INTEGER)"  # values here are >= 0: truncation is the floor
 
+    SPAN = "end_time - start_time"  # the record's duration as the source's index knows it
+
     def skipped(self) -> Dict[str, int]:
-        return _count_skipped(self.conn, self.table, self.query)
+        return _count_skipped(self.conn, self.table, self.query, self.SPAN, self.PLUS)
 
     def unchanged(self) -> bool:
         return True
@@ -674,19 +676,22 @@ SKIP_REASONS = {
 }
 
 
-def _count_skipped(conn: sqlite3.Connection, table: str, q: Query) -> Dict[str, int]:
+def _count_skipped(conn: Any, table: str, q: Query, span: str = "end_time - start_time",
+                   plus: str = "+") -> Dict[str, int]:
     """Records (matching the filters, in any window) that cannot be placed in time, by reason.
 
     Each count is a range of the duration or end_time index (O(log n) plus the records found)
-    where the file has them; the conditions are disjoint.
+    where the file has them; the conditions are disjoint.  `span` names the indexed duration:
+    SQLite matches the expression index on end_time - start_time, the central server needs the
+    name of its indexed virtual column; `plus` hides a column from SQLite's planner.
     """
     params: Dict[str, Any] = {"tmin": TIME_MIN_S, "tmax": TIME_MAX_S, "maxdur": MAX_RECORD_S}
     filt = "".join(" AND " + c for c in _filters(q, params))
     checks = {
-        "end_before_start": "end_time - start_time < 0",
-        "implausible_time": ("end_time < :tmin AND NOT (+end_time - start_time < 0)",
-                             "end_time >= :tmax AND NOT (+end_time - start_time < 0)"),
-        "too_long": "end_time - start_time > :maxdur AND +end_time >= :tmin AND +end_time < :tmax",
+        "end_before_start": f"{span} < 0",
+        "implausible_time": (f"end_time < :tmin AND NOT ({plus}{span} < 0)",
+                             f"end_time >= :tmax AND NOT ({plus}{span} < 0)"),
+        "too_long": f"{span} > :maxdur AND {plus}end_time >= :tmin AND {plus}end_time < :tmax",
     }
     out = {}
     for reason, conds in checks.items():

@@ -317,7 +317,7 @@ _COVERED = ("end_time", "start_time", "withdrawn", "gpu_util_mean_pct", "mem_uti
             "energy_j")
 _INDEXES = {
     "jobs": ("KEY jobs_end (end_time)",),
-    "job_gpus": ("KEY job_gpus_end (end_time)", "KEY job_gpus_duration (duration_s)",
+    "job_gpus": ("KEY job_gpus_end (end_time)", "KEY job_gpus_span (span_s)",
                  *(f'KEY job_gpus_by_{k} ("{k}", {", ".join(_COVERED)})' for k in REPORT_INDEX_KEYS)),
     "health_events": ("KEY health_events_time (time)",),
     "drains": ("KEY drains_time (time)",),
@@ -340,6 +340,10 @@ def _column_ddl(table: str, col: str, staging: bool = False) -> str:
 def _table_ddl(table: str) -> str:
     cols = COLUMNS[table] + SHIPPED
     body = [_column_ddl(table, c) for c in cols]
+    if table == "job_gpus":
+        # The record's span, indexed: the report's counts of records that cannot be placed in
+        # time (span < 0, longer than ten years) read the index instead of every row.
+        body.append('"span_s" DOUBLE AS (end_time - start_time) VIRTUAL')
     body.append(f"PRIMARY KEY ({_q(COLUMNS[table][:KEYS[table]])})")
     body += list(_INDEXES[table])
     return f"CREATE TABLE IF NOT EXISTS {table} (\n    " + ",\n    ".join(body) + f"\n) {_TAIL}"
