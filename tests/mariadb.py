@@ -110,11 +110,12 @@ class MariaDB:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def sql(self, statements: str, database: str = "") -> str:
-        """Run SQL as root over the socket; the tab-separated output without headers."""
+        """Run SQL as root over the socket; the tab-separated output without headers.  The SQL goes
+        through stdin, never the command line: it may hold an account's password."""
         args = ["mariadb", "--no-defaults", f"--socket={self.socket}", "-u", "root", "-N", "-B"]
         if database:
             args.append(database)
-        r = subprocess.run(args + ["-e", statements], capture_output=True, text=True, timeout=120)
+        r = subprocess.run(args, input=statements, capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             raise RuntimeError(f"mariadb: {r.stderr.strip()}")
         return r.stdout

@@ -10,6 +10,7 @@ sites to) and evaluates the rules every second.  Its HTTP API is reached with ur
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 import os
 import shutil
 import signal
@@ -54,7 +55,7 @@ def _unused_port() -> int:
         return s.getsockname()[1]
 
 
-class _Daemon:
+class _Daemon(ABC):
     """One foreground daemon in its own session; ready when GET ``ready_path`` answers 200."""
 
     tool = ""
@@ -76,8 +77,9 @@ class _Daemon:
     def url(self) -> str:
         return f"http://{self.address}"
 
+    @abstractmethod
     def argv(self) -> List[str]:
-        raise NotImplementedError
+        """The daemon's command line (each kind of daemon says its own)."""
 
     def start(self, timeout_s: float = 30.0):
         with open(self.log, "ab") as out:

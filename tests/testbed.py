@@ -708,15 +708,16 @@ class SlurmTestbed:
         sql = (f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{self._db_password}';"
                f"ALTER USER '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{self._db_password}';"
                f"GRANT ALL ON *.* TO '{DB_USER}'@'127.0.0.1'; FLUSH PRIVILEGES;")
-        r = subprocess.run(["mariadb", "--no-defaults", f"--socket={self._db_socket}", "-u", "root", "-e", sql],
+        r = subprocess.run(["mariadb", "--no-defaults", f"--socket={self._db_socket}", "-u", "root"], input=sql,
                            capture_output=True, text=True, timeout=30)
         if r.returncode != 0:
             raise TestbedError(f"creating the MariaDB user for slurmdbd failed: {r.stderr.strip()}")
 
     def sql(self, statements: str, database: str = "") -> str:
-        """SQL as MariaDB's root over the testbed server's socket (tab-separated, no headers)."""
+        """SQL as MariaDB's root over the testbed server's socket (tab-separated, no headers); through
+        stdin, never the command line: it may hold an account's password."""
         args = ["mariadb", "--no-defaults", f"--socket={self._db_socket}", "-u", "root", "-N", "-B"]
-        r = subprocess.run(args + ([database] if database else []) + ["-e", statements],
+        r = subprocess.run(args + ([database] if database else []), input=statements,
                            capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             raise TestbedError(f"mariadb: {r.stderr.strip()}")

@@ -89,6 +89,14 @@ def cluster(site, slurm_testbed_factory):
     return bed
 
 
+def play_work(site: Site, node: str, gpu: int, *, energy_j: float, pid: int, util: int, mem_util: int,
+              peak_bytes: int, busy_ms: int) -> None:
+    """The simulated driver plays a job's work on one GPU: energy counted, one process accounted."""
+    simgpu.set_gpu(site.state(node), gpu, energy_mj=1_000_000_000 + int(energy_j * 1000),
+                   acct=[dict(pid=pid, gpu_util=util, mem_util=mem_util, max_mem_bytes=peak_bytes, time_ms=busy_ms,
+                              start_time_us=int(time.time() * 1e6), is_running=0)])
+
+
 def wait_running(bed, site: Site, node: str, job_id: int, timeout: float = 30) -> None:
     """Until the job's prolog has passed: with PrologFlags=Alloc a job is RUNNING while its prolog runs."""
     end = time.monotonic() + timeout

@@ -16,13 +16,12 @@ from pathlib import Path
 
 import pytest
 
-import simgpu
 from mariadb import MariaDB, MariaDBUnavailable
 from testbed import unavailable
 
 from slurm_gpu.store import summary as S
 
-from .test_hooks_slurm import _script, site, wait_running  # noqa: F401  (fixtures)
+from .test_hooks_slurm import _script, play_work, site, wait_running  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.slurm
 
@@ -149,10 +148,7 @@ def test_every_job_gets_a_summary_in_its_admin_comment_with_the_node_records_num
         array = bed.sbatch("sleep 1", args=["-p", "gpu", "--gres=gpu:1", "--array=1-2"])
         het = bed.sbatch("sleep 1", args=["-p", "gpu", "--gres=gpu:1", ":", "-p", "gpu", "--gres=gpu:1"])
         wait_running(bed, site, "gpu01", busy)
-        now_us = int(time.time() * 1e6)
-        simgpu.set_gpu(site.state("gpu01"), 0, energy_mj=1_000_000_000 + 36_000_000,
-                       acct=[dict(pid=4242, gpu_util=90, mem_util=40, max_mem_bytes=6 << 30, time_ms=3000,
-                                  start_time_us=now_us, is_running=0)])
+        play_work(site, "gpu01", 0, energy_j=36_000, pid=4242, util=90, mem_util=40, peak_bytes=6 << 30, busy_ms=3000)
         for j in (busy, idle, wide):
             assert bed.wait_job(j, timeout=90) == "COMPLETED"
         comments = {j: S.decode(wait_comment(bed, j)) for j in (busy, idle, wide)}
@@ -231,10 +227,7 @@ def test_users_see_their_own_jobs_gpu_use_and_advice_and_not_other_users_jobs(pr
         busy = bed.sbatch("sleep 8", args=["-p", "gpu", "-w", "gpu01", "--gres=gpu:1"])
         idle = bed.sbatch("sleep 8", args=["-p", "gpu", "-w", "gpu02", "--gres=gpu:2"])
         wait_running(bed, site, "gpu01", busy)
-        now_us = int(time.time() * 1e6)
-        simgpu.set_gpu(site.state("gpu01"), 0, energy_mj=1_000_000_000 + 72_000_000,
-                       acct=[dict(pid=4343, gpu_util=95, mem_util=50, max_mem_bytes=70 << 30, time_ms=8000,
-                                  start_time_us=now_us, is_running=0)])
+        play_work(site, "gpu01", 0, energy_j=72_000, pid=4343, util=95, mem_util=50, peak_bytes=70 << 30, busy_ms=8000)
         for j in (busy, idle):
             assert bed.wait_job(j, timeout=90) == "COMPLETED"
             wait_comment(bed, j)

@@ -4,7 +4,6 @@ Prometheus's HTTP API — with the shipped alert rules loaded.
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ import simgpu
 from prometheus import NodeExporter, Prometheus, PrometheusUnavailable, require
 from testbed import unavailable
 
-from .test_hooks_slurm import _script, site, wait_running  # noqa: F401  (fixtures)
+from .test_hooks_slurm import _script, play_work, site, wait_running  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.slurm
 
@@ -52,10 +51,7 @@ def test_job_info_check_status_drain_and_usage_reach_prometheus(stack, site):  #
     busy = bed.sbatch("sleep 6", args=["-p", "gpu", "-w", "gpu01", "-A", "physics", "--gres=gpu:1"])
     idle = bed.sbatch("sleep 6", args=["-p", "gpu", "-w", "gpu02", "-A", "chem", "--gres=gpu:1"])
     wait_running(bed, site, "gpu01", busy)
-    now_us = int(time.time() * 1e6)
-    simgpu.set_gpu(site.state("gpu01"), 0, energy_mj=1_000_000_000 + 7_200_000,
-                   acct=[dict(pid=5151, gpu_util=80, mem_util=30, max_mem_bytes=4 << 30, time_ms=5000,
-                              start_time_us=now_us, is_running=0)])
+    play_work(site, "gpu01", 0, energy_j=7_200, pid=5151, util=80, mem_util=30, peak_bytes=4 << 30, busy_ms=5000)
     # While the jobs run, each GPU they hold carries the job's info (the DCGM join key: UUID).
     held = prom.wait_for(f'slurm_gpu_job_info{{slurm_job=~"{busy}|{idle}"}}', lambda r: len(r) == 2)
     labels = {r["metric"]["slurm_job"]: r["metric"] for r in held}
