@@ -148,6 +148,57 @@ def test_atomic_replace_leaves_no_temporary_file_and_mode_0644(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["a.prom"]
 
 
+GPU0 = (("gpu", "0"), ("UUID", "GPU-a"), ("modelName", "M"))
+
+
+def _merge_add(directory, value):
+    T.merge(str(directory), "slurm_gpu_node.prom",
+            lambda old: {**old, "slurm_gpu_persistence_mode": {GPU0: value}, "slurm_gpu_spool_records": {(): value}})
+
+
+def test_merge_reads_its_sidecar_and_gives_what_parsing_the_file_gives(tmp_path, monkeypatch):
+    T.merge(str(tmp_path), "slurm_gpu_node.prom", lambda old: {"slurm_gpu_persistence_mode": {GPU0: 1.0}})
+    parsed = []
+    monkeypatch.setattr(T, "parse", lambda *a, **k: parsed.append(1) or {})
+    _merge_add(tmp_path, 0.0)  # the old samples come from the sidecar: parse() is not called
+    assert parsed == []
+    monkeypatch.undo()
+    text = (tmp_path / "slurm_gpu_node.prom").read_text()
+    assert T.parse(text) == {"slurm_gpu_persistence_mode": {GPU0: 0.0}, "slurm_gpu_spool_records": {(): 0.0}}
+    sidecar = tmp_path / ".slurm_gpu_node.prom.state"
+    assert stat.S_IMODE(sidecar.stat().st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".slurm-gpu.lock", ".slurm_gpu_node.prom.state", "slurm_gpu_node.prom"]
+
+
+def test_merge_parses_the_file_when_it_changed_behind_the_sidecar_or_the_sidecar_is_not_trustworthy(tmp_path):
+    d, prom = str(tmp_path), tmp_path / "slurm_gpu_node.prom"
+    sidecar = tmp_path / ".slurm_gpu_node.prom.state"
+    # An admin edited the file by hand (a new series): the sidecar describes the old file.
+    T.merge(d, prom.name, lambda old: {"slurm_gpu_persistence_mode": {GPU0: 1.0}})
+    prom.write_text(prom.read_text() + 'slurm_gpu_unpushed_records 7\n')
+    T.merge(d, prom.name, lambda old: old)
+    assert T.parse(prom.read_text())["slurm_gpu_unpushed_records"] == {(): 7.0}
+    # A corrupt sidecar, then one writable by others, then one that is a symlink: each ignored.
+    for spoil in ("corrupt", "mode", "symlink"):
+        T.merge(d, prom.name, lambda old: {**old, "slurm_gpu_spool_records": {(): 1.0}})
+        if spoil == "corrupt":
+            sidecar.write_bytes(b"\xff\x00garbage")
+        elif spoil == "mode":
+            import marshal
+            _v, ident, samples, raw = marshal.loads(sidecar.read_bytes())
+            sidecar.write_bytes(marshal.dumps((_v, ident, {"slurm_gpu_spool_records": {(): 99.0}}, raw)))
+            sidecar.chmod(0o666)
+        else:
+            forged = tmp_path / "forged"
+            forged.write_bytes(sidecar.read_bytes())
+            sidecar.unlink()
+            sidecar.symlink_to(forged)
+        T.merge(d, prom.name, lambda old: old)
+        got = T.parse(prom.read_text())
+        assert got["slurm_gpu_spool_records"] == {(): 1.0}, spoil  # from the text, not the sidecar
+        assert got["slurm_gpu_unpushed_records"] == {(): 7.0}, spoil
+        assert not sidecar.is_symlink() and stat.S_IMODE(sidecar.stat().st_mode) == 0o600, spoil  # replaced
+
 def test_every_catalog_family_is_named_and_documented_like_prometheus_wants():
     for f in catalog.FAMILIES:
         assert f.name.startswith("slurm_gpu_") and re.fullmatch(r"[a-z_]+", f.name)
@@ -432,7 +483,8 @@ def _healthcheck(node, backend, **kw):
     from slurm_gpu.cli.admin import default_checker
     cfg = config.load(str(node.config))
     os.environ["SIMNVML_STATE"] = str(node.state)
-    return node_health_cycle(backend, "gpu01", default_checker(cfg), deadline_s=30, **kw)
+    return node_health_cycle(backend, "gpu01", kw.pop("checker", None) or default_checker(cfg), deadline_s=30,
+                             metrics_cfg=cfg, **kw)
 
 
 def test_healthcheck_writes_every_gpu_the_drain_and_the_spool(sim_node):
@@ -456,6 +508,25 @@ def test_healthcheck_writes_every_gpu_the_drain_and_the_spool(sim_node):
     text = (tf / NODE).read_text()
     assert T.parse(text)["slurm_gpu_node_drained"] == {(("reason", ""),): 0.0}
     assert value(text, "slurm_gpu_check_status", UUID=uuid_of(node, 3), check="ecc_uncorrectable", status="PASS") == 1
+    check_dir(tf)
+
+
+def test_healthcheck_drain_for_an_unusable_driver_shows_in_the_metrics(sim_node):
+    from slurm_gpu.errors import NvmlUnavailable
+
+    def no_driver(info):
+        raise NvmlUnavailable("NVML Shared Library Not Found", "install the driver")
+
+    node, tf, _ = metrics_node(sim_node, mapping=False)
+    assert _healthcheck(node, _Backend()).action == "none"  # GPU series in the file from a good run
+    backend = _Backend()
+    assert _healthcheck(node, backend, checker=no_driver).action == "drained"
+    text = (tf / NODE).read_text()
+    assert T.parse(text)["slurm_gpu_node_drained"] == {(("reason", "responsive"),): 1.0}
+    assert value(text, "slurm_gpu_last_run_timestamp_seconds", hook="healthcheck") == pytest.approx(time.time(), abs=30)
+    assert value(text, "slurm_gpu_check_status", UUID=uuid_of(node, 0), check="responsive", status="PASS") == 1  # kept
+    assert _healthcheck(node, backend, checker=no_driver).action == "kept-drained"
+    assert T.parse((tf / NODE).read_text())["slurm_gpu_node_drained"] == {(("reason", "responsive"),): 1.0}
     check_dir(tf)
 
 

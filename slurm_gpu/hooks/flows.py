@@ -70,19 +70,19 @@ def check_node(
         events, problem, undated = [], "", 0  # offline evaluation of a saved snapshot: no live kernel log
     results = health.evaluate(snapshot, cfg, gpus=indices, idle=idle, expected_count=expected_count,
                               xid_events=events, xid_problem=problem, xid_undated=undated, now=now)
-    return snapshot, CheckRun(results, snapshot, events, cfg, all_gpus=indices is None)
+    return snapshot, CheckRun(results, snapshot, events, all_gpus=indices is None)
 
 
 class CheckRun(list):
-    """check_node's results, with what they were judged on: `healthcheck` gets only the
-    results from its checker and writes its metrics from these (hooks/healthcheck.py)."""
+    """check_node's results (a list of CheckResult), with what they were judged on: the
+    snapshot and the XIDs.  `healthcheck` gets only results from its checker; from a CheckRun it
+    also writes the GPUs' state into its metrics (hooks/healthcheck.py, write_metrics)."""
 
     def __init__(self, results: Iterable[CheckResult], snapshot: Optional[NodeSnapshot] = None,
-                 xid_events: Sequence[xid.XidEvent] = (), cfg: Optional[Config] = None, all_gpus: bool = False):
+                 xid_events: Sequence[xid.XidEvent] = (), all_gpus: bool = False):
         super().__init__(results)
         self.snapshot = snapshot
         self.xid_events = xid_events
-        self.cfg = cfg
         self.all_gpus = all_gpus  # the snapshot holds every GPU of the node
 
 

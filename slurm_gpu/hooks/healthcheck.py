@@ -41,13 +41,14 @@ def node_health_cycle(
     context: str = _reason.HEALTHCHECK,
     summarise: Any = _summarise,
     clock: Any = None,
-    metrics: bool = True,
+    metrics_cfg: Any = None,
 ) -> HealthOutcome:
     """Check this node's GPUs and bring its Slurm state in line — the `healthcheck` flow.
 
-    With ``metrics`` (and metrics configured), the node's metrics are written afterwards from
-    what the check read: the real checker returns hooks.flows.CheckRun, results that carry
-    their snapshot and config.  A dry run, a timeout or an error writes none.
+    With ``metrics_cfg`` (the Config; something happens only when it configures metrics), the
+    node's metrics are written afterwards: the drain state always, and the GPUs' state and check
+    statuses when the checker returned a hooks.flows.CheckRun (results with their snapshot).
+    A dry run, a timeout or an error writes none.
     """
     kept: List[Any] = []
 
@@ -58,8 +59,8 @@ def node_health_cycle(
 
     outcome = _cycle(backend, node_name, keeping, allow_resume=allow_resume, dry_run=dry_run, deadline_s=deadline_s,
                      context=context, summarise=summarise, clock=clock)
-    if metrics and not dry_run and kept:
-        write_metrics(kept[0], outcome)
+    if metrics_cfg is not None and not dry_run:
+        write_metrics(metrics_cfg, kept[0] if kept else None, outcome)
     return outcome
 
 
@@ -177,9 +178,10 @@ _CLEARED = ("resumed", "left-alone", "none")
 
 
 def _drain_state(outcome: HealthOutcome) -> Any:
-    """(state, check) for NodeUpdate.drain, or None when the outcome says nothing sure."""
+    """(state, check) for NodeUpdate.drain, or None when the outcome says nothing sure.  A FAIL
+    without results is a driver that cannot be used at all: the GPUs do not respond."""
     fails = [r for r in outcome.results if getattr(r, "status", "") == "FAIL"]
-    check = fails[0].check if fails else ""
+    check = fails[0].check if fails else ("responsive" if outcome.worst == "FAIL" else "")
     if outcome.action == "drained":
         return ("set", check)
     if outcome.action == "kept-drained":
@@ -189,12 +191,12 @@ def _drain_state(outcome: HealthOutcome) -> Any:
     return None
 
 
-def write_metrics(run: Any, outcome: HealthOutcome, now: Any = None) -> None:
-    """The node file after a healthcheck: every GPU, every check, the drain state, the spool and
-    the push backlog.  Never raises; nothing when the run did not finish or metrics are off."""
-    cfg = getattr(run, "cfg", None)
+def write_metrics(cfg: Any, run: Any, outcome: HealthOutcome, now: Any = None) -> None:
+    """The node file after a healthcheck: the drain state, the spool and the push backlog, and
+    with a CheckRun (run) every GPU and every check.  Never raises; nothing when the run did not
+    finish or metrics are off."""
     state = _drain_state(outcome)
-    if cfg is None or state is None:
+    if state is None:
         return
     try:
         from slurm_gpu.metrics import hookwrite
@@ -203,8 +205,10 @@ def write_metrics(run: Any, outcome: HealthOutcome, now: Any = None) -> None:
         from slurm_gpu.hooks.log import HookLog
         from slurm_gpu.metrics.storestats import store_samples
         obs = hookwrite.Observed()
-        obs.snapshot, obs.results, obs.xid_events = run.snapshot, list(run), run.xid_events
-        obs.all_gpus, obs.drain = run.all_gpus, state
+        obs.drain = state
+        if run is not None:
+            obs.snapshot, obs.results = getattr(run, "snapshot", None), list(run)
+            obs.xid_events, obs.all_gpus = getattr(run, "xid_events", ()), getattr(run, "all_gpus", False)
         hookwrite.healthcheck(cfg, HookLog.from_config("healthcheck", cfg), outcome.node, obs,
                               _time.time() if now is None else now, extra=lambda: store_samples(cfg))
     except Exception as e:  # metrics never change the healthcheck's verdict or exit code

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from slurm_gpu.metrics import jobs as J
 from slurm_gpu.metrics import node as N
 from slurm_gpu.metrics.catalog import NODE_FILE, USAGE_FILE
-from slurm_gpu.metrics.textfile import DirLock, ensure_dir, parse, read, remove, render, write_atomic
+from slurm_gpu.metrics.textfile import ensure_dir, merge, remove
 
 
 def enabled(cfg: Any) -> bool:
@@ -90,10 +90,7 @@ def _node_update(obs: Observed, source: str, now: float) -> N.NodeUpdate:
 
 def write_node(directory: str, up: N.NodeUpdate) -> None:
     """Merge one writer's view into the node file, under the directory's lock."""
-    raw: Dict[Any, str] = {}
-    with DirLock(directory):
-        old = parse(read(directory, NODE_FILE), raw=raw)
-        write_atomic(directory, NODE_FILE, render(N.apply(old, up), raw=raw))
+    merge(directory, NODE_FILE, lambda old: N.apply(old, up))
 
 
 def prolog(cfg: Any, log: Any, job: Any, obs: Observed, now: float) -> None:
@@ -133,10 +130,8 @@ def healthcheck(cfg: Any, log: Any, node: str, obs: Observed, now: float, extra:
 def write_usage(cfg: Any, directory: str, conn: Any) -> None:
     from slurm_gpu.metrics.usage import account_sums, usage_samples
     sums = account_sums(conn)
-    with DirLock(directory):
-        old = parse(read(directory, USAGE_FILE))
-        new = usage_samples(sums, old, cfg.get("metrics", "by_account"), cfg.get("metrics", "max_accounts"))
-        write_atomic(directory, USAGE_FILE, render(new))
+    merge(directory, USAGE_FILE,
+          lambda old: usage_samples(sums, old, cfg.get("metrics", "by_account"), cfg.get("metrics", "max_accounts")))
 
 
 def cleanup(w: _Writer, live: J.Liveness) -> None:

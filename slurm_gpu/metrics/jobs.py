@@ -5,8 +5,8 @@ and adds the job id to dcgm-exporter's mapping file of each GPU it holds; the ep
 both.  Mapping files follow dcgm-exporter's `--hpc-job-mapping-dir` convention
 (internal/pkg/transformation/hpc.go in NVIDIA/dcgm-exporter): a file named by the GPU index,
 or `<GPU index>.<GPU instance id>` for a MIG slice, holding one job id per line; the exporter
-re-reads the directory at every scrape and labels that GPU's metrics `hpc_job`.  Replaced
-atomically but not fsync'd: they describe running jobs, which a crash ends anyway.
+re-reads the directory at every scrape and labels that GPU's metrics `hpc_job`.  Both kinds of
+file are replaced atomically but not fsync'd: they describe running jobs, which a crash ends anyway.
 
 Files of jobs whose epilog never ran (a node that rebooted, a killed slurmd) are removed by
 the next epilog or healthcheck (cleanup()): older than the last boot, or older than
@@ -49,7 +49,7 @@ def job_samples(job: Any, held: Sequence[Tuple[Any, Any]]) -> Samples:
 
 
 def write_job(directory: str, job: Any, held: Sequence[Tuple[Any, Any]]) -> None:
-    write_atomic(directory, job_file(job.job_id), render(job_samples(job, held)))
+    write_atomic(directory, job_file(job.job_id), render(job_samples(job, held)), sync=False)
 
 
 def map_job(directory: str, job_id: int, names: Iterable[str]) -> None:

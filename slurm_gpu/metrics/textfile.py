@@ -9,15 +9,23 @@ the catalog's order.  Files are written atomically (a temporary file in the same
 fsync, rename; mode 0644) with # HELP and # TYPE once per family and no timestamps.  Only our
 own files are read back (to merge what an earlier writer wrote): parse() reads the format
 render() writes.  Standard library only.
+
+A file that writers merge into (merge()) has a sidecar, `.<name>.state`: its samples and label
+texts in marshal's format, written after the file and trusted only while the file is exactly the
+one it was written with (inode, size, modification time) and it belongs to us (owner, not
+writable by others).  Reading it is about 20 times faster than parsing the text, which was most
+of a prolog's metrics cost; whenever the sidecar does not match, the text is parsed instead.
 """
 from __future__ import annotations
 
 import errno
 import fcntl
+import marshal
 import os
 import re
+import stat
 import time
-from typing import Dict, Iterator, Mapping, Optional, Tuple
+from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple, Union
 
 from slurm_gpu.metrics.catalog import BY_NAME, FAMILIES
 
@@ -58,11 +66,12 @@ def sample_line(name: str, labels: Labels, value: float, inner: Optional[str] = 
 
 
 def render(samples: Mapping[str, Mapping[Labels, float]], meta: Optional[Mapping[str, Tuple[str, str]]] = None,
-           raw: Optional[Mapping[Labels, str]] = None) -> str:
+           raw: Optional[Dict[Labels, str]] = None) -> str:
     """The exposition text: families in catalog order, each with # HELP and # TYPE once, then
     its samples sorted by labels.  meta gives (type, help) of families outside the catalog;
-    raw, the label text parse() read for a label set (written again as it was, unescaped once)."""
-    raw = raw or {}
+    raw, the label text parse() read for a label set (written again as it was, unescaped once);
+    the label texts render() makes are added to it."""
+    raw = {} if raw is None else raw
     out = []
     for name in sorted(samples, key=lambda n: (_ORDER.get(n, len(_ORDER)), n)):
         series = samples[name]
@@ -72,7 +81,11 @@ def render(samples: Mapping[str, Mapping[Labels, float]], meta: Optional[Mapping
         kind, text = (fam.type, fam.help) if fam is not None else (meta or {}).get(name, ("untyped", ""))
         out.append(f"# HELP {name} {escape_help(text)}")
         out.append(f"# TYPE {name} {kind}")
-        out.extend([sample_line(name, labels, series[labels], raw.get(labels)) for labels in sorted(series, key=_sort_key)])
+        for labels in sorted(series, key=_sort_key):
+            inner = raw.get(labels)
+            if inner is None and labels:
+                inner = raw[labels] = ",".join([f'{k}="{escape_label(v)}"' for k, v in labels])
+            out.append(sample_line(name, labels, series[labels], inner))
     return "\n".join(out) + "\n" if out else ""
 
 
@@ -157,28 +170,83 @@ def read(directory: str, name: str) -> str:
         return ""
 
 
-def write_atomic(directory: str, name: str, text: str, mode: int = 0o644, sync: bool = True) -> None:
+def write_atomic(directory: str, name: str, text: Union[str, bytes], mode: int = 0o644,
+                 sync: bool = True) -> os.stat_result:
     """Replace directory/name with text in one step: readers see the old file or the new one.
-    sync: fsync before the rename, so that a crash leaves the old file or the new one whole."""
+    sync: fsync before the rename, so that a crash leaves the old file or the new one whole.
+    Returns the new file's stat."""
     tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
     try:
         try:
-            data = text.encode("utf-8")
+            data = text.encode("utf-8") if isinstance(text, str) else text
             while data:
                 data = data[os.write(fd, data):]
             os.fchmod(fd, mode)  # whatever the umask
             if sync:
                 os.fsync(fd)
+            st = os.fstat(fd)
         finally:
             os.close(fd)
         os.rename(tmp, os.path.join(directory, name))
+        return st
     except BaseException:
         try:
             os.unlink(tmp)
         except OSError:
             pass
         raise
+
+
+_STATE_VERSION = 1
+
+
+def _identity(st: os.stat_result) -> Tuple[int, int, int]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _state_name(name: str) -> str:
+    return f".{name}.state"
+
+
+def _load(directory: str, name: str) -> Tuple[Samples, Dict[Labels, str]]:
+    """The samples of our file `name` and their label texts: from its sidecar when that was
+    written with the file as it is now, else parsed from the text ({} when there is no file)."""
+    try:
+        current = _identity(os.stat(os.path.join(directory, name), follow_symlinks=False))
+    except (FileNotFoundError, NotADirectoryError):
+        return {}, {}
+    try:
+        fd = os.open(os.path.join(directory, _state_name(name)), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                raise ValueError("not ours")
+            with open(fd, "rb", closefd=False) as f:
+                version, ident, samples, raw = marshal.loads(f.read())
+        finally:
+            os.close(fd)
+        if version == _STATE_VERSION and tuple(ident) == current and isinstance(samples, dict) and isinstance(raw, dict):
+            return samples, raw
+    except (OSError, ValueError, EOFError, TypeError):
+        pass
+    raw = {}
+    return parse(read(directory, name), raw=raw), raw
+
+
+def merge(directory: str, name: str, change: Callable[[Samples], Samples], sync: bool = True) -> None:
+    """Replace our file `name` with render(change(its samples)), under the directory's lock,
+    and its sidecar with what the next merge needs to skip parsing."""
+    with DirLock(directory):
+        old, raw = _load(directory, name)
+        new = change(old)
+        st = write_atomic(directory, name, render(new, raw=raw), sync=sync)
+        used = {labels: raw[labels] for series in new.values() for labels in series if labels in raw}
+        try:
+            write_atomic(directory, _state_name(name), marshal.dumps((_STATE_VERSION, _identity(st), new, used)),
+                         mode=0o600, sync=False)
+        except ValueError:  # a value marshal cannot write: the next merge parses the text
+            remove(directory, _state_name(name))
 
 
 def remove(directory: str, name: str) -> bool:
