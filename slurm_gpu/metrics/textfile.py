@@ -6,7 +6,10 @@ check every file we write with prometheus_client's parser and `promtool check me
 
 Samples are held as {family name: {labels: value}}, labels a tuple of (name, value) pairs in
 the catalog's order.  Files are written atomically (a temporary file in the same directory,
-fsync, rename; mode 0644) with # HELP and # TYPE once per family and no timestamps.  Only our
+rename; mode 0644) with # HELP and # TYPE once per family and no timestamps.  The hooks' files
+are not fsync'd: on a node whose jobs write heavily an fsync can wait for seconds, and a file
+lost in a crash only resets counters (Prometheus' rate() takes resets) or shows a state
+that the next hook run corrects.  Only our
 own files are read back (to merge what an earlier writer wrote): parse() reads the format
 render() writes.  Standard library only.
 
@@ -234,7 +237,7 @@ def _load(directory: str, name: str) -> Tuple[Samples, Dict[Labels, str]]:
     return parse(read(directory, name), raw=raw), raw
 
 
-def merge(directory: str, name: str, change: Callable[[Samples], Samples], sync: bool = True) -> None:
+def merge(directory: str, name: str, change: Callable[[Samples], Samples], sync: bool = False) -> None:
     """Replace our file `name` with render(change(its samples)), under the directory's lock,
     and its sidecar with what the next merge needs to skip parsing."""
     with DirLock(directory):
