@@ -12,6 +12,7 @@ and reports the cluster from there, and tears everything down.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -79,6 +80,7 @@ def main() -> int:
     config = (f'nvml_library = "{lib}"\nnvml_timeout_s = 2.0\n'
               f'[store]\ndatabase = "{site}/%n/usage.db"\nspool_dir = "{site}/%n/spool"\n'
               f'[log]\nsyslog = false\nfile = "{site}/%n/hooks.log"\n[xid]\nsource = "none"\n'
+              f'[metrics]\ntextfile_dir = "{site}/%n/metrics"\n'
               '[job]\nmin_runtime_s = 1\n')
     bed = SlurmTestbed(work / "cluster", prolog=prolog, epilog=epilog, slurm_gpu_config=config)
     try:
@@ -120,6 +122,10 @@ def main() -> int:
         print(bed.run("sinfo", "-R", "-o", "%15N %20T %E").stdout, end="")
         say("slurm-gpu status")
         run_cli("status", env=env)
+        say("Spare GPUs against the 20 % reserve, per partition and model (slurm-gpu fleet capacity)")
+        run_cli("fleet", "capacity", env=env)
+        say("What Prometheus scrapes from gpu01 (node_exporter's textfile collector; GPU labels as dcgm-exporter's)")
+        _show_metrics(site / "gpu01" / "metrics" / "slurm_gpu_node.prom")
 
         dbs = ["--db", str(site / "gpu01" / "usage.db"), "--db", str(site / "gpu02" / "usage.db")]
         say("Per-job GPU usage recorded by the epilogs (slurm-gpu report jobs)")
@@ -158,6 +164,17 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
         print("all daemons stopped, work directory removed")
     return 0
+
+
+def _show_metrics(path: Path) -> None:
+    """The lines of the node file a person watching wants: the drain, the failed checks, the ECC counts."""
+    wanted = ("slurm_gpu_node_drained{", "slurm_gpu_ecc_errors_total{", "slurm_gpu_check_status{")
+    lines = [line for line in path.read_text().splitlines() if line.startswith(wanted)]
+    shown = [line for line in lines if "node_drained" in line
+             or ("check_status" in line and 'status="FAIL"' in line and line.endswith(" 1"))
+             or ("ecc_errors" in line and 'type="uncorrected",counter="volatile"' in line)]
+    print(f"{DIM}{path}: {len(shown)} of its {len(lines)} drain, check and ECC series (modelName left out){RESET}")
+    print("\n".join(re.sub(r',modelName="[^"]*"', "", line) for line in shown[:12]))
 
 
 def _central(bed, work: Path):

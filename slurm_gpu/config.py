@@ -22,7 +22,7 @@ SEVERITIES = ("fail", "warn", "off")
 CHECK_NAMES = (
     "gpu_count", "responsive", "ecc_uncorrectable", "row_remap_failure", "pending_reset",
     "retired_pages", "temperature", "clock_events", "pcie_link", "nvlink", "persistence_mode",
-    "leftover_processes", "memory_in_use", "driver_version", "xid",
+    "leftover_processes", "memory_in_use", "driver_version", "xid", "remap_spare_rows", "vbios_consistency",
 )
 
 
@@ -150,6 +150,9 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "spool_dir": Key(str, "/var/lib/slurm-gpu/spool", "Records that could not be written wait here as JSON (mode 600) until a hook (at most 200 per epilog) or `slurm-gpu db ingest` takes them; a directory that is a symlink, not owned by root or writable by group/others is refused (%n: node name)."),
         "busy_timeout_s": Key(float, 10.0, "How long a writer waits for a locked database before spooling.", _rng(0, 600)),
     },
+    "inventory": {
+        "record_every_s": Key(int, 86400, "`healthcheck` records each GPU's inventory (versions, serial, ECC and remap counters, row-remapper histogram) in the node database when it changed, and at least this often when it did not; `db push` ships the history (docs/fleet.md).", _rng(60, 366 * 86400)),
+    },
     "log": {
         "syslog": Key(bool, True, "Send hook decisions to syslog (facility daemon, ident slurm-gpu)."),
         "file": Key(str, "", "Also append hook decisions to this file (%n: node name); empty: no file."),
@@ -192,6 +195,12 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "small_memory_fraction": Key(float, 0.25, "`slurm-gpu job`: a peak memory below this fraction of the GPU's memory gets the note that a smaller GPU or a MIG slice would do; 0: never.", _rng(0, 1)),
         "min_runtime_s": Key(int, 300, "`slurm-gpu job`: a job that ran shorter than this is too short to judge: no utilisation or memory advice.", _rng(0, 30 * 86400)),
         "site_note": Key(str, "", "`slurm-gpu job`: a line of the site's own shown under every job's notes, e.g. 'GPU efficiency guide: https://...'; empty: none.", _one_line),
+    },
+    "fleet": {
+        "reserve_pct": Key(float, 20.0, "`fleet capacity`: share of each partition's GPUs (per GPU model) that should stay healthy and idle to absorb failures; the reserve holds when at least ceil(total x reserve_pct / 100) GPUs are idle and not drained or down.", _rng(0, 100)),
+        "expected_cuda_version": Key(str, "", "`fleet versions`: CUDA version (as the driver reports it, e.g. '12.4') every node must show; a prefix ending in '.' matches a branch; empty: not pinned. The driver is pinned by health.required_driver_version."),
+        "expected_vbios": Key(dict, {}, "`fleet versions`: VBIOS version per GPU model name as NVML reports it, e.g. {\"NVIDIA H100 80GB HBM3\" = \"96.00.74.00.01\"}; a model not listed is not pinned.",
+                              lambda v: None if all(isinstance(k, str) and isinstance(x, str) and x for k, x in v.items()) else "must map GPU model names to non-empty VBIOS version strings"),
     },
 }
 

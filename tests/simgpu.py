@@ -70,6 +70,8 @@ CONSUMER_UNSUPPORTED = (
     "nvmlDeviceGetRetiredPages_v2",
     "nvmlDeviceGetRetiredPagesPendingStatus",
     "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetRowRemapperHistogram",
+    "nvmlDeviceGetMemoryErrorCounter",
     "nvmlDeviceGetAccountingMode",
     "nvmlDeviceGetAccountingBufferSize",
     "nvmlDeviceGetAccountingPids",
@@ -378,12 +380,20 @@ def _affinity(i: int, n: int, cpus: int, sockets: int = 2) -> str:
     return f"{s * per}-{s * per + per - 1}"
 
 
+# Made-up but well-formed VBIOS versions and DRAM bank counts (the row-remapper histogram's
+# "max" of a GPU with every spare row left) per profile model.
+_VBIOS = {"h100_sxm": "96.00.99.00.01", "h200": "96.00.A5.00.01", "a100_pcie": "92.00.45.00.06",
+          "rtx4090": "95.02.3C.00.8E", "a100_sxm_mig": "92.00.36.00.02"}
+_BANKS = {"a100_pcie": 640, "a100_sxm_mig": 640}
+
+
 def _healthy(model: str, name: str, i: int, n: int, seed: str, bus: int, memory_total: int,
              pci_device_id: int, pci_subsystem_id: int, cpus: int = 112) -> Dict[str, Any]:
     return {
         "name": name,
         "uuid": gpu_uuid(seed, model, i),
         "serial": _serial(seed, model, i),
+        "vbios": _VBIOS.get(model, "96.00.99.00.01"),
         "minor": i,
         "pci_bus_id": f"00000000:{bus:02X}:00.0",
         "pci_device_id": f"0x{pci_device_id:08X}",
@@ -407,6 +417,15 @@ def _healthy(model: str, name: str, i: int, n: int, seed: str, bus: int, memory_
         "remapped_uncorrected": 0,
         "remapped_pending": 0,
         "remapped_failure": 0,
+        "remap_hist_max": _BANKS.get(model, 2560),
+        "remap_hist_high": 0,
+        "remap_hist_partial": 0,
+        "remap_hist_low": 0,
+        "remap_hist_none": 0,
+        "sram_volatile_corrected": 0,
+        "sram_volatile_uncorrected": 0,
+        "sram_aggregate_corrected": 0,
+        "sram_aggregate_uncorrected": 0,
         "clock_event_reasons": f"0x{CLOCK_GPU_IDLE:x}",
         "persistence_mode": 1,
         "pstate": 0,
@@ -463,15 +482,18 @@ def a100_pcie(n: int = 4, seed: str = "node") -> Dict[str, Any]:
 
 
 def consumer_gpu(n: int = 1, seed: str = "node") -> Dict[str, Any]:
-    """A workstation with GeForce RTX 4090s: no ECC, retired pages, remapped rows, accounting,
-    MIG or NvLink (all NOT_SUPPORTED); energy and temperature work."""
+    """A workstation with GeForce RTX 4090s: no ECC (SRAM counts included), retired pages,
+    remapped rows or their histogram, accounting, MIG or NvLink (all NOT_SUPPORTED); energy,
+    temperature, serial and VBIOS work."""
     gpus = []
     for i in range(n):
         g = _healthy("rtx4090", "NVIDIA GeForce RTX 4090", i, n, seed, 0x01 + i * 0x20, 24564 * MIB, 0x268410DE, 0x16F310DE, cpus=32)
         for k in ("ecc_mode", "ecc_volatile_corrected", "ecc_volatile_uncorrected", "ecc_aggregate_corrected",
                   "ecc_aggregate_uncorrected", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending",
                   "remapped_corrected", "remapped_uncorrected", "remapped_pending", "remapped_failure",
-                  "accounting_mode", "acct", "mig_mode", "mig_mode_pending"):
+                  "remap_hist_max", "remap_hist_high", "remap_hist_partial", "remap_hist_low", "remap_hist_none",
+                  "sram_volatile_corrected", "sram_volatile_uncorrected", "sram_aggregate_corrected",
+                  "sram_aggregate_uncorrected", "accounting_mode", "acct", "mig_mode", "mig_mode_pending"):
             del g[k]
         g.update(pcie_gen_cur=4, pcie_gen_max=4, pcie_width_cur=16, pcie_width_max=16, power_mw=20000, pstate=8,
                  persistence_mode=0, errors={fn: NOT_SUPPORTED for fn in CONSUMER_UNSUPPORTED})

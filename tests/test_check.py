@@ -321,3 +321,99 @@ def test_accounting_stats_work_without_pynvmls_private_function_lookup(sim_node,
     (rec,) = reader.accounting_many([0])[0].value
     assert (rec.pid, rec.gpu_utilization_pct, rec.max_memory_bytes) == (4242, 70, 5 << 30)
     assert nvml._NoMaxMemory().maxMemoryUsage == nvml._NOT_AVAILABLE_U64
+
+
+# --- fleet checks: spare rows per bank, one VBIOS per model, a pinned driver --------------------------------
+
+def test_bank_without_spare_rows_warns_with_the_number_of_banks(sim_node):
+    node = sim_node(simgpu.h100_sxm(2))
+    assert [r.status for r in by_check(check_in_process(node), "remap_spare_rows", 1)] == ["PASS"]
+    simgpu.set_gpu(node.state, 1, remap_hist_max=2555, remap_hist_low=3, remap_hist_none=2)
+    res = check_in_process(node)
+    (r,) = by_check(res, "remap_spare_rows", 1)
+    assert r.status == "WARN" and "2 memory banks with no spare rows left" in r.message and r.hint
+    assert r.gpu_uuid.startswith("GPU-") and by_check(res, "remap_spare_rows", 0)[0].status == "PASS"
+    assert health.worst(res) == "WARN"  # a warning, never a drain, unless the site says so
+    node.write_config('[health.severity]\nremap_spare_rows = "fail"\n')
+    assert [r.status for r in by_check(check_in_process(node), "remap_spare_rows", 1)] == ["FAIL"]
+
+
+def test_gpus_of_one_model_on_different_vbios_warn_naming_each_version(sim_node):
+    node = sim_node(simgpu.h100_sxm(4))
+    assert [(r.status, r.gpu_index) for r in by_check(check_in_process(node), "vbios_consistency")] == [("PASS", None)]
+    simgpu.set_gpu(node.state, 3, vbios="96.00.61.00.01")
+    (r,) = by_check(check_in_process(node), "vbios_consistency")
+    assert r.status == "WARN" and r.gpu_index is None and r.hint
+    assert "2 VBIOS versions: 96.00.99.00.01 on GPU 0,1,2, 96.00.61.00.01 on GPU 3" in r.message
+    node.write_config('[health.severity]\nvbios_consistency = "fail"\n')
+    assert [r.status for r in by_check(check_in_process(node), "vbios_consistency")] == ["FAIL"]
+
+
+def test_different_models_on_one_node_may_run_different_vbios(sim_node):
+    node = sim_node(simgpu.h100_sxm(2))
+    simgpu.set_gpu(node.state, 1, name="NVIDIA H100 PCIe", vbios="96.00.30.00.01")
+    (r,) = by_check(check_in_process(node), "vbios_consistency")
+    assert r.status == "PASS" and "96.00.30.00.01" in r.message
+
+
+def test_fleet_checks_skip_when_the_driver_does_not_support_the_reading(sim_node):
+    node = sim_node(simgpu.h100_sxm(2))
+    for i in (0, 1):
+        simgpu.inject_error(node.state, i, "nvmlDeviceGetVbiosVersion", simgpu.NOT_SUPPORTED)
+    simgpu.inject_error(node.state, 0, "nvmlDeviceGetRowRemapperHistogram", simgpu.NOT_SUPPORTED)
+    res = check_in_process(node)
+    assert [r.status for r in by_check(res, "vbios_consistency")] == ["SKIP"]
+    assert [r.status for r in by_check(res, "remap_spare_rows", 0)] == ["SKIP"]
+    consumer = check_in_process(sim_node(simgpu.consumer_gpu(2)))
+    assert {r.status for r in by_check(consumer, "remap_spare_rows")} == {"SKIP"}
+    assert health.worst(consumer) != "FAIL"
+
+
+def test_one_gpu_without_a_vbios_reading_does_not_make_a_mismatch(sim_node):
+    node = sim_node(simgpu.h100_sxm(3))
+    simgpu.inject_error(node.state, 2, "nvmlDeviceGetVbiosVersion", simgpu.NO_PERMISSION)
+    assert [r.status for r in by_check(check_in_process(node), "vbios_consistency")] == ["PASS"]
+
+
+def test_a_histogram_that_cannot_be_read_warns_it_is_never_read_as_healthy(sim_node):
+    node = sim_node(simgpu.h100_sxm(1))
+    simgpu.inject_error(node.state, 0, "nvmlDeviceGetRowRemapperHistogram", simgpu.CORRUPTED_INFOROM)
+    (r,) = by_check(check_in_process(node), "remap_spare_rows", 0)
+    assert r.status == "WARN" and "cannot read" in r.message and "infoROM" in r.message
+
+
+def test_severity_off_removes_the_fleet_checks(sim_node):
+    node = sim_node(simgpu.h100_sxm(2))
+    simgpu.set_gpu(node.state, 0, remap_hist_none=4, vbios="96.00.01.00.01")
+    node.write_config('[health.severity]\nremap_spare_rows = "off"\nvbios_consistency = "off"\n')
+    res = check_in_process(node)
+    assert by_check(res, "remap_spare_rows") == [] and by_check(res, "vbios_consistency") == []
+
+
+def test_a_pinned_driver_that_differs_fails_and_its_severity_is_configurable(sim_node):
+    node = sim_node(simgpu.h100_sxm(1))
+    simgpu.set_node(node.state, driver_version="535.161.08")
+    node.write_config('[health]\nrequired_driver_version = "550.54.15"\n')
+    assert [r.status for r in by_check(check_in_process(node), "driver_version")] == ["FAIL"]
+    node.write_config('[health]\nrequired_driver_version = "550.54.15"\n[health.severity]\ndriver_version = "warn"\n')
+    (r,) = by_check(check_in_process(node), "driver_version")
+    assert r.status == "WARN" and "535.161.08" in r.message
+    node.write_config('[health]\nrequired_driver_version = "550.54.15"\n[health.severity]\ndriver_version = "off"\n')
+    assert by_check(check_in_process(node), "driver_version") == []
+
+
+def test_the_prologs_read_gives_no_fleet_check_result_at_all(sim_node):
+    # The prolog reads without VBIOS and histogram: its results (and the metrics written from
+    # them) must not turn a healthcheck's WARN into a SKIP.
+    node = sim_node(simgpu.h100_sxm(2))
+    simgpu.set_gpu(node.state, 1, remap_hist_none=1)
+    cfg = config.load(str(node.config))
+    os.environ["SIMNVML_STATE"] = str(node.state)
+    reader = NvmlReader(cfg.nvml_library, cfg.nvml_timeout_s)
+    try:
+        snap = reader.snapshot([0, 1])
+    finally:
+        reader.close()
+    res = health.evaluate(snap, cfg, gpus=[0, 1], idle=[0, 1])
+    assert by_check(res, "remap_spare_rows") == [] and by_check(res, "vbios_consistency") == []
+    assert by_check(res, "ecc_uncorrectable", 1)[0].status == "PASS"

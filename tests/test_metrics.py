@@ -199,6 +199,7 @@ def test_merge_parses_the_file_when_it_changed_behind_the_sidecar_or_the_sidecar
         assert got["slurm_gpu_unpushed_records"] == {(): 7.0}, spoil
         assert not sidecar.is_symlink() and stat.S_IMODE(sidecar.stat().st_mode) == 0o600, spoil  # replaced
 
+
 def test_every_catalog_family_is_named_and_documented_like_prometheus_wants():
     for f in catalog.FAMILIES:
         assert f.name.startswith("slurm_gpu_") and re.fullmatch(r"[a-z_]+", f.name)
@@ -527,6 +528,29 @@ def test_healthcheck_drain_for_an_unusable_driver_shows_in_the_metrics(sim_node)
     assert value(text, "slurm_gpu_check_status", UUID=uuid_of(node, 0), check="responsive", status="PASS") == 1  # kept
     assert _healthcheck(node, backend, checker=no_driver).action == "kept-drained"
     assert T.parse((tf / NODE).read_text())["slurm_gpu_node_drained"] == {(("reason", "responsive"),): 1.0}
+    check_dir(tf)
+
+
+def test_versions_and_remap_banks_come_from_healthcheck_and_survive_a_prologs_quick_read(sim_node):
+    node, tf, _ = metrics_node(sim_node, mapping=False)
+    simgpu.set_gpu(node.state, 2, vbios="96.00.11.00.01", remap_hist_max=2555, remap_hist_none=1)
+    assert _healthcheck(node, _Backend()).action == "none"  # a bank without spare rows: WARN, no drain
+    text = (tf / NODE).read_text()
+    u2 = uuid_of(node, 2)
+    assert value(text, "slurm_gpu_row_remap_banks", UUID=u2, availability="none") == 1
+    assert value(text, "slurm_gpu_row_remap_banks", UUID=u2, availability="max") == 2555
+    assert value(text, "slurm_gpu_vbios_info", UUID=u2, vbios="96.00.11.00.01") == 1
+    assert value(text, "slurm_gpu_check_status", UUID=u2, check="remap_spare_rows", status="WARN") == 1
+    vbios = {dict(k)["vbios"] for k in T.parse(text)["slurm_gpu_vbios_info"]}
+    assert len(vbios) == 2 and value(text, "slurm_gpu_check_status", gpu="", check="vbios_consistency", status="WARN") == 1
+    (driver,) = T.parse(text)["slurm_gpu_driver_info"]
+    assert dict(driver) == {"driver_version": "550.54.15", "cuda_version": "12.4"}  # simgpu.h100_sxm's driver
+    # The prolog does not read the histogram or the VBIOS: what healthcheck wrote stays.
+    assert hooks.prolog(from_env(job_env(gpus="2")), deps_for(node)) == 0
+    after = (tf / NODE).read_text()
+    for name in ("slurm_gpu_row_remap_banks", "slurm_gpu_vbios_info", "slurm_gpu_driver_info"):
+        assert T.parse(after)[name] == T.parse(text)[name], name
+    assert value(after, "slurm_gpu_check_status", UUID=u2, check="remap_spare_rows", status="WARN") == 1
     check_dir(tf)
 
 

@@ -418,7 +418,7 @@ def test_dashboard_queries_return_data(stack, path):
 
 def _alert_key(a: Dict[str, Any]) -> Tuple[str, str, str, str]:
     labels = a["labels"]
-    return (labels["alertname"], labels.get("Hostname") or labels["instance"], labels.get("gpu", ""),
+    return (labels["alertname"], labels.get("Hostname") or labels.get("instance", ""), labels.get("gpu", ""),
             labels.get("check") or labels.get("xid") or labels.get("slurm_job", ""))
 
 
@@ -437,6 +437,9 @@ EXPECTED_ALERTS = sorted([
     ("SlurmGpuSpoolBacklog", "gpu02", "", ""),
     ("SlurmGpuMetricsStale", "gpu02", "", ""),
     ("SlurmGpuIdleHeldByJob", "gpu01", "1", "4243"),
+    ("SlurmGpuRemapHeadroomLow", "gpu02", "1", ""),
+    ("SlurmGpuDriverVersionsMixed", "", "", ""),  # gpu01 on 550.54.15, gpu02 on 535.104.05
+    ("SlurmGpuVbiosVersionsMixed", "gpu02", "", ""),
 ])
 
 

@@ -256,6 +256,80 @@ def test_default_state_path_expands_node_name_without_any_simnvml_env(tmp_path):
     assert simgpu.build(out_dir=tmp_path / "build", default_state=str(tmp_path / "%n.state")) == lib  # cached
 
 
+# --- fleet readings: VBIOS, row-remapper histogram, ECC by location ----------------------------------
+
+FLEET_CALLS = """
+    N.nvmlInit()
+    h = N.nvmlDeviceGetHandleByIndex(0)
+    def hist():
+        v = N.nvmlDeviceGetRowRemapperHistogram(h)
+        return [v.max, v.high, v.partial, v.low, v.none]
+    def mem(e, c, loc):
+        return N.nvmlDeviceGetMemoryErrorCounter(h, e, c, loc)
+    SRAM, DRAM = N.NVML_MEMORY_LOCATION_SRAM, N.NVML_MEMORY_LOCATION_DRAM
+    out.update(
+        vbios=err(N.nvmlDeviceGetVbiosVersion, h) or N.nvmlDeviceGetVbiosVersion(h),
+        serial=err(N.nvmlDeviceGetSerial, h) or N.nvmlDeviceGetSerial(h),
+        hist=err(N.nvmlDeviceGetRowRemapperHistogram, h) or hist(),
+        sram=err(mem, 0, 1, SRAM) or [mem(e, c, SRAM) for e in (0, 1) for c in (0, 1)],
+        dram=err(mem, 0, 1, DRAM) or [mem(e, c, DRAM) for e in (0, 1) for c in (0, 1)],
+        l2=err(mem, 0, 1, N.NVML_MEMORY_LOCATION_L2_CACHE),
+        bad_location=err(mem, 0, 1, 9),
+    )
+"""
+
+
+def test_vbios_histogram_and_sram_counts_reach_pynvml(lib, node_state):
+    node = simgpu.h100_sxm(1)
+    node["gpus"][0].update(vbios="96.00.74.00.0D", remap_hist_max=2550, remap_hist_high=6, remap_hist_partial=2,
+                           remap_hist_low=1, remap_hist_none=1,
+                           ecc_volatile_corrected=10, ecc_aggregate_corrected=40, ecc_volatile_uncorrected=3,
+                           ecc_aggregate_uncorrected=5, sram_volatile_corrected=4, sram_aggregate_corrected=7,
+                           sram_volatile_uncorrected=1, sram_aggregate_uncorrected=2)
+    out = run_nvml(lib, node_state(node), FLEET_CALLS)
+    assert out["vbios"] == "96.00.74.00.0D" and out["serial"] == node["gpus"][0]["serial"]
+    assert out["hist"] == [2550, 6, 2, 1, 1]
+    # (corrected, uncorrected) x (volatile, aggregate); DRAM + SRAM = the totals
+    assert out["sram"] == [4, 7, 1, 2] and out["dram"] == [6, 33, 2, 3]
+    assert out["l2"][0] == "NVMLError_NotSupported"  # folded into SRAM on Hopper
+    assert out["bad_location"][0] == "NVMLError_InvalidArgument"
+
+
+def test_profiles_have_every_spare_row_and_no_sram_error(lib, node_state):
+    out = run_nvml(lib, node_state(simgpu.a100_pcie(1)), FLEET_CALLS)
+    assert out["vbios"] == "92.00.45.00.06" and out["hist"] == [640, 0, 0, 0, 0]
+    assert out["sram"] == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("function, key", [("nvmlDeviceGetVbiosVersion", "vbios"),
+                                           ("nvmlDeviceGetSerial", "serial"),
+                                           ("nvmlDeviceGetRowRemapperHistogram", "hist"),
+                                           ("nvmlDeviceGetMemoryErrorCounter", "sram")])
+def test_each_fleet_reading_can_be_not_supported_on_one_gpu(lib, node_state, function, key):
+    node = simgpu.h100_sxm(2)
+    node["gpus"][0]["errors"] = {function: simgpu.NOT_SUPPORTED}
+    state = node_state(node)
+    out = run_nvml(lib, state, FLEET_CALLS)
+    assert out[key][0] == "NVMLError_NotSupported"
+    other = run_nvml(lib, state, FLEET_CALLS.replace("HandleByIndex(0)", "HandleByIndex(1)"))
+    assert "NVMLError" not in json.dumps(other[key])  # the other GPU answers
+
+
+def test_consumer_board_has_no_histogram_and_no_ecc_by_location_but_a_vbios(lib, node_state):
+    out = run_nvml(lib, node_state(simgpu.consumer_gpu()), FLEET_CALLS)
+    assert out["vbios"] == "95.02.3C.00.8E"
+    for k in ("hist", "sram", "dram"):
+        assert out[k][0] == "NVMLError_NotSupported", k
+
+
+def test_ecc_disabled_makes_the_location_counters_not_supported(lib, node_state):
+    node = simgpu.h100_sxm(1)
+    node["gpus"][0]["ecc_mode"] = 0
+    out = run_nvml(lib, node_state(node), FLEET_CALLS)
+    assert out["sram"][0] == out["dram"][0] == "NVMLError_NotSupported"
+    assert out["hist"] == [2560, 0, 0, 0, 0]
+
+
 # --- fault injection ------------------------------------------------------------------------------
 
 def test_injected_errors_raise_the_matching_nvmlerror_subclass(lib, node_state):

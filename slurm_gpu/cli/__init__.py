@@ -36,6 +36,7 @@ COMMANDS: Dict[str, str] = {
     "healthcheck": "slurm_gpu.cli.admin:healthcheck",
     "job": "slurm_gpu.cli.job:job",
     "exporter": "slurm_gpu.cli.metrics:exporter",
+    "fleet": "slurm_gpu.cli.fleet:fleet",
 }
 
 
@@ -117,6 +118,32 @@ def nvml_lib_option(f: Callable) -> Callable:
     """`--nvml-lib PATH` on every command that reads NVML (also accepted before the command)."""
     return click.option("--nvml-lib", metavar="PATH", default=None, expose_value=False, is_eager=True,
                         callback=_set_nvml_lib, help=NVML_LIB_HELP)(f)
+
+
+def output_file_option() -> Callable:
+    """`-o/--output FILE`: write the output to a file instead of stdout."""
+    return click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None,
+                        help="Write to this file instead of stdout.")
+
+
+def emit_output(output: Optional[str], text: str) -> None:
+    """text to the --output file (with a final newline) or to stdout."""
+    if not output:
+        click.echo(text)
+        return
+    from slurm_gpu.errors import InputError
+    try:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text if text.endswith("\n") else text + "\n")
+    except OSError as e:
+        raise InputError(f"cannot write {output}: {e.strerror}", "choose a writable path for --output") from None
+
+
+def apply_options(f: Callable, opts: Sequence[Callable]) -> Callable:
+    """f decorated with opts, listed in the order --help shows them."""
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
 
 
 def output_options(formats: Sequence[str], default: Optional[str] = "table", extra_help: str = "") -> Callable:

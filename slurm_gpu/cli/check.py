@@ -131,5 +131,5 @@ def snapshot(app, gpus, fmt):
     """
     from slurm_gpu.hooks import flows as hooks
     reader = hooks.make_reader(app.config)
-    snap = reader.snapshot(parse_gpu_list(gpus))
+    snap = reader.snapshot(parse_gpu_list(gpus), inventory=True)
     click.echo(snap.dumps())

@@ -11,7 +11,7 @@ from slurm_gpu.cli import node_name_option, nvml_lib_option, output_options
 from slurm_gpu.errors import ExitCode, InputError
 
 
-def _local_inventory(cfg, snapshot_path: Optional[str], hostname: Optional[str]):
+def _local_inventory(cfg, snapshot_path: Optional[str], hostname: Optional[str], state: bool = False):
     """This node's inventory: from the driver, or from a saved `slurm-gpu snapshot` file."""
     import json
 
@@ -33,7 +33,7 @@ def _local_inventory(cfg, snapshot_path: Optional[str], hostname: Optional[str])
 
         reader = NvmlReader(cfg.get("", "nvml_library"), cfg.get("", "nvml_timeout_s"))
         try:
-            snap = reader.snapshot()
+            snap = reader.snapshot(inventory=True)
         finally:
             reader.close()
         host = hostname or config_mod.node_name()
@@ -42,7 +42,8 @@ def _local_inventory(cfg, snapshot_path: Optional[str], hostname: Optional[str])
     if topo is None:
         click.echo(f"slurm-gpu: warning: CPU topology in {topo_dir} unreadable; Cores= uses CPU ids "
                    "(wrong on nodes with hyper-threading)", err=True)
-    return inventory.inventory_from_snapshot(snap, host, topo, mig_minors_path=cfg.get("gres", "mig_minors_path"))
+    return inventory.inventory_from_snapshot(snap, host, topo, mig_minors_path=cfg.get("gres", "mig_minors_path"),
+                                             state=state)
 
 
 def _write(path: Optional[str], text: str) -> None:
@@ -66,20 +67,26 @@ def _write(path: Optional[str], text: str) -> None:
               help="Build the inventory from a saved `slurm-gpu snapshot` file instead of the driver.")
 @node_name_option("Slurm node name to record (default: SLURMD_NODENAME, else the short host name; with --snapshot: "
                   "its hostname).", aliases=("--hostname",))
+@click.option("--state", is_flag=True,
+              help="Also write each GPU's memory-health counters (ECC, retired pages, row remaps and the "
+                   "row-remapper histogram, SRAM) and the time they were read (collected_at): what `slurm-gpu "
+                   "fleet` reads from a directory of inventories on a cluster without a central server.")
 @output_options(["json"], default="json")
 @nvml_lib_option
 @click.pass_obj
-def inventory_cmd(app, output: Optional[str], snapshot_path: Optional[str], node_name: Optional[str], fmt: str) -> None:
-    """Print this node's static GPU facts as JSON (format slurm-gpu-inventory/1).
+def inventory_cmd(app, output: Optional[str], snapshot_path: Optional[str], node_name: Optional[str], state: bool,
+                  fmt: str) -> None:
+    """Print this node's GPU facts as JSON (format slurm-gpu-inventory/2).
 
     Collect one file per node (e.g. `slurm-gpu inventory -o /shared/inv/$(hostname -s).json`)
     and build the cluster's gres.conf with `slurm-gpu gres-conf --inventory /shared/inv`.
-    Holds GPU names, device minors, PCI bus ids, CPU affinity and Slurm core ids, NvLink
-    peers and MIG devices with their nvidia-caps minors; no readings, no timestamps.
+    Holds the driver and CUDA versions, GPU names, serials and VBIOS versions, device minors,
+    PCI bus ids, CPU affinity and Slurm core ids, NvLink peers and MIG devices with their
+    nvidia-caps minors; no readings and no timestamps unless --state.
     """
     from slurm_gpu.gres import inventory
 
-    inv = _local_inventory(app.config, snapshot_path, node_name)
+    inv = _local_inventory(app.config, snapshot_path, node_name, state)
     _write(output, inventory.dumps(inv))
 
 

@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import click
 
 from slurm_gpu import render
-from slurm_gpu.cli import output_options
+from slurm_gpu.cli import apply_options, emit_output, output_file_option, output_options
 from slurm_gpu.errors import InputError
 
 FORMAT_CHOICES = render.FORMATS + ("html",)
@@ -38,12 +38,9 @@ def _common_options(f: Callable) -> Callable:
                                   "characters in names as escapes; csv/json carry GPU-hours and kWh (6 decimals), csv "
                                   "quotes text that a spreadsheet would run as a formula. html: one self-contained page "
                                   "with charts."),
-        click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None,
-                     help="Write to this file instead of stdout."),
+        output_file_option(),
     ]
-    for opt in reversed(opts):
-        f = opt(f)
-    return f
+    return apply_options(f, opts)
 
 
 def _window_options(f: Callable) -> Callable:
@@ -59,9 +56,7 @@ def _window_options(f: Callable) -> Callable:
         click.option("--node", "-N", "nodes", multiple=True, metavar="LIST", help="Only these nodes."),
         click.option("--cluster", "-M", "clusters", multiple=True, metavar="LIST", help="Only these clusters."),
     ]
-    for opt in reversed(opts):
-        f = opt(f)
-    return f
+    return apply_options(f, opts)
 
 
 _META_KEY = "slurm_gpu.report.query.group_options"
@@ -112,14 +107,7 @@ def _build_query(ctx: click.Context, o: Dict[str, Any], job_id: Optional[int] = 
 
 
 def _emit(o: Dict[str, Any], text: str) -> None:
-    if o.get("output"):
-        try:
-            with open(o["output"], "w", encoding="utf-8") as f:
-                f.write(text if text.endswith("\n") else text + "\n")
-        except OSError as e:
-            raise InputError(f"cannot write {o['output']}: {e.strerror}", "choose a writable path for --output") from None
-    else:
-        click.echo(text)
+    emit_output(o.get("output"), text)
 
 
 def _render(o: Dict[str, Any], table, src) -> str:

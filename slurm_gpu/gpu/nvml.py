@@ -80,9 +80,11 @@ class _GpuLost(Exception):
 class _GpuReader:
     """Reads one GPU, recording each call so the caller can enforce the deadline."""
 
-    def __init__(self, index: int, ident_only: bool = False, body: Optional[Callable[["_GpuReader"], Any]] = None):
+    def __init__(self, index: int, ident_only: bool = False, body: Optional[Callable[["_GpuReader"], Any]] = None,
+                 inventory: bool = False):
         self.index = index
         self.ident_only = ident_only
+        self.inventory = inventory  # also VBIOS, row-remapper histogram, SRAM ECC (not for the prolog)
         self.body = body  # a task other than reading the GPU (writes, process lists, accounting)
         self.result: Any = None
         self.error: Optional[BaseException] = None
@@ -156,6 +158,8 @@ class _GpuReader:
         self._read_bus_id(h)
         self._read_usage(h)
         self._read_memory_errors(h)
+        if self.inventory:
+            self._read_inventory(h)
         self._read_state(h)
         self.fields["nvlinks"] = self._nvlinks(h)
         self.reading("processes", "nvmlDeviceGetComputeRunningProcesses", p.nvmlDeviceGetComputeRunningProcesses, h,
@@ -210,6 +214,26 @@ class _GpuReader:
         self.fields.pop("_rr")
         self._split(rr, ("remapped_rows_corrected", "remapped_rows_uncorrected", "remapped_rows_pending",
                          "remapped_rows_failure"))
+
+    def _read_inventory(self, h: Any) -> None:
+        """VBIOS, the row-remapper histogram and SRAM ECC counts (aggregate: the RMA criteria count
+        a GPU's lifetime).  A pynvml without the function reads as unsupported."""
+        p = pynvml
+        self._optional("vbios", "nvmlDeviceGetVbiosVersion", h, convert=_text)
+        self._optional("remap_histogram", "nvmlDeviceGetRowRemapperHistogram", h,
+                       convert=lambda v: S.RemapHistogram(*(int(getattr(v, k)) for k in S.RemapHistogram._fields)))
+        sram = getattr(p, "NVML_MEMORY_LOCATION_SRAM", 7)
+        for field, etype in (("sram_corrected", p.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                             ("sram_uncorrected", p.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
+            self._optional(field, "nvmlDeviceGetMemoryErrorCounter", h, etype, p.NVML_AGGREGATE_ECC, sram, convert=int)
+
+    def _optional(self, field: str, name: str, *args: Any, convert: Callable = lambda v: v) -> Reading:
+        """A reading through a pynvml function that older nvidia-ml-py releases lack."""
+        fn = getattr(pynvml, name, None)
+        if fn is None:
+            self.fields[field] = S.unsupported(name, f"not in this nvidia-ml-py ({_pynvml_version()})")
+            return self.fields[field]
+        return self.reading(field, name, fn, *args, convert=convert)
 
     def _read_state(self, h: Any) -> None:
         """Clock event reasons, persistence mode, performance state and the PCIe link."""
@@ -405,14 +429,18 @@ class NvmlReader:
         """A cheap read of every GPU's UUID, minor number and PCI bus id (to map Slurm's indices)."""
         return self.snapshot(None, ident_only=True)
 
-    def snapshot(self, indices: Optional[Sequence[int]] = None, ident_only: bool = False) -> NodeSnapshot:
-        """Read the node; `indices` limits per-GPU reads (node-wide facts are always read)."""
+    def snapshot(self, indices: Optional[Sequence[int]] = None, ident_only: bool = False,
+                 inventory: bool = False) -> NodeSnapshot:
+        """Read the node; `indices` limits per-GPU reads (node-wide facts are always read).
+
+        `inventory` also reads what only inventories and node checks need (VBIOS, row-remapper
+        histogram, SRAM ECC counts); without it those readings are NOT_READ (the prolog)."""
         self.open()
         taken = time.time()
         driver, cuda, count = self._node_readings()
         n = count.value if count.ok else 0
         wanted = sorted(set(range(n) if indices is None else indices))
-        readers = self._parallel(wanted, ident_only=ident_only, count=n)
+        readers = self._parallel(wanted, ident_only=ident_only, count=n, inventory=inventory)
         for r in readers:
             h = getattr(r, "handle", None)
             if h is not None and not r.unreachable:
@@ -422,9 +450,9 @@ class NvmlReader:
                             cuda_driver_version=cuda, gpu_count=count, gpus=gpus)
 
     def _parallel(self, indices: Sequence[int], body: Optional[Callable[[_GpuReader], Any]] = None,
-                  ident_only: bool = False, count: Optional[int] = None) -> List[_GpuReader]:
+                  ident_only: bool = False, count: Optional[int] = None, inventory: bool = False) -> List[_GpuReader]:
         """Read each GPU (or run `body` on it) in worker threads, under the per-call deadline."""
-        readers = [_GpuReader(i, ident_only, body) for i in indices]
+        readers = [_GpuReader(i, ident_only, body, inventory) for i in indices]
         queue: Deque[_GpuReader] = deque()
         for r in readers:
             if r.index in self._stuck:

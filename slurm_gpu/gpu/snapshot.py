@@ -3,7 +3,9 @@
 gpu/nvml.py produces it, policy/health.py judges it, hooks/flows.py records it,
 gres/inventory.py renders it and `slurm-gpu snapshot` serialises it.  Every hardware reading
 keeps one of three distinct outcomes: a value, *unsupported on this GPU*, or *failed* with an
-NVML error.  There is no magic "N/A" number anywhere.
+NVML error.  There is no magic "N/A" number anywhere.  The few readings only inventories and
+node checks need (VBIOS, row-remapper histogram, SRAM ECC) are not read by the prolog: until
+read they hold NOT_READ, an unsupported reading that checks pass over in silence.
 
 The records are NamedTuples, not dataclasses: the prolog imports this module on every job
 start, and a dataclass costs ~1.5 ms to create (plus `dataclasses` itself, which imports
@@ -52,7 +54,9 @@ class Reading(NamedTuple):
     def to_json(self) -> Dict[str, Any]:
         if self.status == OK:
             v = self.value
-            if isinstance(v, tuple):
+            if hasattr(v, "to_json"):
+                v = v.to_json()
+            elif isinstance(v, tuple):
                 v = [x.to_json() if hasattr(x, "to_json") else x for x in v]
             return {"status": OK, "value": v}
         return {"status": self.status, "error": self.error, "function": self.function}
@@ -73,6 +77,36 @@ def failed(function: str, error: str) -> Reading:
 # Default of every reading until the driver answers: one shared immutable value (cheaper to
 # build than 40 default factories, which matters on the prolog's start-up path).
 _NA: Reading = Reading(UNSUPPORTED)
+# Default of the readings only a full read takes (NvmlReader.snapshot(inventory=True): VBIOS,
+# row-remapper histogram, SRAM ECC): the prolog does not read them, and a check of a reading
+# that was not taken says nothing, where an unsupported one SKIPs.
+NOT_READ: Reading = Reading(UNSUPPORTED, None, "not read")
+
+
+def was_read(r: Reading) -> bool:
+    return r != NOT_READ
+
+
+def cuda_version(r: Reading) -> Optional[str]:
+    """NVML's CUDA driver version 12040 -> "12.4" (what nvidia-smi prints); None when unknown."""
+    if not r.ok or r.value is None:
+        return None
+    v = int(r.value)
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+class RemapHistogram(NamedTuple):
+    """nvmlDeviceGetRowRemapperHistogram: how many DRAM banks have all (max), most (high), some
+    (partial), few (low) or no (none) spare rows left.  A bank with none cannot remap a row."""
+
+    max: int
+    high: int
+    partial: int
+    low: int
+    none: int
+
+    def to_json(self) -> Dict[str, Any]:
+        return self._asdict()
 
 
 class Process(NamedTuple):
@@ -116,6 +150,7 @@ class GpuSnapshot(NamedTuple):
     uuid: Reading = _NA  # str "GPU-..."
     name: Reading = _NA  # str
     serial: Reading = _NA  # str
+    vbios: Reading = NOT_READ  # str, e.g. "96.00.74.00.0D" (inventory reads only)
     pci_bus_id: Reading = _NA  # str "00000000:18:00.0"
     memory_total_bytes: Reading = _NA
     memory_used_bytes: Reading = _NA
@@ -135,6 +170,9 @@ class GpuSnapshot(NamedTuple):
     remapped_rows_uncorrected: Reading = _NA
     remapped_rows_pending: Reading = _NA  # bool
     remapped_rows_failure: Reading = _NA  # bool
+    remap_histogram: Reading = NOT_READ  # RemapHistogram (inventory reads only)
+    sram_corrected: Reading = NOT_READ  # SRAM ECC count, aggregate (lifetime) (inventory reads only)
+    sram_uncorrected: Reading = NOT_READ
     clock_event_reasons: Reading = _NA  # bitmask int
     persistence_mode: Reading = _NA  # bool
     performance_state: Reading = _NA  # int, P0 = 0
@@ -234,6 +272,7 @@ _TUPLE_FIELDS = {
                                              i.get("compute_instance_id")) for i in items),
     "mig_devices": lambda items: tuple(MigDevice(**i) for i in items),
     "cpu_affinity": lambda items: tuple(int(i) for i in items),
+    "remap_histogram": lambda v: RemapHistogram(**v) if isinstance(v, dict) else RemapHistogram(*v),
 }
 
 
@@ -247,7 +286,7 @@ def gpu_from_json(d: Dict[str, Any]) -> GpuSnapshot:
         r = _reading_from(d[name], name)
         if r.ok and name in _TUPLE_FIELDS:
             try:
-                r = Reading(OK, _TUPLE_FIELDS[name](r.value or []))
+                r = Reading(OK, _TUPLE_FIELDS[name](r.value if r.value is not None else []))
             except (KeyError, TypeError, ValueError) as e:
                 raise SnapshotFormatError(f"field {name!r}: {e}") from None
         kwargs[name] = r

@@ -1,18 +1,31 @@
-"""A node's static GPU facts, as `slurm-gpu inventory` writes them and `gres-conf --inventory` reads them.
+"""A node's GPU facts, as `slurm-gpu inventory` writes them and `gres-conf --inventory` and
+`slurm-gpu fleet` (without a central server) read them.
 
-An inventory holds only what does not change while the node runs: GPU names, device minor
-numbers, PCI bus ids, CPU affinity (and the Slurm core ids it maps to), NvLink peers and
-MIG devices with their nvidia-caps minors.  No readings, no times: two runs on the same
-node give the same file, and two nodes with the same hardware give files that differ only
-in hostname and UUIDs (``hardware_facts`` compares them).
+An inventory holds what does not change while the node runs: GPU names, serials, VBIOS and
+driver/CUDA versions, device minor numbers, PCI bus ids, CPU affinity (and the Slurm core ids
+it maps to), NvLink peers and MIG devices with their nvidia-caps minors.  No readings, no
+times: two runs on the same node give the same file, and two nodes with the same hardware give
+files that differ only in hostname, UUIDs, serials and versions (``hardware_facts``, what
+gres.conf depends on, leaves those out).  ``slurm-gpu inventory --state`` adds the GPUs' memory
+health counters and when they were read (``collected_at``): what `slurm-gpu fleet` reads from a
+directory of inventories when there is no central server.
 
-Format ``slurm-gpu-inventory/1``::
+Format ``slurm-gpu-inventory/2`` (``/1`` files, without the versions, serials and state, are
+still read)::
 
-    {"format": "slurm-gpu-inventory/1", "hostname": "gpu001",
-     "gpus": [{"index": 0, "minor": 0, "uuid": "GPU-...", "name": "NVIDIA H100 80GB HBM3",
+    {"format": "slurm-gpu-inventory/2", "hostname": "gpu001",
+     "driver_version": "550.54.15", "cuda_version": "12.4",
+     "collected_at": 1718000000.0,                                  # --state only
+     "gpus": [{"index": 0, "minor": 0, "uuid": "GPU-...", "serial": "1654922000001",
+               "name": "NVIDIA H100 80GB HBM3", "vbios": "96.00.74.00.0D",
                "pci_bus_id": "00000000:18:00.0", "cpu_affinity": "0-47,96-143", "cores": "0-47",
-               "nvlink_peers": {"00000000:2a:00.0": 2}, "mig_enabled": false, "mig_devices": []}]}
+               "nvlink_peers": {"00000000:2a:00.0": 2}, "mig_enabled": false, "mig_devices": [],
+               "state": {"mig_mode": 0, "ecc_corrected_volatile": 0, ..., "remap_hist_none": 0,
+                         "sram_corrected": 0, "sram_uncorrected": 0}}]}  # --state only
 
+Versions, serial and VBIOS are always written, null where the driver does not report them.
+The keys of ``state`` are the gpu_inventory columns from ``mig_mode`` to ``sram_uncorrected``
+(store/schema.py INVENTORY_STATE); a null counter was unsupported or unreadable, never 0.
 CPU lists use the kernel's cpulist syntax ("0-3,8").  ``cores`` are Slurm's abstract core
 ids (core 0 = first core of the first socket; hyper-thread siblings share one id), which
 is what gres.conf ``Cores=`` wants; ``cpu_affinity`` keeps the raw CPU ids NVML reported.
@@ -23,14 +36,17 @@ import functools
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field as _field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from slurm_gpu.errors import InputError
 from slurm_gpu.slurm.hostlist import RangeError, parse_index_ranges
 from slurm_gpu.gpu.snapshot import GpuSnapshot, NodeSnapshot, Reading
+from slurm_gpu.store.observations import cuda_version, gpu_state
+from slurm_gpu.store.schema import INVENTORY_STATE
 
-FORMAT = "slurm-gpu-inventory/1"
+FORMAT = "slurm-gpu-inventory/2"
+READABLE_FORMATS = ("slurm-gpu-inventory/1", FORMAT)
 # "3g.20gb", compute-instance profiles "1c.3g.20gb", extensions "1g.10gb+me", "1g.24gb+me.all"
 _MIG_PROFILE = re.compile(r"(?:\d+c\.)?\d+g\.\d+gb(?:\+[a-z0-9.+]+)?", re.IGNORECASE)
 
@@ -151,6 +167,10 @@ class InvGpu:
     nvlink_peers: Tuple[Tuple[str, int], ...]  # (remote PCI bus id, active link count), sorted
     mig_enabled: bool = False
     mig_devices: Tuple[InvMig, ...] = ()
+    serial: Optional[str] = None  # None: not reported (v1 file, unsupported)
+    vbios: Optional[str] = None
+    # --state: {INVENTORY_STATE column: count or None}; None: no state in the file
+    state: Optional[Dict[str, Optional[int]]] = _field(default=None, hash=False)
 
 
 @dataclass(frozen=True)
@@ -158,6 +178,9 @@ class Inventory:
     hostname: str
     gpus: Tuple[InvGpu, ...]
     source: str = ""  # file it was read from, for messages
+    driver_version: Optional[str] = None  # None: not reported (v1 file, unreadable)
+    cuda_version: Optional[str] = None  # "12.4"
+    collected_at: Optional[float] = None  # unix time the state was read (--state); None without state
 
     def devices(self) -> Tuple[InvGpu, ...]:
         """GPUs in Slurm's device order: sorted by PCI bus id (gres.conf Links= positions)."""
@@ -181,7 +204,8 @@ class Inventory:
         return sum(n for bus, n in gpu.nvlink_peers if bus not in gpu_ids)
 
     def hardware_facts(self) -> List[Dict[str, Any]]:
-        """What must be equal for two nodes to share gres.conf lines (no uuid/hostname/bus ids)."""
+        """What must be equal for two nodes to share gres.conf lines: no uuid/hostname/bus ids, and
+        no versions, serials, VBIOS or state (a firmware update does not change gres.conf)."""
         facts = []
         devices = self.devices()
         for d in devices:
@@ -222,11 +246,17 @@ def _need(gpu: GpuSnapshot, field: str, hostname: str) -> Any:
                          "run `slurm-gpu check` on this node; gres.conf needs every GPU's name, minor number and PCI bus id")
 
 
+def _opt_text(r: Reading) -> Optional[str]:
+    return str(r.value) if r.ok and r.value is not None else None
+
+
 def inventory_from_snapshot(snap: NodeSnapshot, hostname: Optional[str] = None,
                             cpu_to_core: Optional[Mapping[int, int]] = None,
                             mig_minors: Optional[Mapping[str, int]] = None,
-                            mig_minors_path: str = "/proc/driver/nvidia-caps/mig-minors") -> Inventory:
-    """Keep the static facts of a snapshot.  `cpu_to_core` None: CPU ids are taken as core ids."""
+                            mig_minors_path: str = "/proc/driver/nvidia-caps/mig-minors",
+                            state: bool = False) -> Inventory:
+    """Keep the static facts of a snapshot (with `state`, also its counters and time).
+    `cpu_to_core` None: CPU ids are taken as core ids."""
     host = hostname or snap.hostname
     gpus: List[InvGpu] = []
     for g in snap.gpus:
@@ -252,8 +282,10 @@ def inventory_from_snapshot(snap: NodeSnapshot, hostname: Optional[str] = None,
             if mig_minors is None:
                 mig_minors = _read_mig_minors_of(host, mig_minors_path)
             migs = [_mig(host, g, minor, m, mig_minors, mig_minors_path) for m in devs]
-        gpus.append(InvGpu(g.index, minor, uuid, name, bus, cpus, cores, peers, mig_on, tuple(migs)))
-    return Inventory(host, tuple(sorted(gpus, key=lambda x: x.index)))
+        gpus.append(InvGpu(g.index, minor, uuid, name, bus, cpus, cores, peers, mig_on, tuple(migs),
+                           _opt_text(g.serial), _opt_text(g.vbios), gpu_state(g) if state else None))
+    return Inventory(host, tuple(sorted(gpus, key=lambda x: x.index)), "", _opt_text(snap.driver_version),
+                     cuda_version(snap.cuda_driver_version), snap.taken_at if state else None)
 
 
 def _cores(g: GpuSnapshot, host: str, cpus: Tuple[int, ...], cpu_to_core: Optional[Mapping[int, int]]) -> Tuple[int, ...]:
@@ -311,25 +343,30 @@ def _mig(host: str, g: GpuSnapshot, minor: int, m: Any, minors: Mapping[str, int
 # --- JSON ----------------------------------------------------------------------------------
 
 def to_json(inv: Inventory) -> Dict[str, Any]:
-    return {
-        "format": FORMAT,
-        "hostname": inv.hostname,
-        "gpus": [
-            {
-                "index": g.index, "minor": g.minor, "uuid": g.uuid, "name": g.name, "pci_bus_id": g.pci_bus_id,
-                "cpu_affinity": format_cpulist(g.cpu_affinity), "cores": format_cpulist(g.cores),
-                "nvlink_peers": dict(g.nvlink_peers), "mig_enabled": g.mig_enabled,
-                "mig_devices": [
-                    dict({"index": m.index, "uuid": m.uuid, "name": m.name, "profile": m.profile},
-                         **({"memory_mib": m.memory_mib} if m.memory_mib is not None else {}),
-                         gpu_instance_id=m.gpu_instance_id, compute_instance_id=m.compute_instance_id,
-                         gi_cap_minor=m.gi_cap_minor, ci_cap_minor=m.ci_cap_minor)
-                    for m in g.mig_devices
-                ],
-            }
-            for g in inv.gpus
+    out: Dict[str, Any] = {"format": FORMAT, "hostname": inv.hostname, "driver_version": inv.driver_version,
+                           "cuda_version": inv.cuda_version}
+    if inv.collected_at is not None:
+        out["collected_at"] = inv.collected_at
+    out["gpus"] = [_gpu_to_json(g) for g in inv.gpus]
+    return out
+
+
+def _gpu_to_json(g: InvGpu) -> Dict[str, Any]:
+    out = {
+        "index": g.index, "minor": g.minor, "uuid": g.uuid, "serial": g.serial, "name": g.name, "vbios": g.vbios,
+        "pci_bus_id": g.pci_bus_id, "cpu_affinity": format_cpulist(g.cpu_affinity), "cores": format_cpulist(g.cores),
+        "nvlink_peers": dict(g.nvlink_peers), "mig_enabled": g.mig_enabled,
+        "mig_devices": [
+            dict({"index": m.index, "uuid": m.uuid, "name": m.name, "profile": m.profile},
+                 **({"memory_mib": m.memory_mib} if m.memory_mib is not None else {}),
+                 gpu_instance_id=m.gpu_instance_id, compute_instance_id=m.compute_instance_id,
+                 gi_cap_minor=m.gi_cap_minor, ci_cap_minor=m.ci_cap_minor)
+            for m in g.mig_devices
         ],
     }
+    if g.state is not None:
+        out["state"] = {k: g.state.get(k) for k in INVENTORY_STATE}
+    return out
 
 
 def dumps(inv: Inventory) -> str:
@@ -359,6 +396,10 @@ class _Reader:
             raise self.fail(field, f"expected {kind.__name__}, got {v!r}")
         return v
 
+    def optional(self, obj: Mapping[str, Any], key: str, field: str, kind: type) -> Any:
+        """A value that may be missing or null (None then)."""
+        return None if obj.get(key) is None else self.get(obj, key, field, kind)
+
     def cpus(self, obj: Mapping[str, Any], key: str, field: str) -> Tuple[int, ...]:
         v = self.get(obj, key, field, str, "")
         try:
@@ -373,8 +414,8 @@ def from_json(d: Any, source: str = "<inventory>") -> Inventory:
         raise r.fail("(top level)", "expected a JSON object")
     if isinstance(d.get("hostname"), str) and d["hostname"]:
         r.node = d["hostname"]
-    if d.get("format") != FORMAT:
-        raise r.fail("format", f"expected {FORMAT!r}, got {d.get('format')!r}")
+    if d.get("format") not in READABLE_FORMATS:
+        raise r.fail("format", f"expected {' or '.join(map(repr, READABLE_FORMATS))}, got {d.get('format')!r}")
     host = r.get(d, "hostname", "hostname", str)
     if not host or any(c in host for c in "[],= \t\n#"):
         raise r.fail("hostname", f"not a usable Slurm node name: {host!r}")
@@ -383,7 +424,13 @@ def from_json(d: Any, source: str = "<inventory>") -> Inventory:
     _check_unique(r, gpus, "index", lambda g: g.index)
     _check_unique(r, gpus, "minor", lambda g: g.minor)
     _check_unique(r, gpus, "pci_bus_id", lambda g: g.pci_bus_id)
-    return Inventory(host, tuple(sorted(gpus, key=lambda g: g.index)), source)
+    collected = d.get("collected_at")
+    if collected is not None and (isinstance(collected, bool) or not isinstance(collected, (int, float))):
+        raise r.fail("collected_at", f"expected unix seconds, got {collected!r}")
+    return Inventory(host, tuple(sorted(gpus, key=lambda g: g.index)), source,
+                     r.optional(d, "driver_version", "driver_version", str),
+                     r.optional(d, "cuda_version", "cuda_version", str),
+                     None if collected is None else float(collected))
 
 
 def _gpu_from_json(r: _Reader, g: Any, f: str) -> InvGpu:
@@ -411,7 +458,20 @@ def _gpu_from_json(r: _Reader, g: Any, f: str) -> InvGpu:
         r.get(g, "index", f + ".index", int), r.get(g, "minor", f + ".minor", int),
         r.get(g, "uuid", f + ".uuid", str, ""), name, normalise_bus_id(bus),
         r.cpus(g, "cpu_affinity", f + ".cpu_affinity"), r.cpus(g, "cores", f + ".cores"),
-        tuple(sorted(peers)), mig_enabled, tuple(migs))
+        tuple(sorted(peers)), mig_enabled, tuple(migs), r.optional(g, "serial", f + ".serial", str),
+        r.optional(g, "vbios", f + ".vbios", str), _state_from_json(r, g.get("state"), f + ".state"))
+
+
+def _state_from_json(r: _Reader, st: Any, f: str) -> Optional[Dict[str, Optional[int]]]:
+    """A GPU's "state" (--state): exactly the INVENTORY_STATE keys, each a count or null."""
+    if st is None:
+        return None
+    if not isinstance(st, dict):
+        raise r.fail(f, "expected an object")
+    unknown = sorted(set(st) - set(INVENTORY_STATE))
+    if unknown:
+        raise r.fail(f"{f}.{unknown[0]}", f"unknown counter (known: {', '.join(INVENTORY_STATE)})")
+    return {k: r.optional(st, k, f"{f}.{k}", int) for k in INVENTORY_STATE}
 
 
 def _mig_from_json(r: _Reader, m: Any, mf: str) -> InvMig:

@@ -64,7 +64,7 @@ def check_node(
     now = time.time() if now is None else now
     if snapshot is None:
         reader = reader or make_reader(cfg)
-        snapshot = reader.snapshot(indices)
+        snapshot = reader.snapshot(indices, inventory=True)  # not the prolog's read: VBIOS, remap histogram too
         events, problem, undated = read_xids(cfg, now)
     else:
         events, problem, undated = [], "", 0  # offline evaluation of a saved snapshot: no live kernel log

@@ -42,13 +42,15 @@ def node_health_cycle(
     summarise: Any = _summarise,
     clock: Any = None,
     metrics_cfg: Any = None,
+    store_cfg: Any = None,
 ) -> HealthOutcome:
     """Check this node's GPUs and bring its Slurm state in line — the `healthcheck` flow.
 
     With ``metrics_cfg`` (the Config; something happens only when it configures metrics), the
     node's metrics are written afterwards: the drain state always, and the GPUs' state and check
     statuses when the checker returned a hooks.flows.CheckRun (results with their snapshot).
-    A dry run, a timeout or an error writes none.
+    A dry run, a timeout or an error writes none.  With ``store_cfg`` (the Config), a CheckRun
+    of every GPU goes into the node database (record_observations), drain or Slurm error alike.
     """
     kept: List[Any] = []
 
@@ -57,8 +59,14 @@ def node_health_cycle(
         kept.append(run)
         return run
 
-    outcome = _cycle(backend, node_name, keeping, allow_resume=allow_resume, dry_run=dry_run, deadline_s=deadline_s,
-                     context=context, summarise=summarise, clock=clock)
+    outcome: Any = None
+    try:
+        outcome = _cycle(backend, node_name, keeping, allow_resume=allow_resume, dry_run=dry_run,
+                         deadline_s=deadline_s, context=context, summarise=summarise, clock=clock)
+    finally:
+        # A check that overran may still be running: what it read is not this run's.
+        if store_cfg is not None and not dry_run and kept and getattr(outcome, "action", "") != "timeout":
+            record_observations(store_cfg, kept[0], node_name)
     if metrics_cfg is not None and not dry_run:
         write_metrics(metrics_cfg, kept[0] if kept else None, outcome)
     return outcome
@@ -171,6 +179,42 @@ def _settle_healthy(backend: SlurmBackend, info: Any, node_name: str, worst: str
                              f"{node_name}: {worst}: healthy; {info.state} by {info.reason_user or 'someone else'} "
                              f"({info.reason or 'no reason'}) is not ours, left alone", info.reason, res)
     return HealthOutcome(node_name, worst, "none", f"{node_name}: {worst}: healthy ({info.state})", "", res)
+
+
+def record_observations(cfg: Any, run: Any, node: str) -> None:
+    """The fleet's history from a healthcheck that read every GPU (schema v6, store/observations.py):
+    each GPU's inventory row when anything in it changed or inventory.record_every_s has passed,
+    and every dated XID it read that the database does not hold yet; `db push` ships them.
+    Never raises: a database problem is one log line and changes neither verdict nor exit code."""
+    snap = getattr(run, "snapshot", None)
+    if snap is None or not getattr(run, "all_gpus", False):
+        return
+    try:
+        from slurm_gpu.store import observations as obs
+        from slurm_gpu.store.node import Store
+        # Best effort: a database busy with the hooks' writes must not hold the run up for long
+        # (Slurm kills HealthCheckProgram after 60 s); the next run records what this one missed.
+        store = Store(cfg.path_value("store", "database"), cfg.path_value("store", "spool_dir"),
+                      min(cfg.get("store", "busy_timeout_s"), 2.0))
+        try:
+            store.record_inventory(obs.inventory_rows(snap, node, snap.taken_at), cfg.get("inventory", "record_every_s"),
+                                   _time.time())
+            store.record_xids(obs.xid_rows(getattr(run, "xid_events", ()), snap, node))
+        finally:
+            store.close()
+    except Exception as e:
+        _not_recorded(cfg, node, e)
+
+
+def _not_recorded(cfg: Any, node: str, e: Exception) -> None:
+    from slurm_gpu.store.node import describe_error
+    error = describe_error(e)
+    hint = "the next healthcheck tries again; `slurm-gpu db check` looks at the database"
+    try:
+        from slurm_gpu.hooks.log import HookLog
+        HookLog.from_config("healthcheck", cfg).error("inventory-not-recorded", node=node, error=error, hint=hint)
+    except Exception:  # the log itself is broken: stderr, which slurmd keeps
+        sys.stderr.write(f"slurm-gpu healthcheck inventory-not-recorded node={node} error={error!r}\n")
 
 
 # What the node's drain state is after each action, for slurm_gpu_node_drained (metrics/node.py).

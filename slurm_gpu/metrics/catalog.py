@@ -70,6 +70,13 @@ FAMILIES: Tuple[Family, ...] = (
          "the prolog writes 1 where it turned persistence on"),
     _gpu("slurm_gpu_clock_event_reason", "gauge", ("reason",),
          "1 for each clock event reason active at the last reading (NVML clock event reason bits), else 0."),
+    Family("slurm_gpu_row_remap_banks", "gauge", GPU_LABELS + ("availability",),
+           "DRAM banks by spare rows left (row-remapper histogram: max, high, partial, low, none); a bank with none "
+           "cannot remap another row.", "healthcheck (node file; the prolog and epilog do not read it); Ampere and later"),
+    Family("slurm_gpu_vbios_info", "gauge", GPU_LABELS + ("vbios",), "1, with the GPU's VBIOS version as a label.",
+           "healthcheck (node file; the prolog and epilog do not read it)"),
+    Family("slurm_gpu_driver_info", "gauge", ("driver_version", "cuda_version"),
+           "1, with the node's NVIDIA driver version and the CUDA version it supports as labels.", _HOOKS),
     Family("slurm_gpu_node_drained", "gauge", ("reason",),
            "1 when slurm-gpu drained this node (reason: the failing check's name, or other), else 0 with reason=\"\".",
            "prolog and epilog when they drain, healthcheck always (node file)"),
@@ -93,6 +100,8 @@ FAMILIES: Tuple[Family, ...] = (
 
 BY_NAME = {f.name: f for f in FAMILIES}
 GPU_FAMILIES = frozenset(f.name for f in FAMILIES if f.labels[:3] == GPU_LABELS and f.name != "slurm_gpu_job_info")
+# Per-GPU families from readings only a full read takes (`healthcheck`; the prolog skips them).
+INVENTORY_FAMILIES = frozenset({"slurm_gpu_row_remap_banks", "slurm_gpu_vbios_info"})
 
 
 def reference_markdown() -> str:

@@ -79,6 +79,7 @@ def _node_update(obs: Observed, source: str, now: float) -> N.NodeUpdate:
             up.gpu(g, persistence=True if g.index in on else None)
         if obs.all_gpus:
             up.node_gpus(snap)
+        up.driver(snap)
     if obs.results:
         up.results(obs.results, snap)
     up.xids(obs.xid_events)

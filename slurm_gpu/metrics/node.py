@@ -6,6 +6,8 @@ keeps what an earlier writer wrote about the rest, under the directory's lock.
 
 - GPU state (ECC, retired pages, remapped rows, persistence, clock event reasons): the series
   of the GPUs the writer read are replaced, by index or UUID (a swapped GPU's old series go).
+  VBIOS and the row-remapper histogram only by a writer that read them (healthcheck): the
+  prolog's quick read leaves them as they were.  The driver's versions: whoever read them.
 - Check statuses: per (GPU, check) for the GPUs the writer judged and the checks it ran, so a
   check that ran and found nothing on a GPU (no XID any more) drops its old status there.
 - XID counters only go up: an event is counted when it is newer than the GPU's mark
@@ -18,14 +20,16 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from slurm_gpu.config import CHECK_NAMES
 from slurm_gpu.gpu.xid import bus_key
-from slurm_gpu.metrics.catalog import CLOCK_EVENT_REASONS, GPU_FAMILIES, STATUSES
+from slurm_gpu.gpu.snapshot import cuda_version, was_read
+from slurm_gpu.metrics.catalog import CLOCK_EVENT_REASONS, GPU_FAMILIES, INVENTORY_FAMILIES, STATUSES
 from slurm_gpu.metrics.textfile import Labels, Samples
 
 CHECK = "slurm_gpu_check_status"
 XID = "slurm_gpu_xid_errors_total"
 XID_MARK = "slurm_gpu_xid_last_timestamp_seconds"
 DRAINED = "slurm_gpu_node_drained"
-_STATE = GPU_FAMILIES - {XID, XID_MARK}
+DRIVER = "slurm_gpu_driver_info"
+_STATE = GPU_FAMILIES - {XID, XID_MARK} - INVENTORY_FAMILIES
 _RANK = {"SKIP": 0, "PASS": 1, "WARN": 2, "FAIL": 3}
 NOT_DRAINED: Labels = (("reason", ""),)
 
@@ -53,6 +57,7 @@ class NodeUpdate:
         self.samples: Samples = {}
         self.indices: Set[str] = set()  # GPUs read (index as text) ...
         self.uuids: Set[str] = set()  # ... and their UUIDs
+        self.inventory_read: Set[str] = set()  # GPUs (index) whose VBIOS and remap histogram were read
         self.checks: Set[str] = set()  # checks that ran
         self.present: Optional[Set[Tuple[str, str]]] = None  # every (index, UUID) on the node, when known
         self.xid_events: Sequence[Any] = ()
@@ -87,7 +92,27 @@ class NodeUpdate:
         if mask is not None:
             for bit, reason in CLOCK_EVENT_REASONS:
                 self._put("slurm_gpu_clock_event_reason", labels + (("reason", reason),), 1 if int(mask) & bit else 0)
+        self._inventory(g, labels)
         self.xid_gpus.append(g)
+
+    def _inventory(self, g: Any, labels: Labels) -> None:
+        """VBIOS and the row-remapper histogram, when this writer read them (healthcheck)."""
+        if not (was_read(g.vbios) or was_read(g.remap_histogram)):
+            return
+        self.inventory_read.add(str(g.index))
+        if g.vbios.ok and g.vbios.value:
+            self._put("slurm_gpu_vbios_info", labels + (("vbios", str(g.vbios.value)),), 1)
+        hist = g.remap_histogram.get()
+        if hist is not None:
+            for name in hist._fields:
+                self._put("slurm_gpu_row_remap_banks", labels + (("availability", name),), getattr(hist, name))
+
+    def driver(self, snap: Any) -> None:
+        """The node's driver and CUDA versions (the family replaced: one series)."""
+        version = snap.driver_version.get()
+        if version:
+            self.replace({DRIVER: {(("driver_version", str(version)),
+                                    ("cuda_version", cuda_version(snap.cuda_driver_version) or "")): 1.0}})
 
     def results(self, results: Iterable[Any], snap: Any) -> None:
         """Check statuses (the worst where a check reported a GPU twice) and the check time."""
@@ -149,6 +174,8 @@ def apply(old: Samples, up: NodeUpdate) -> Samples:
     for name, series in out.items():
         if name in _STATE:
             out[name] = {k: v for k, v in series.items() if not _read_again(up, dict(k), name)}
+        elif name in INVENTORY_FAMILIES:
+            out[name] = {k: v for k, v in series.items() if dict(k).get("gpu") not in up.inventory_read}
         if up.present is not None and (name in GPU_FAMILIES):
             out[name] = {k: v for k, v in out[name].items() if _on_node(up, dict(k))}
     for name, series in up.samples.items():

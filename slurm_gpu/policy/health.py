@@ -2,21 +2,23 @@
 
 No I/O here.  Every check returns PASS / WARN / FAIL / SKIP per GPU (or node-wide), with a
 one-line message and a remedy hint.  A reading that *failed* makes its check FAIL (a broken
-diagnostic is never read as healthy); a reading that is *unsupported* makes it SKIP.
+diagnostic is never read as healthy); a reading that is *unsupported* makes it SKIP; a reading
+that was *not read* (the prolog skips VBIOS and the row-remapper histogram) gives no result.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set
 
 from slurm_gpu.config import Config
-from slurm_gpu.gpu.snapshot import GpuSnapshot, NodeSnapshot, Reading
+from slurm_gpu.gpu.snapshot import GpuSnapshot, NodeSnapshot, Reading, was_read
 from slurm_gpu.gpu.xid import XidEvent, bus_key
+from slurm_gpu.gpu.xidcatalog import action_for
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 _RANK = {SKIP: 0, PASS: 1, WARN: 2, FAIL: 3}
 
 # Checks whose natural FAIL is only a warning unless the site says otherwise.
-_DEFAULT_SEVERITY = {"persistence_mode": "warn"}
+_DEFAULT_SEVERITY = {"persistence_mode": "warn", "remap_spare_rows": "warn", "vbios_consistency": "warn"}
 
 CLOCK_EVENT_NAMES = {
     0x1: "GpuIdle", 0x2: "ApplicationsClocksSetting", 0x4: "SwPowerCap", 0x8: "HwSlowdown", 0x10: "SyncBoost",
@@ -108,6 +110,8 @@ class _Judge:
 
 
 def _fmt(v: object) -> str:
+    if hasattr(v, "_asdict"):
+        return ", ".join(f"{k} {x}" for k, x in v._asdict().items())  # type: ignore[attr-defined]
     if isinstance(v, tuple):
         return f"{len(v)} items"
     return str(v)
@@ -156,6 +160,7 @@ def evaluate(
     idle_set: Set[int] = {g.index for g in judged} if idle is True else set(idle or ())
     _gpu_count(j, snap, hc["expected_gpu_count"], expected_count)
     _driver_version(j, snap, str(hc["required_driver_version"]))
+    _vbios_consistency(j, [g for g in judged if not g.unreachable])
     for g in judged:
         if g.unreachable:
             j.add("responsive", FAIL, g, f"not responding: {g.unreachable}",
@@ -200,6 +205,36 @@ def _driver_version(j: _Judge, snap: NodeSnapshot, required: str) -> None:
         j.add("driver_version", PASS, None, f"driver {snap.driver_version.get()}")
 
 
+def _vbios_consistency(j: _Judge, gpus: Sequence[GpuSnapshot]) -> None:
+    """GPUs of one model on one node should run one VBIOS: a mix means a half-done firmware update."""
+    read = [g for g in gpus if was_read(g.vbios)]
+    if not read or not j.enabled("vbios_consistency"):
+        return  # not read (the prolog), or off
+    bad = [g for g in read if g.vbios.failed]
+    if bad:
+        j.add("vbios_consistency", FAIL, None, f"cannot read the VBIOS version of {bad[0].label}: "
+              f"{bad[0].vbios.error} ({bad[0].vbios.function})")
+        return
+    by_model: Dict[str, Dict[str, List[int]]] = {}
+    for g in read:
+        if g.vbios.ok:
+            by_model.setdefault(str(g.name.get("?")), {}).setdefault(str(g.vbios.value), []).append(g.index)
+    if not by_model:
+        j.add("vbios_consistency", SKIP, None, f"VBIOS version not available ({read[0].vbios.error or 'unsupported'})")
+        return
+    mixed = {m: v for m, v in by_model.items() if len(v) > 1}
+    if not mixed:
+        same = "; ".join(f"{m}: VBIOS {next(iter(v))}" for m, v in sorted(by_model.items()))
+        j.add("vbios_consistency", PASS, None, same)
+        return
+    for model, versions in sorted(mixed.items()):
+        ranked = sorted(versions.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+        text = ", ".join(f"{ver} on GPU {','.join(map(str, idx))}" for ver, idx in ranked)
+        j.add("vbios_consistency", FAIL, None, f"{model} GPUs run {len(ranked)} VBIOS versions: {text}",
+              "flash every GPU of a model to the same VBIOS (the vendor's firmware bundle); `slurm-gpu fleet versions` "
+              "compares nodes")
+
+
 def _gpu_checks(j: _Judge, g: GpuSnapshot, hc: Dict[str, object], must_be_idle: bool) -> None:
     _memory_errors(j, g, int(hc["max_retired_pages"]))  # type: ignore[arg-type]
     tmax = int(hc["max_temperature_c"])  # type: ignore[arg-type]
@@ -236,6 +271,18 @@ def _memory_errors(j: _Judge, g: GpuSnapshot, max_retired_pages: int) -> None:
         pending.append("row remap")
     _pending_reset(j, g, pending)
     _retired_pages(j, g, max_retired_pages)
+    if was_read(g.remap_histogram):  # the prolog does not read it: then nothing to say
+        j.reading("remap_spare_rows", g, g.remap_histogram, "row-remapper histogram", lambda v: _no_spare_rows(g, v))
+
+
+def _no_spare_rows(g: GpuSnapshot, hist: Any) -> Optional[tuple]:
+    """A bank without spare rows cannot take another remap (NVIDIA, memory error management)."""
+    if hist.none <= 0:
+        return None
+    banks = f"{hist.none} memory bank{'s' if hist.none != 1 else ''}"
+    return (FAIL, g, f"{banks} with no spare rows left (row-remapper histogram)",
+            "an uncorrectable error in such a bank cannot be remapped: watch the GPU (`slurm-gpu fleet memory`) and "
+            "plan its replacement")
 
 
 def _pending_reset(j: _Judge, g: GpuSnapshot, pending: List[str]) -> None:
@@ -357,7 +404,7 @@ def _xid_checks(j: _Judge, snap: NodeSnapshot, judged: Sequence[GpuSnapshot], ev
             continue  # another job's GPU: not ours to judge here
         status = FAIL if xid in critical else WARN
         j.add("xid", status, g, f"XID {xid} in kernel log: {e.message[:120]}",
-              "see NVIDIA's XID catalogue; critical XIDs need a GPU reset or node reboot")
+              f"NVIDIA's XID catalog: {action_for(xid, e.message)}")
         reported = True
     # Undated XID lines cannot be placed in the window, so they never FAIL (an old one must not
     # drain the node), but the admin learns that part of the log was not judged.  Kept out of

@@ -101,6 +101,7 @@ def node_from_fields(f: Dict[str, str]) -> NodeInfo:
         gres_used="" if gres_used in ("(null)", "N/A") else gres_used,
         gpus_configured=gpu_count(gres) or (tres_gpu_count(f.get("CfgTRES")) or 0),
         gpus_allocated=used,
+        partitions=tuple(p for p in f.get("Partitions", "").split(",") if p and p != "(null)"),
     )
 
 

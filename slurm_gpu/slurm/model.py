@@ -37,6 +37,7 @@ class NodeInfo(NamedTuple):
     gres_used: str = ""  # e.g. "gpu:h100:2(IDX:0-1)"
     gpus_configured: int = 0
     gpus_allocated: int = 0
+    partitions: Tuple[str, ...] = ()  # the partitions the node is in (`fleet capacity`)
 
     @property
     def drained(self) -> bool:

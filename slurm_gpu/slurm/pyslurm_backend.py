@@ -129,6 +129,7 @@ class PyslurmBackend(SlurmBackend):
             gres_used=gres_dict_to_str(used_gres),
             gpus_configured=gres_dict_gpus(cfg_gres),
             gpus_allocated=gres_dict_gpus(used_gres),
+            partitions=tuple(str(p) for p in (getattr(n, "partitions", None) or ())),
         )
 
     # ------------------------------------------------------------ interface

@@ -12,6 +12,8 @@ is imported when a connection is opened, never at module import.
 - The schema is versioned like the node schema (table `meta`, name 'schema_version').
   Records are keyed as on the nodes; a node never deletes here: a row it deleted after
   shipping is marked `withdrawn`, and reports read the view `job_gpus_current`.
+- Schema v2 adds `gpu_inventory` (one row per GPU per observation) and `xid_events`, which
+  `slurm-gpu fleet` reads (docs/fleet.md).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from slurm_gpu.errors import CentralError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_PORT = 3306
 SESSION_SQL_MODE = "ANSI_QUOTES,PIPES_AS_CONCAT,STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION"
 URL_HINT = "central.url looks like mysql://USER@HOST[:PORT]/DATABASE (password in central.password_file)"
@@ -289,8 +291,21 @@ EVENT_COLUMNS = ("cluster", "node", "event_key", "time", "source", "job_id", "gp
                  "status", "message")
 DRAIN_COLUMNS = ("cluster", "node", "drain_key", "time", "source", "job_id", "restart_count", "reason", "ok",
                  "outcome", "kept_reason")
-COLUMNS = {"jobs": JOB_COLUMNS, "job_gpus": JOB_GPU_COLUMNS, "health_events": EVENT_COLUMNS, "drains": DRAIN_COLUMNS}
-KEYS = {"jobs": 4, "job_gpus": 5, "health_events": 3, "drains": 3}  # leading key columns of each list
+# Schema v2 (`slurm-gpu fleet`, docs/fleet.md): one row per GPU per observation, and the XIDs the
+# node's healthcheck read.  Counters are the driver's; NULL means unsupported or unknown, never 0.
+INVENTORY_COUNTERS = ("ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate",
+                      "ecc_uncorrected_aggregate", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending",
+                      "remapped_rows_correctable", "remapped_rows_uncorrectable", "remap_pending", "remap_failure",
+                      "remap_hist_max", "remap_hist_high", "remap_hist_partial", "remap_hist_low", "remap_hist_none",
+                      "sram_corrected", "sram_uncorrected")
+INVENTORY_COLUMNS = ("cluster", "node", "gpu_uuid", "time", "gpu_index", "serial", "model", "vbios",
+                     "driver_version", "cuda_version", "mig_mode", *INVENTORY_COUNTERS)
+XID_COLUMNS = ("cluster", "node", "event_key", "time", "gpu_index", "gpu_uuid", "pci_bus_id", "xid", "detail")
+V1_TABLES = ("jobs", "job_gpus", "health_events", "drains")
+COLUMNS = {"jobs": JOB_COLUMNS, "job_gpus": JOB_GPU_COLUMNS, "health_events": EVENT_COLUMNS, "drains": DRAIN_COLUMNS,
+           "gpu_inventory": INVENTORY_COLUMNS, "xid_events": XID_COLUMNS}
+# leading key columns of each list
+KEYS = {"jobs": 4, "job_gpus": 5, "health_events": 3, "drains": 3, "gpu_inventory": 4, "xid_events": 3}
 RECORD_TABLES = tuple(COLUMNS)
 SHIPPED = ("withdrawn", "shipped_at")  # set by push, not by the node's row
 
@@ -306,7 +321,10 @@ _TYPES = {
     "time": "DOUBLE NOT NULL", "source": "VARCHAR(64) NOT NULL", "check_name": "VARCHAR(128) NOT NULL",
     "status": "VARCHAR(16) NOT NULL", "message": "TEXT NOT NULL", "reason": "TEXT NOT NULL", "ok": "TINYINT NOT NULL",
     "outcome": "VARCHAR(16)", "kept_reason": "TEXT", "withdrawn": "TINYINT NOT NULL DEFAULT 0",
-    "shipped_at": "DOUBLE NOT NULL",
+    "shipped_at": "DOUBLE NOT NULL", "serial": "VARCHAR(64)", "model": _NAME, "vbios": "VARCHAR(64)",
+    "driver_version": "VARCHAR(64)", "cuda_version": "VARCHAR(32)", "mig_mode": "INT", "pci_bus_id": "VARCHAR(32)",
+    "xid": "INT NOT NULL", "detail": "TEXT",
+    **{c: "BIGINT" for c in INVENTORY_COUNTERS},
 }
 # Besides the key columns: a record's times may be unknown only in jobs; in job_gpus they are the record.
 _NOT_NULL_IN = {"job_gpus": ("start_time", "end_time")}
@@ -321,6 +339,8 @@ _INDEXES = {
                  *(f'KEY job_gpus_by_{k} ("{k}", {", ".join(_COVERED)})' for k in REPORT_INDEX_KEYS)),
     "health_events": ("KEY health_events_time (time)",),
     "drains": ("KEY drains_time (time)",),
+    "gpu_inventory": ("KEY gpu_inventory_time (time)",),
+    "xid_events": ("KEY xid_events_time (time)",),
 }
 
 
@@ -330,7 +350,7 @@ def _q(cols: Sequence[str]) -> str:
 
 def _column_ddl(table: str, col: str, staging: bool = False) -> str:
     kind = _TYPES[col]
-    if col in _NOT_NULL_IN.get(table, ()) or col in COLUMNS[table][:KEYS[table]]:
+    if (col in _NOT_NULL_IN.get(table, ()) or col in COLUMNS[table][:KEYS[table]]) and "NOT NULL" not in kind:
         kind += " NOT NULL"
     if staging and col in ("withdrawn",):
         kind = "TINYINT NOT NULL"
@@ -375,8 +395,8 @@ def _apply_sql(table: str) -> List[str]:
     return out
 
 
-def _procedure() -> str:
-    body = ";\n  ".join(stmt for t in RECORD_TABLES for stmt in _apply_sql(t))
+def _procedure(tables: Sequence[str] = RECORD_TABLES) -> str:
+    body = ";\n  ".join(stmt for t in tables for stmt in _apply_sql(t))
     return ("CREATE OR REPLACE PROCEDURE apply_batch(IN b CHAR(32)) MODIFIES SQL DATA SQL SECURITY DEFINER\n"
             f"BEGIN\n  {body};\nEND")
 
@@ -387,10 +407,15 @@ MIGRATIONS: List[Tuple[str, ...]] = [
     name VARCHAR(64) NOT NULL PRIMARY KEY,
     value VARCHAR(255) NOT NULL
 ) {_TAIL}""",
-        *(_table_ddl(t) for t in RECORD_TABLES),
-        *(_stage_ddl(t) for t in RECORD_TABLES),
+        *(_table_ddl(t) for t in V1_TABLES),
+        *(_stage_ddl(t) for t in V1_TABLES),
         # What reports read: the same columns as a node's job_gpus, without withdrawn rows.
         "CREATE OR REPLACE VIEW job_gpus_current AS SELECT * FROM job_gpus WHERE withdrawn = 0",
+        _procedure(V1_TABLES),
+    ),
+    (   # v2: GPU inventories and XID events for `slurm-gpu fleet`; apply_batch learns them.
+        *(_table_ddl(t) for t in ("gpu_inventory", "xid_events")),
+        *(_stage_ddl(t) for t in ("gpu_inventory", "xid_events")),
         _procedure(),
     ),
 ]

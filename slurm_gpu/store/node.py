@@ -35,10 +35,11 @@ import re
 import sqlite3
 import stat
 import time
-from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from slurm_gpu.errors import StoreError
-from slurm_gpu.store.schema import JOB_GPU_WRITE_COLUMNS, MIGRATIONS, SCHEMA_VERSION
+from slurm_gpu.store.schema import (INVENTORY_COLUMNS, JOB_GPU_WRITE_COLUMNS, MIGRATIONS, SCHEMA_VERSION, XID_COLUMNS,
+                                    XID_SAME_S)
 from slurm_gpu.store.spool import CLAIM, NAME, QUARANTINE, STALE_CLAIM_S, TMP, Untrusted, age_s, exists, open_dir, pid_gone, quarantine_reason, read_json, reclaim, refuse_unsafe, waiting, write_file
 
 KINDS = ("job_start", "job_end", "health", "drain")
@@ -552,6 +553,38 @@ class Store:
             os.close(dfd)
         return out
 
+    # -- the fleet's history (healthcheck; schema v6) ------------------------------------------
+    def record_inventory(self, rows: Sequence[Dict[str, Any]], every_s: float, now: float) -> int:
+        """Add the gpu_inventory rows (store/observations.inventory_rows) whose GPU's latest row
+        differs in any column but the time, or is at least `every_s` old; returns how many.
+
+        One read of the latest rows of the node(s), one transaction for what is new.  Raises
+        sqlite3.Error or StoreError: the caller (healthcheck) says so and goes on."""
+        if not rows:
+            return 0
+        conn = self.connect()
+        latest: Dict[Tuple[str, str], Dict[str, Any]] = {}
+        for node in sorted({r["node"] for r in rows}):
+            latest.update(_latest_inventory(conn, node))
+        due = [r for r in rows if _inventory_due(latest.get((r["node"], r["gpu_uuid"])), r, every_s, now)]
+        if due:
+            _write_all(conn, _insert("gpu_inventory", INVENTORY_COLUMNS), [_row(r, INVENTORY_COLUMNS) for r in due])
+        return len(due)
+
+    def record_xids(self, rows: Sequence[Dict[str, Any]]) -> int:
+        """Add the xid_events rows (store/observations.xid_rows) not there yet; returns how many.
+
+        An event is there when its event_key is, or when the node has one with the same GPU bus,
+        XID and text within XID_SAME_S seconds (a kmsg date read again one rounding away)."""
+        if not rows:
+            return 0
+        conn = self.connect()
+        before = conn.total_changes
+        _write_all(conn, _SQL_XID, [_row(r, XID_COLUMNS) + (r["node"], r["xid"], r["pci_bus_id"], r["detail"],
+                                                             r["time"] - XID_SAME_S, r["time"] + XID_SAME_S)
+                                    for r in rows])
+        return conn.total_changes - before
+
     # -- reading (for the epilog) --------------------------------------------------------------
     def find_start(self, cluster: str, job_id: int, restart_count: int, node: str,
                    spool_budget_s: float = 2.0) -> StartLookup:
@@ -617,6 +650,40 @@ class Store:
 
 class _Incomplete(Exception):
     pass
+
+
+# --------------------------------------------------------------------------- the fleet's history
+
+_SQL_XID = (f"INSERT INTO xid_events ({', '.join(XID_COLUMNS)}) SELECT {', '.join('?' * len(XID_COLUMNS))} "
+            "WHERE NOT EXISTS (SELECT 1 FROM xid_events WHERE node = ? AND xid = ? AND pci_bus_id IS ? "
+            "AND detail IS ? AND time BETWEEN ? AND ?) ON CONFLICT (event_key) DO NOTHING")
+
+
+def _latest_inventory(conn: sqlite3.Connection, node: str) -> Dict[Tuple[str, str], Dict[str, Any]]:
+    """{(node, GPU UUID): its latest gpu_inventory row} (SQLite takes the bare columns from the
+    row holding MAX(id): the newest row of each GPU, one index range per node)."""
+    cols = ", ".join(INVENTORY_COLUMNS)
+    out: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    for r in conn.execute(f"SELECT {cols}, MAX(id) FROM gpu_inventory WHERE node = ? GROUP BY gpu_uuid", (node,)):
+        row = dict(zip(INVENTORY_COLUMNS, r))
+        out[(row["node"], row["gpu_uuid"])] = row
+    return out
+
+
+def _inventory_due(last: Optional[Dict[str, Any]], row: Dict[str, Any], every_s: float, now: float) -> bool:
+    if last is None or now - (last["time"] or 0.0) >= every_s:
+        return True
+    return any(_value(row.get(c)) != last[c] for c in INVENTORY_COLUMNS if c != "time")
+
+
+def _write_all(conn: sqlite3.Connection, sql: str, params: List[Tuple[Any, ...]]) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.executemany(sql, params)
+        conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
 
 
 # --------------------------------------------------------------------------- applying records

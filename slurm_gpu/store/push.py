@@ -5,8 +5,8 @@ pushed_version has not reached the server in its current form; a shipped row tha
 left a tombstone in push_withdrawn.  One batch is one upsert statement and one server commit,
 then the rows are marked shipped in the node database, only if they did not change meanwhile.
 A push that dies between the two sends the batch again next time: the upserts are keyed
-(cluster, job, restart, node, GPU UUID; events and drains by their own key), so nothing is
-doubled, and a node database restored from an old backup ships its rows again, harmlessly.
+(cluster, job, restart, node, GPU UUID; events and drains by their own key; inventory rows
+by node, GPU UUID and time; XIDs by node and event key), so nothing is doubled, and a node database restored from an old backup ships its rows again, harmlessly.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 
 from slurm_gpu.errors import CentralError, StoreError
 from slurm_gpu.store import central as C
-from slurm_gpu.store.schema import PUSHED_TABLES
+from slurm_gpu.store.schema import INVENTORY_COLUMNS, PUSHED_TABLES, XID_COLUMNS
 
 _ORDER = dict(PUSHED_TABLES)
 # Node columns read per table (the central key columns of events and drains are derived).
@@ -29,6 +29,9 @@ _NODE_COLUMNS = {
                       "message", "dedupe_key"),
     "drains": ("id", "time", "node", "source", "job_id", "restart_count", "reason", "ok", "outcome", "kept_reason",
                "cluster", "dedupe_key"),
+    # v6, the fleet's history: the node's columns are the central ones, less the cluster
+    "gpu_inventory": INVENTORY_COLUMNS,
+    "xid_events": XID_COLUMNS,
 }
 
 
@@ -77,6 +80,8 @@ def _central_row(table: str, row: Dict[str, Any], cluster: str) -> Tuple[Any, ..
     elif table == "drains":
         key = row["dedupe_key"] or f"id|{row['id']}|{row['time']!r}"
         row = dict(row, cluster=row["cluster"] or cluster, drain_key=_key(key))
+    elif table in ("gpu_inventory", "xid_events"):
+        row = dict(row, cluster=cluster)
     return tuple(row[c] for c in C.COLUMNS[table])
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # Group-by columns of `slurm-gpu report` with a covering index (v2), and the columns the index
 # carries after the key: everything report.summary reads, so the table itself is never touched.
@@ -16,8 +16,27 @@ REPORT_INDEX_KEYS = ("user", "account", "partition", "node", "gpu_model")
 COVERED = ("start_time", "end_time", "job_id", "cluster", "gpu_util_mean_pct", "mem_util_mean_pct",
            "max_memory_bytes", "energy_j")
 
-# The tables `db push` ships, with the column that orders their outbox (oldest first).
-PUSHED_TABLES = (("jobs", "end_time"), ("job_gpus", "end_time"), ("health_events", "time"), ("drains", "time"))
+# The tables `db push` ships, with the column that orders their outbox (oldest first): those of
+# v5, and the fleet's history of v6.
+_V5_PUSHED = (("jobs", "end_time"), ("job_gpus", "end_time"), ("health_events", "time"), ("drains", "time"))
+PUSHED_TABLES = _V5_PUSHED + (("gpu_inventory", "time"), ("xid_events", "time"))
+
+# v6 (`slurm-gpu fleet`, docs/fleet.md).  gpu_inventory: one row per GPU per observation, written
+# by `healthcheck` when anything but the time changed, or once per inventory.record_every_s.
+# The state columns are also the keys of an inventory file's per-GPU "state" (gres/inventory.py).
+INVENTORY_STATIC = ("serial", "model", "vbios", "driver_version", "cuda_version")
+INVENTORY_STATE = ("mig_mode", "ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate",
+                   "ecc_uncorrected_aggregate", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending",
+                   "remapped_rows_correctable", "remapped_rows_uncorrectable", "remap_pending", "remap_failure",
+                   "remap_hist_max", "remap_hist_high", "remap_hist_partial", "remap_hist_low", "remap_hist_none",
+                   "sram_corrected", "sram_uncorrected")
+INVENTORY_COLUMNS = ("time", "node", "gpu_index", "gpu_uuid") + INVENTORY_STATIC + INVENTORY_STATE
+# xid_events: every dated XID a healthcheck read in the kernel log, once (event_key).
+XID_COLUMNS = ("event_key", "time", "node", "gpu_index", "gpu_uuid", "pci_bus_id", "xid", "detail")
+# The XIDs of a kernel log read twice are one event each.  kmsg dates are boot time + uptime, and
+# the boot time is read again each run (/proc/uptime, 10 ms steps): an event the node has with the
+# same GPU bus, XID and text within this many seconds is the same event.
+XID_SAME_S = 2.0
 # Their columns at v5: a write that leaves all of them as they were (a re-run epilog whose
 # record loses to the first) is no change and does not ship the row again.
 _V5_COLUMNS = {
@@ -35,8 +54,25 @@ _V5_COLUMNS = {
 }
 
 
+_PUSHED_COLUMNS = dict(_V5_COLUMNS, gpu_inventory=INVENTORY_COLUMNS, xid_events=XID_COLUMNS)
+
+
 def _changed(table: str) -> str:
-    return " OR ".join(f'NEW."{c}" IS NOT OLD."{c}"' for c in _V5_COLUMNS[table])
+    return " OR ".join(f'NEW."{c}" IS NOT OLD."{c}"' for c in _PUSHED_COLUMNS[table])
+
+
+def _outbox(table: str, when: str) -> Tuple[str, ...]:
+    """The outbox of a table that has its push_version/pushed_version columns (v5, docs/central.md)."""
+    return (
+        f"CREATE INDEX IF NOT EXISTS {table}_unpushed ON {table} ({when}) WHERE pushed_version < push_version",
+        f"CREATE TRIGGER IF NOT EXISTS {table}_changed AFTER UPDATE ON {table} "
+        f"WHEN NEW.pushed_version = OLD.pushed_version AND NEW.push_version = OLD.push_version AND ({_changed(table)}) "
+        f"BEGIN UPDATE {table} SET push_version = OLD.push_version + 1 WHERE rowid = NEW.rowid; END",
+    )
+
+
+_OUTBOX_COLUMNS = "push_version INTEGER NOT NULL DEFAULT 1,\n            pushed_version INTEGER NOT NULL DEFAULT 0"
+_COUNT = " INTEGER,\n            ".join(INVENTORY_STATE) + " INTEGER"
 
 # Each migration takes the database from version i to i+1 (index i).
 MIGRATIONS: List[Tuple[str, ...]] = [
@@ -182,13 +218,10 @@ MIGRATIONS: List[Tuple[str, ...]] = [
     # The GPU's (or MIG slice's) memory comes with each usage record: `slurm-gpu job` judges a
     # job's peak memory against it.
     ("ALTER TABLE job_gpus ADD COLUMN memory_total_bytes INTEGER",) +
-    tuple(stmt for table, when in PUSHED_TABLES for stmt in (
+    tuple(stmt for table, when in _V5_PUSHED for stmt in (
         f"ALTER TABLE {table} ADD COLUMN push_version INTEGER NOT NULL DEFAULT 1",
         f"ALTER TABLE {table} ADD COLUMN pushed_version INTEGER NOT NULL DEFAULT 0",
-        f"CREATE INDEX IF NOT EXISTS {table}_unpushed ON {table} ({when}) WHERE pushed_version < push_version",
-        f"CREATE TRIGGER IF NOT EXISTS {table}_changed AFTER UPDATE ON {table} "
-        f"WHEN NEW.pushed_version = OLD.pushed_version AND NEW.push_version = OLD.push_version AND ({_changed(table)}) "
-        f"BEGIN UPDATE {table} SET push_version = OLD.push_version + 1 WHERE rowid = NEW.rowid; END",
+        *_outbox(table, when),
     )) + (
         """CREATE TABLE IF NOT EXISTS push_withdrawn (
             seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -211,6 +244,42 @@ MIGRATIONS: List[Tuple[str, ...]] = [
             name TEXT PRIMARY KEY,
             value
         )""",
+    ),
+    # v6: the fleet's history (docs/fleet.md), shipped by `db push` like health events: every
+    # GPU's inventory when it changed (NULL: unsupported or unreadable, never 0) and the XIDs
+    # read from the kernel log.  Rows are only added; a node keeps its whole history.
+    (
+        f"""CREATE TABLE IF NOT EXISTS gpu_inventory (
+            id INTEGER PRIMARY KEY,
+            time REAL NOT NULL,
+            node TEXT NOT NULL,
+            gpu_index INTEGER,
+            gpu_uuid TEXT NOT NULL,
+            serial TEXT,
+            model TEXT,
+            vbios TEXT,
+            driver_version TEXT,
+            cuda_version TEXT,
+            {_COUNT},
+            {_OUTBOX_COLUMNS}
+        )""",
+        # healthcheck reads each GPU's latest row of its node: one range of this index
+        "CREATE INDEX IF NOT EXISTS gpu_inventory_gpu ON gpu_inventory (node, gpu_uuid)",
+        f"""CREATE TABLE IF NOT EXISTS xid_events (
+            id INTEGER PRIMARY KEY,
+            event_key TEXT NOT NULL UNIQUE,
+            time REAL NOT NULL,
+            node TEXT NOT NULL,
+            gpu_index INTEGER,
+            gpu_uuid TEXT,
+            pci_bus_id TEXT,
+            xid INTEGER NOT NULL,
+            detail TEXT,
+            {_OUTBOX_COLUMNS}
+        )""",
+        "CREATE INDEX IF NOT EXISTS xid_events_time ON xid_events (time)",
+        *_outbox("gpu_inventory", "time"),
+        *_outbox("xid_events", "time"),
     ),
 ]
 

@@ -115,3 +115,13 @@ def slurm_testbed_factory(request: pytest.FixtureRequest) -> Callable[..., Slurm
 def slurm_testbed(slurm_testbed_factory: Callable[..., SlurmTestbed]) -> SlurmTestbed:
     """A clean two-node cluster (gpu01, gpu02; 4 h100 each) without prolog or epilog."""
     return slurm_testbed_factory()
+
+
+@pytest.fixture
+def cfg_file(tmp_path: Path) -> Path:
+    """A slurm-gpu config for admin commands run against the testbed (CLI backend, files in tmp_path)."""
+    p = tmp_path / "slurm-gpu.toml"
+    p.write_text('slurm_backend = "cli"\nslurm_timeout_s = 5.0\n[log]\nsyslog = false\nfile = "%s"\n'
+                 '[store]\ndatabase = "%s"\nspool_dir = "%s"\n'
+                 % (tmp_path / "admin.log", tmp_path / "usage.db", tmp_path / "spool"))
+    return p

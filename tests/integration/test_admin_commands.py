@@ -29,15 +29,6 @@ def tb(slurm_testbed):
     return slurm_testbed
 
 
-@pytest.fixture
-def cfg_file(tmp_path) -> Path:
-    p = tmp_path / "slurm-gpu.toml"
-    p.write_text('slurm_backend = "cli"\nslurm_timeout_s = 5.0\n[log]\nsyslog = false\nfile = "%s"\n'
-                 '[store]\ndatabase = "%s"\nspool_dir = "%s"\n'
-                 % (tmp_path / "admin.log", tmp_path / "usage.db", tmp_path / "spool"))
-    return p
-
-
 def run_cli(tb, cfg: Path, *args: str, env: Optional[Dict[str, str]] = None, timeout: float = 60):
     e = dict(tb.env if env is None else env)
     e["SLURM_GPU_CONFIG"] = str(cfg)

@@ -671,6 +671,13 @@ EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t h, char *serial, unsigned i
     return copy_str(serial, length, s);
 }
 
+EXPORT nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t h, char *version, unsigned int length) {
+    ENTER_GPU("nvmlDeviceGetVbiosVersion", h, g);
+    char v[64];
+    if (!kv_str(v, sizeof v, "gpu.%d.vbios", g)) snprintf(v, sizeof v, "96.00.99.00.01");
+    return copy_str(version, length, v);
+}
+
 static nvmlReturn_t pci_info(const char *fn, nvmlDevice_t h, nvmlPciInfo_t *pci) {
     ENTER_GPU(fn, h, g);
     if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
@@ -831,6 +838,47 @@ EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t h, unsigned int *corr
     *unc = (unsigned)kv_int(0, "gpu.%d.remapped_uncorrected", g);
     *pending = kv_int(0, "gpu.%d.remapped_pending", g) ? 1 : 0;
     *failure = kv_int(0, "gpu.%d.remapped_failure", g) ? 1 : 0;
+    return NVML_SUCCESS;
+}
+
+/* Per-bank spare-row availability (A100 and newer): how many banks have all, most, some, few
+ * or none of their spare rows left.  A bank with none cannot remap another row. */
+typedef struct { unsigned int max, high, partial, low, none; } nvmlRowRemapperHistogramValues_t;
+
+EXPORT nvmlReturn_t nvmlDeviceGetRowRemapperHistogram(nvmlDevice_t h, nvmlRowRemapperHistogramValues_t *v) {
+    ENTER_GPU("nvmlDeviceGetRowRemapperHistogram", h, g);
+    if (!v) return NVML_ERROR_INVALID_ARGUMENT;
+    v->max = (unsigned)kv_int(2560, "gpu.%d.remap_hist_max", g);
+    v->high = (unsigned)kv_int(0, "gpu.%d.remap_hist_high", g);
+    v->partial = (unsigned)kv_int(0, "gpu.%d.remap_hist_partial", g);
+    v->low = (unsigned)kv_int(0, "gpu.%d.remap_hist_low", g);
+    v->none = (unsigned)kv_int(0, "gpu.%d.remap_hist_none", g);
+    return NVML_SUCCESS;
+}
+
+/* ECC counts by memory location (nvmlMemoryLocation_t).  SRAM (7) has its own counters; DRAM (2)
+ * is the total (ecc_*) less SRAM, so that DRAM + SRAM = nvmlDeviceGetTotalEccErrors, as on
+ * Ampere/Hopper boards, which fold L1/L2/register file into SRAM: those locations are NOT_SUPPORTED. */
+#define NVML_MEMORY_LOCATION_DRAM 2
+#define NVML_MEMORY_LOCATION_SRAM 7
+#define NVML_MEMORY_LOCATION_COUNT 8
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t h, int errorType, int counterType, int location,
+                                                   unsigned long long *count) {
+    ENTER_GPU("nvmlDeviceGetMemoryErrorCounter", h, g);
+    if (!count || errorType < 0 || errorType > 1 || counterType < 0 || counterType > 1 || location < 0 ||
+        location >= NVML_MEMORY_LOCATION_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!kv_int(1, "gpu.%d.ecc_mode", g)) return NVML_ERROR_NOT_SUPPORTED;
+    if (location != NVML_MEMORY_LOCATION_DRAM && location != NVML_MEMORY_LOCATION_SRAM) return NVML_ERROR_NOT_SUPPORTED;
+    static const char *kinds[2] = {"corrected", "uncorrected"}, *counters[2] = {"volatile", "aggregate"};
+    long long sram = kv_int(0, "gpu.%d.sram_%s_%s", g, counters[counterType], kinds[errorType]);
+    if (location == NVML_MEMORY_LOCATION_SRAM) {
+        *count = (unsigned long long)sram;
+    } else {
+        long long total = kv_int(0, "gpu.%d.ecc_%s_%s", g, counters[counterType], kinds[errorType]);
+        *count = (unsigned long long)(total > sram ? total - sram : 0);
+    }
     return NVML_SUCCESS;
 }
 
