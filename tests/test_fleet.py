@@ -386,7 +386,8 @@ def inventory_doc(host: str, driver: str = DRIVER, vbios: Tuple[str, ...] = (VBI
                   **gpu_state: Dict[int, Dict[str, int]]) -> Dict[str, Any]:
     gpus = []
     for i, vb in enumerate(vbios):
-        g = {"index": i, "uuid": f"GPU-{host}-{i}", "name": H100, "serial": f"S-{host}-{i}", "vbios": vb}
+        g = {"index": i, "minor": i, "uuid": f"GPU-{host}-{i}", "name": H100, "pci_bus_id": f"00000000:{0x18 + i:02x}:00.0",
+             "serial": f"S-{host}-{i}", "vbios": vb}
         if state:
             s = dict.fromkeys(C.INVENTORY_COUNTERS, 0)
             s.update(mig_mode=0, retired_pages_sbe=None, retired_pages_dbe=None, retired_pages_pending=None)
@@ -440,7 +441,8 @@ def test_inventory_dir_marks_v1_files_and_broken_files_and_never_guesses_version
     assert ("n9", "n9.json: inventory format 1 has no versions or counters (write it again with "
                   "`slurm-gpu inventory --state`)") in data
     assert any(n == "broken.json" and "unreadable inventory file" in w for n, w in data)
-    assert any(n == "other.json" and "not a slurm-gpu inventory" in w for n, w in data)
+    assert any(n == "other.json" and "unreadable inventory file" in w and "format: expected" in w
+               and "got 'something-else/1'" in w for n, w in data)
     r = cli("--config", str(cfg), "fleet", "versions", "--inventory-dir", str(inv), "--no-slurm", "--json")
     drv = [x for x in json.loads(r.stdout) if x["component"] == "driver"][0]
     assert (drv["majority"], drv["unknown"], drv["status"]) == (DRIVER, "n9", "consistent")

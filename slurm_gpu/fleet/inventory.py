@@ -1,27 +1,17 @@
 """Fleet data from a directory of `slurm-gpu inventory` files (no central server: no history).
 
-Only the fields the fleet views need are read: format ``slurm-gpu-inventory/1`` or ``/2``,
-top-level ``hostname``, ``driver_version``, ``cuda_version``, ``collected_at`` (unix seconds or
-ISO 8601), and per GPU ``index``, ``uuid``, ``name``, ``serial``, ``vbios`` and the ``state``
-object that `inventory --state` writes (keys: the gpu_inventory counter names).  A v1 file has
-no versions and no state: they are unknown, never guessed.  A file that is not an inventory is
-a Mark, not an abort: one broken file must not hide the other nodes.
+The files are read by gres/inventory.py, the one reader of the format (``slurm-gpu-inventory/1``
+or ``/2``); this module turns each Inventory into the fleet's Gpu records.  A v1 file has no
+versions and no state: they are unknown, never guessed.  A file that is not a usable inventory
+is a Mark, not an abort: one broken file must not hide the other nodes.
 """
 from __future__ import annotations
 
-import json
 import os
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
-from slurm_gpu import timefmt
 from slurm_gpu.fleet.model import COUNTERS, Gpu, Mark
-
-FORMATS = ("slurm-gpu-inventory/1", "slurm-gpu-inventory/2")
-STATE_KEYS = ("mig_mode",) + COUNTERS
-
-
-class NotInventory(Exception):
-    """The file is not a usable inventory; the message says why."""
+from slurm_gpu.gres.inventory import READABLE_FORMATS, Inventory, InventoryError, InvGpu, load
 
 
 def inventory_files(directory: str) -> List[str]:
@@ -35,58 +25,32 @@ def inventory_files(directory: str) -> List[str]:
     return sorted(os.path.join(directory, n) for n in names if n.endswith(".json"))
 
 
-def _text(v: Any) -> Optional[str]:
-    return v.strip() or None if isinstance(v, str) else None
-
-
-def _int(v: Any) -> Optional[int]:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _time(v: Any) -> Optional[float]:
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return float(v)
-    if isinstance(v, str):
-        return timefmt.iso_to_unix(v)
-    return None
-
-
-def gpus_from_doc(doc: Any, source: str, mtime: Optional[float]) -> Tuple[List[Gpu], List[Mark]]:
-    """The GPUs one inventory document describes, and its marks (v1, no state, no date)."""
-    if not isinstance(doc, Mapping) or doc.get("format") not in FORMATS:
-        got = doc.get("format") if isinstance(doc, Mapping) else type(doc).__name__
-        raise NotInventory(f"not a slurm-gpu inventory (format {got!r})")
-    host = _text(doc.get("hostname"))
-    if not host:
-        raise NotInventory("no hostname")
-    gpus_json = doc.get("gpus")
-    if not isinstance(gpus_json, list):
-        raise NotInventory("no gpus list")
-    when = _time(doc.get("collected_at"))
+def gpus_of(inv: Inventory, mtime: Optional[float]) -> Tuple[List[Gpu], List[Mark]]:
+    """The GPUs one inventory describes, and its marks (v1, no state, no date)."""
+    name, host = os.path.basename(inv.source), inv.hostname
     marks: List[Mark] = []
+    when = inv.collected_at
     if when is None:
         when = mtime
-        marks.append(Mark(host, f"{os.path.basename(source)}: no collected_at; the file's modification time is used"))
-    driver, cuda = _text(doc.get("driver_version")), _text(doc.get("cuda_version"))
-    if doc.get("format") == FORMATS[0]:
-        marks.append(Mark(host, f"{os.path.basename(source)}: inventory format 1 has no versions or counters "
+        marks.append(Mark(host, f"{name}: no collected_at; the file's modification time is used"))
+    if inv.format == READABLE_FORMATS[0]:
+        marks.append(Mark(host, f"{name}: inventory format 1 has no versions or counters "
                                 "(write it again with `slurm-gpu inventory --state`)"))
-    gpus = [_gpu(host, g, when, driver, cuda) for g in gpus_json if isinstance(g, Mapping) and _text(g.get("uuid"))]
+    gpus = [_gpu(inv, g, when) for g in inv.gpus if g.uuid.strip()]
     if not gpus:
-        marks.append(Mark(host, f"{os.path.basename(source)}: lists no GPUs"))
-    stateful = any(isinstance(g, Mapping) and isinstance(g.get("state"), Mapping) for g in gpus_json)
-    if doc.get("format") != FORMATS[0] and gpus_json and not stateful:
-        marks.append(Mark(host, f"{os.path.basename(source)}: no GPU state (memory counters unknown; "
+        marks.append(Mark(host, f"{name}: lists no GPUs"))
+    if inv.format != READABLE_FORMATS[0] and inv.gpus and all(g.state is None for g in inv.gpus):
+        marks.append(Mark(host, f"{name}: no GPU state (memory counters unknown; "
                                 "write it with `slurm-gpu inventory --state`)"))
     return gpus, marks
 
 
-def _gpu(host: str, g: Mapping[str, Any], when: Optional[float], driver: Optional[str], cuda: Optional[str]) -> Gpu:
-    state = g.get("state") if isinstance(g.get("state"), Mapping) else {}
-    return Gpu(node=host, uuid=str(g["uuid"]).strip(), time=when, index=_int(g.get("index")),
-               serial=_text(g.get("serial")), model=_text(g.get("name")), vbios=_text(g.get("vbios")),
-               driver_version=driver, cuda_version=cuda, mig_mode=_int(state.get("mig_mode")),
-               counters={k: _int(state.get(k)) for k in COUNTERS})
+def _gpu(inv: Inventory, g: InvGpu, when: Optional[float]) -> Gpu:
+    state = g.state or {}
+    return Gpu(node=inv.hostname, uuid=g.uuid.strip(), time=when, index=g.index, serial=g.serial or None,
+               model=g.name.strip() or None, vbios=g.vbios or None, driver_version=inv.driver_version or None,
+               cuda_version=inv.cuda_version or None, mig_mode=state.get("mig_mode"),
+               counters={k: state.get(k) for k in COUNTERS})
 
 
 def read_directory(paths: Iterable[str], progress: Callable[[int], None] = lambda n: None
@@ -98,14 +62,13 @@ def read_directory(paths: Iterable[str], progress: Callable[[int], None] = lambd
     for path in paths:
         progress(1)
         try:
-            with open(path, encoding="utf-8") as f:
-                doc = json.load(f)
-            mtime = os.stat(path).st_mtime
-            gpus, marks = gpus_from_doc(doc, path, mtime)
-        except (OSError, ValueError, NotInventory) as e:
-            bad.append(Mark(os.path.basename(path), f"unreadable inventory file {path}: {getattr(e, 'strerror', None) or e}"))
+            inv = load(path)
+            gpus, marks = gpus_of(inv, os.stat(path).st_mtime)
+        except (OSError, InventoryError) as e:
+            why = e.message if isinstance(e, InventoryError) else e.strerror
+            bad.append(Mark(os.path.basename(path), f"unreadable inventory file {path}: {why}"))
             continue
-        host = marks[0].node if marks else (gpus[0].node if gpus else str(doc.get("hostname")))
+        host = inv.hostname
         when = max((g.time or 0.0 for g in gpus), default=0.0)
         if host in newest:
             notes.append(f"{host}: several inventory files; the newest is used ({path} vs {newest[host][3]})")

@@ -181,6 +181,7 @@ class Inventory:
     driver_version: Optional[str] = None  # None: not reported (v1 file, unreadable)
     cuda_version: Optional[str] = None  # "12.4"
     collected_at: Optional[float] = None  # unix time the state was read (--state); None without state
+    format: str = _field(default=FORMAT, compare=False)  # of the file it was read from
 
     def devices(self) -> Tuple[InvGpu, ...]:
         """GPUs in Slurm's device order: sorted by PCI bus id (gres.conf Links= positions)."""
@@ -430,7 +431,7 @@ def from_json(d: Any, source: str = "<inventory>") -> Inventory:
     return Inventory(host, tuple(sorted(gpus, key=lambda g: g.index)), source,
                      r.optional(d, "driver_version", "driver_version", str),
                      r.optional(d, "cuda_version", "cuda_version", str),
-                     None if collected is None else float(collected))
+                     None if collected is None else float(collected), d["format"])
 
 
 def _gpu_from_json(r: _Reader, g: Any, f: str) -> InvGpu:
