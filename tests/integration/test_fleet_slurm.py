@@ -88,8 +88,9 @@ def test_versions_groups_by_slurm_partition_and_names_nodes_that_never_reported(
     for node, driver in (("gpu01", "550.54.15"), ("gpu02", "535.104.05")):
         doc = {"format": "slurm-gpu-inventory/2", "hostname": node, "driver_version": driver, "cuda_version": "12.4",
                "collected_at": time.time(), "gpus": [
-                   {"index": i, "uuid": f"GPU-{node}-{i}", "name": "NVIDIA H100 80GB HBM3", "serial": f"{node}{i}",
-                    "vbios": "96.00.74.00.01"} for i in range(4)]}
+                   {"index": i, "minor": i, "uuid": f"GPU-{node}-{i}", "name": "NVIDIA H100 80GB HBM3",
+                    "pci_bus_id": f"00000000:{0x18 + i:02x}:00.0", "serial": f"{node}{i}", "vbios": "96.00.74.00.01"}
+                   for i in range(4)]}
         (inv / f"{node}.json").write_text(json.dumps(doc))
     r = run_cli(tb, cfg_file, "fleet", "versions", "--inventory-dir", str(inv), "--format", "json")
     assert r.returncode == 1, r.stderr
