@@ -1,10 +1,12 @@
-# The two commands of the README. Both run as root on Debian 12 and install what they need.
-PYTHON ?= python3
+# The two commands of the README. Both run as root on Debian 12 or 13 and install what they need:
+# Debian's packages, and this checkout into a virtual environment of its own ($(VENV)).
+VENV ?= $(or $(SLURM_GPU_VENV),$(CURDIR)/.venv)
+PYTHON := $(VENV)/bin/python
 
-.PHONY: deps demo test bench
+.PHONY: deps demo test test-versions bench
 
 deps:
-	bash .ci/install-deps.sh
+	SLURM_GPU_VENV=$(VENV) bash .ci/install-deps.sh
 
 demo: deps
 	$(PYTHON) demo/demo.py
@@ -12,7 +14,12 @@ demo: deps
 test: deps
 	$(PYTHON) -m pytest -q
 
-bench:
+# The Slurm version axis: the unit suite and the Slurm-facing integration tests on Slurm 24.11
+# (Debian 13) and 26.05 (Debian unstable), each in a cached Debian root filesystem (.ci/rootfs.sh).
+test-versions:
+	bash .ci/test-versions.sh
+
+bench: deps
 	$(PYTHON) benchmarks/bench_check.py
 	$(PYTHON) benchmarks/bench_hooks.py
 	$(PYTHON) benchmarks/bench_gres.py

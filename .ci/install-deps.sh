@@ -2,7 +2,7 @@
 # Prepare a fresh Debian 12 machine (as root) for the full test suite:
 #   - Slurm 22.05 daemons + clients, munge, slurmdbd, MariaDB (the integration testbed),
 #   - gcc (tests/simnvml builds a fake libnvidia-ml.so.1), procps (ps/pgrep used by tests),
-#   - the project itself with its test extras,
+#   - the project itself with its test extras, in its own virtual environment (.venv),
 #   - the unprivileged user `sgtest` that integration-test jobs run as.
 # Idempotent and quick when everything is already there. Starts no service:
 # tests/testbed.py starts its own throwaway daemons and stops them again.
@@ -27,7 +27,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # --- Debian packages ----------------------------------------------------------------------
+# Inside a test root filesystem (.ci/rootfs.sh) the Debian packages are that script's own list.
 missing=()
+[ -n "${SLURM_GPU_ROOTFS:-}" ] && APT_PACKAGES=()
 for p in "${APT_PACKAGES[@]}"; do
     # "install ok installed" is the only status that means the package is really there.
     if [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" != "install ok installed" ]; then
@@ -55,27 +57,31 @@ else
     echo "install-deps.sh: Debian packages already installed"
 fi
 
-# --- Python package with test extras -------------------------------------------------------
+# --- Python package with test extras, in a virtual environment of its own ------------------
+# Never over Debian's Python packages: on Debian 13 pip cannot replace Debian's python3-click
+# (no RECORD file), and a site's system Python is not ours to change. The venv is $SLURM_GPU_VENV
+# (inside a test root filesystem, .ci/rootfs.sh sets it) or .venv in this checkout; `make` uses it.
 PY=${PYTHON:-python3}
-if ! "$PY" -m pip --version >/dev/null 2>&1; then
-    echo "install-deps.sh: installing python3-pip"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-pip
-fi
-# Skip the ~5 s pip run when this checkout is already installed with the same pyproject.toml
-# (-I: the import check must not find the package through the current directory).
-stamp=build/.install-deps.stamp
-want="$("$PY" -c 'import sys; print(sys.executable)') $(sha256sum pyproject.toml | cut -d' ' -f1)"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
-   && "$PY" -I -c 'import slurm_gpu, pytest, hypothesis, os, sys; sys.exit(0 if os.path.dirname(os.path.dirname(os.path.abspath(slurm_gpu.__file__))) == sys.argv[1] else 1)' "$PWD" 2>/dev/null; then
-    echo "install-deps.sh: slurm-gpu already installed from this checkout"
-else
-    pip_args=(install -q --root-user-action=ignore -e '.[test]')
-    # Debian's own python3 is "externally managed" (PEP 668); this is a throwaway CI machine.
-    if "$PY" -c 'import sys, sysconfig, os; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["stdlib"], "EXTERNALLY-MANAGED")) else 1)'; then
-        pip_args+=(--break-system-packages)
+VENV=${SLURM_GPU_VENV:-$PWD/.venv}
+if ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
+    if ! "$PY" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+        echo "install-deps.sh: installing python3-venv"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv
     fi
-    "$PY" -m pip "${pip_args[@]}"
-    mkdir -p build && echo "$want" > "$stamp"
+    rm -rf "$VENV"
+    "$PY" -m venv "$VENV"
+    echo "install-deps.sh: created the virtual environment $VENV ($("$VENV/bin/python" -V))"
+fi
+# Skip the pip run when this checkout is already installed with the same pyproject.toml
+# (-I: the import check must not find the package through the current directory).
+stamp="$VENV/.slurm-gpu-install.stamp"
+want="$PWD $(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
+   && "$VENV/bin/python" -I -c 'import slurm_gpu, pytest, hypothesis, os, sys; sys.exit(0 if os.path.dirname(os.path.dirname(os.path.abspath(slurm_gpu.__file__))) == sys.argv[1] else 1)' "$PWD" 2>/dev/null; then
+    echo "install-deps.sh: slurm-gpu already installed from this checkout in $VENV"
+else
+    "$VENV/bin/python" -m pip install -q --root-user-action=ignore -e '.[test]'
+    echo "$want" > "$stamp"
 fi
 
 # --- test user --------------------------------------------------------------------------------

@@ -705,7 +705,14 @@ class SlurmTestbed:
                                  f"--log-error={self.log_dir / 'mariadbd.log'}", *self._mariadb_opts()])
         self._wait("MariaDB", lambda: self._ok(["mariadb-admin", "--no-defaults", f"--socket={self._db_socket}",
                                                 "ping"]), 60, "mariadbd")
-        sql = (f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{self._db_password}';"
+        # The database exists before slurmdbd's first start, as Slurm's accounting guide sets it up.
+        # Without it slurmdbd 24.11 and 26.05 die on their first start against Debian 13's
+        # libmariadb3 3.4.10: Slurm reuses its connection handle after the failed connect
+        # (ER_BAD_DB_ERROR), and on that handle the first result set fails with 5027 "Number of
+        # columns in result (=1) set exceeds maximum allowed number of columns (=0)"
+        # (_check_mysql_concat_is_sane: fatal). docs/testbed.md, "Slurm versions".
+        sql = (f"CREATE DATABASE IF NOT EXISTS {DB_NAME};"
+               f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{self._db_password}';"
                f"ALTER USER '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{self._db_password}';"
                f"GRANT ALL ON *.* TO '{DB_USER}'@'127.0.0.1'; FLUSH PRIVILEGES;")
         r = subprocess.run(["mariadb", "--no-defaults", f"--socket={self._db_socket}", "-u", "root"], input=sql,
