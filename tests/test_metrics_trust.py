@@ -11,10 +11,14 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -24,6 +28,7 @@ from test_metrics import metrics_node
 from slurm_gpu.hooks import flows as hooks
 from slurm_gpu.metrics import textfile as T
 from slurm_gpu.metrics.catalog import NODE_FILE
+from slurm_gpu.metrics.serve import collect, scrapes
 from slurm_gpu.slurm.jobenv import from_env
 
 USER = "sgtest"  # the testbed's job user (tests/testbed.py JOB_USER)
@@ -154,3 +159,90 @@ def test_planted_plain_file_cannot_make_the_node_file_someone_elses(shared_dir):
     assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o644
     assert "forged" not in (tf / NODE_FILE).read_text()
     assert (tf / f".{NODE_FILE}.state").stat().st_uid == 0
+
+
+# ------------------------------------------------------------------ the exporter
+
+
+class _Serving:
+    """make_server(...) serving in a thread, stopped on exit."""
+
+    def __init__(self, body, **kw):
+        from slurm_gpu.metrics.serve import make_server
+        self.server = make_server("127.0.0.1", 0, body, **kw)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self.server.server_address[1]
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _slow_client(port: int, every_s: float, lines: int, closed: list) -> None:
+    """A client that sends its request one header line every `every_s` seconds; `closed` gets
+    the number of lines sent when the server hung up (nothing if it never did)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        for i in range(lines):
+            time.sleep(every_s)
+            try:
+                s.sendall(f"X-Slow-{i}: 1\r\n".encode())
+                s.settimeout(0.01)
+                if s.recv(1) == b"":
+                    closed.append(i)
+                    return
+            except socket.timeout:
+                pass
+            except OSError:
+                closed.append(i)
+                return
+            finally:
+                s.settimeout(60)
+
+
+def test_slow_client_sending_a_header_line_every_5s_does_not_fail_other_scrapes(tmp_path):
+    tf = tmp_path / "textfile"
+    T.ensure_dir(str(tf))
+    _merge(tf)
+    with _Serving(lambda: collect(str(tf), dict)) as port:
+        slow = threading.Thread(target=_slow_client, args=(port, 5.0, 2, []), daemon=True)
+        slow.start()
+        time.sleep(0.5)  # the slow client is connected and holds its request open
+        for _ in range(3):  # the old single-threaded server: each of these timed out
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=4) as r:
+                assert "slurm_gpu_node_drained" in r.read().decode()
+        assert slow.is_alive()  # all three while the slow client was still sending
+        slow.join(60)
+
+
+def test_slow_client_is_cut_off_at_the_request_deadline(tmp_path):
+    tf = tmp_path / "textfile"
+    T.ensure_dir(str(tf))
+    closed: list = []
+    with _Serving(lambda: collect(str(tf), dict), deadline_s=1.0) as port:
+        # Each line comes well within the per-read timeout, so only a total deadline ends it.
+        _slow_client(port, 0.2, 100, closed)
+    assert closed and closed[0] < 50, closed  # hung up after about 5 lines, not after all 100
+
+
+def test_symlink_to_an_unreadable_file_is_skipped_counted_and_the_rest_served(tmp_path):
+    tf = tmp_path / "textfile"
+    T.ensure_dir(str(tf))
+    _merge(tf)
+    os.symlink("/etc/shadow", tf / "slurm_gpu_evil.prom")
+    (tf / "slurm_gpu_dir.prom").mkdir()  # a file the exporter cannot read, even as root
+    skipped: dict = {}
+    text = collect(str(tf), dict, skipped)
+    assert sorted(skipped) == ["slurm_gpu_dir.prom", "slurm_gpu_evil.prom"], skipped
+    assert "root:" not in text
+    assert T.parse(text)["slurm_gpu_node_drained"] == {(("reason", ""),): 0.0}
+    assert T.parse(text)["slurm_gpu_exporter_unreadable_files"] == {(): 2.0}
+    warned: list = []
+    with _Serving(scrapes(str(tf), dict, warned.append)) as port:
+        for _ in range(2):  # the old exporter: HTTP 500 at every scrape
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                assert r.status == 200 and "slurm_gpu_node_drained" in r.read().decode()
+    assert len(warned) == 2 and "slurm_gpu_evil.prom skipped: a symbolic link" in warned[1], warned  # once per file
