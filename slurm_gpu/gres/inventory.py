@@ -32,10 +32,12 @@ is what gres.conf ``Cores=`` wants; ``cpu_affinity`` keeps the raw CPU ids NVML 
 """
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field as _field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -47,6 +49,7 @@ from slurm_gpu.store.schema import INVENTORY_STATE
 
 FORMAT = "slurm-gpu-inventory/2"
 READABLE_FORMATS = ("slurm-gpu-inventory/1", FORMAT)
+MAX_FILE_BYTES = 16 << 20  # an inventory of 8 GPUs, every one in MIG mode, is about 20 KiB
 # "3g.20gb", compute-instance profiles "1c.3g.20gb", extensions "1g.10gb+me", "1g.24gb+me.all"
 _MIG_PROFILE = re.compile(r"(?:\d+c\.)?\d+g\.\d+gb(?:\+[a-z0-9.+]+)?", re.IGNORECASE)
 
@@ -505,17 +508,45 @@ def _check_unique(r: _Reader, gpus: Sequence[InvGpu], field: str, key: Any) -> N
         seen[k] = i
 
 
-def load(path: str) -> Inventory:
+def read_file(path: str) -> bytes:
+    """An inventory file's bytes: never through a symlink, never waiting on a FIFO, only a
+    regular file and at most MAX_FILE_BYTES (a file of a directory of many must not hang,
+    or exhaust, the command that reads them all)."""
+    regenerate = "regenerate it with `slurm-gpu inventory --output FILE` on that node"
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise InventoryError(f"inventory {path}: a symbolic link (not followed)",
+                                 "copy the inventory itself there, not a link") from None
+        raise InventoryError(f"inventory {path}: cannot be read: {e.strerror}", "check the path and its permissions") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InventoryError(f"inventory {path}: not a regular file", regenerate)
+        chunks, size = [], 0
+        while size <= MAX_FILE_BYTES:
+            b = os.read(fd, 1 << 20)
+            if not b:
+                return b"".join(chunks)
+            chunks.append(b)
+            size += len(b)
+        raise InventoryError(f"inventory {path}: larger than {MAX_FILE_BYTES >> 20} MiB, which no inventory is", regenerate)
     except OSError as e:
         raise InventoryError(f"inventory {path}: cannot be read: {e.strerror}", "check the path and its permissions") from None
+    finally:
+        os.close(fd)
+
+
+def load(path: str) -> Inventory:
+    raw = read_file(path)
+    regenerate = "regenerate it with `slurm-gpu inventory --output FILE` on that node"
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
-        raise InventoryError(f"inventory {path} (node ?): not valid JSON: {e}",
-                             "regenerate it with `slurm-gpu inventory --output FILE` on that node") from None
+        raise InventoryError(f"inventory {path} (node ?): not valid JSON: {e}", regenerate) from None
+    except RecursionError:
+        raise InventoryError(f"inventory {path} (node ?): not valid JSON: nested too deeply", regenerate) from None
     return from_json(data, path)
 
 
