@@ -39,7 +39,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field as _field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from slurm_gpu.errors import InputError
 from slurm_gpu.slurm.hostlist import RangeError, parse_index_ranges
@@ -258,9 +258,9 @@ def inventory_from_snapshot(snap: NodeSnapshot, hostname: Optional[str] = None,
                             cpu_to_core: Optional[Mapping[int, int]] = None,
                             mig_minors: Optional[Mapping[str, int]] = None,
                             mig_minors_path: str = "/proc/driver/nvidia-caps/mig-minors",
-                            state: bool = False) -> Inventory:
+                            state: bool = False, warn: Callable[[str], None] = lambda text: None) -> Inventory:
     """Keep the static facts of a snapshot (with `state`, also its counters and time).
-    `cpu_to_core` None: CPU ids are taken as core ids."""
+    `cpu_to_core` None: CPU ids are taken as core ids; warn() hears of offline CPUs left out."""
     host = hostname or snap.hostname
     gpus: List[InvGpu] = []
     for g in snap.gpus:
@@ -274,7 +274,7 @@ def inventory_from_snapshot(snap: NodeSnapshot, hostname: Optional[str] = None,
         if g.cpu_affinity.failed:
             _need(g, "cpu_affinity", host)
         cpus = tuple(sorted(g.cpu_affinity.get(()) or ()))
-        cores = _cores(g, host, cpus, cpu_to_core)
+        cores = _cores(g, host, cpus, cpu_to_core, warn)
         peers = _nvlink_peers(g, host)
         mig_on = bool(g.mig_mode_current.get(False))
         migs: List[InvMig] = []
@@ -292,15 +292,21 @@ def inventory_from_snapshot(snap: NodeSnapshot, hostname: Optional[str] = None,
                      cuda_version(snap.cuda_driver_version), snap.taken_at if state else None)
 
 
-def _cores(g: GpuSnapshot, host: str, cpus: Tuple[int, ...], cpu_to_core: Optional[Mapping[int, int]]) -> Tuple[int, ...]:
-    """The Slurm core ids of a GPU's CPU affinity (the CPU ids themselves without a map)."""
+def _cores(g: GpuSnapshot, host: str, cpus: Tuple[int, ...], cpu_to_core: Optional[Mapping[int, int]],
+           warn: Callable[[str], None]) -> Tuple[int, ...]:
+    """The Slurm core ids of a GPU's CPU affinity (the CPU ids themselves without a map).  CPUs
+    that are offline (SMT switched off: NVML still lists the second threads) are left out, with
+    a warning; an affinity with no online CPU at all is refused."""
     if cpu_to_core is None:
         return cpus
-    missing = [c for c in cpus if c not in cpu_to_core]
-    if missing:
-        raise InventoryError(f"node {host}: {g.label}: CPU {missing[0]} of its affinity is not an online CPU",
+    offline = [c for c in cpus if c not in cpu_to_core]
+    if offline and len(offline) == len(cpus):
+        raise InventoryError(f"node {host}: {g.label}: no CPU of its affinity ({format_cpulist(cpus)}) is online",
                              "check /sys/devices/system/cpu (gres.cpu_topology_dir)")
-    return tuple(sorted({cpu_to_core[c] for c in cpus}))
+    if offline:
+        warn(f"node {host}: {g.label}: CPUs {format_cpulist(offline)} of its affinity are offline; "
+             "Cores= lists the online ones")
+    return tuple(sorted({cpu_to_core[c] for c in cpus if c in cpu_to_core}))
 
 
 def _nvlink_peers(g: GpuSnapshot, host: str) -> Tuple[Tuple[str, int], ...]:
