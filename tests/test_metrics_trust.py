@@ -6,7 +6,6 @@ An unprivileged user (the testbed's job user `sgtest`) must not be able to stop 
 """
 from __future__ import annotations
 
-import fcntl
 import os
 import pwd
 import shutil
@@ -14,7 +13,6 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 import tempfile
 import threading
 import time
