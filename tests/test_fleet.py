@@ -616,3 +616,38 @@ def test_fleet_reads_what_inventory_state_writes_from_the_simulated_driver(simli
     assert r.returncode == 0, r.stderr
     assert {(x["component"], x["status"]) for x in json.loads(r.stdout)} == {
         ("driver", "consistent"), ("cuda", "consistent"), ("vbios", "consistent")}
+
+
+def test_nested_json_a_fifo_and_a_symlink_to_dev_zero_are_marks_and_the_other_nodes_are_shown(tmp_path):
+    # Before: RecursionError traceback, a hang on the FIFO, MemoryError reading /dev/zero.
+    import resource
+    inv = write_docs(tmp_path / "inv", [inventory_doc("n1"), inventory_doc("n2"), inventory_doc("n3", driver="535.104.05")])
+    (inv / "deep.json").write_text("[" * 200000 + "]" * 200000)
+    os.mkfifo(inv / "fifo.json")
+    os.symlink("/dev/zero", inv / "zero.json")
+    with open(inv / "huge.json", "wb") as f:
+        f.truncate(64 << 20)  # sparse: larger than any inventory, costs no disk
+    cfg = write_config(tmp_path)
+
+    def limit_memory():  # a guard: reading /dev/zero must end in this test, not eat the machine
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+    e = dict(os.environ)
+    e.pop("SLURM_CONF", None)
+
+    def fleet(*args):
+        r = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "--config", str(cfg), "fleet", *args, "--inventory-dir",
+                            str(inv), "--no-slurm", "--json"], capture_output=True, text=True, timeout=60, env=e,
+                           cwd=str(REPO), preexec_fn=limit_memory)
+        assert "Traceback" not in r.stderr, r.stderr[-2000:]
+        return r
+    r = fleet("memory")
+    assert r.returncode == 0, r.stderr
+    data = {x["node"]: x["reason"] for x in json.loads(r.stdout) if x["list"] == "data"}
+    assert "nested too deeply" in data["deep.json"], data
+    assert "not a regular file" in data["fifo.json"], data
+    assert "a symbolic link" in data["zero.json"], data
+    assert "larger than" in data["huge.json"], data
+    r = fleet("versions")
+    assert r.returncode == 1, r.stderr  # the other nodes are read: n3's driver is the outlier
+    drv = [x for x in json.loads(r.stdout) if x["component"] == "driver"][0]
+    assert (drv["majority"], drv["outliers"]) == (DRIVER, "535.104.05: n3")

@@ -603,3 +603,29 @@ def test_slurm_config_lines_are_joined_and_escaped_as_parse_config_does():
             "# Name=gpu File=/dev/nvidia9\n")
     assert list(slurmconf.logical_lines(text)) == [
         (1, "Name=gpu File=/dev/nvidia[0-1]"), (3, "Name=gpu Type=a#b     File=/dev/nvidia2")]
+
+
+def test_affinity_listing_offline_cpus_builds_cores_from_the_online_ones_with_a_warning(tmp_path):
+    # SMT switched off: 2 sockets x 4 cores, CPUs 8-15 (the second threads) offline, which Linux
+    # shows as cpuN directories without a topology; NVML still reports the affinity 0-3,8-11.
+    sysfs = fake_sysfs(tmp_path / "sys", sockets=2, cores=4, threads=1)
+    for cpu in range(8, 16):
+        (sysfs / f"cpu{cpu}").mkdir()
+    (sysfs / "online").write_text("0-7\n")
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[gres]\nmig_minors_path = "{GOLDEN / "mig-minors"}"\nslurm_version = "22.05.8"\n'
+                   f'cpu_topology_dir = "{sysfs}"\n')
+    snap = NodeSnapshot("n7", 0.0, gpus=(_gpu(0, cpu_affinity=value((0, 1, 2, 3, 8, 9, 10, 11))),
+                                         _gpu(1, cpu_affinity=value((4, 5, 6, 7, 12, 13, 14, 15)))))
+    (tmp_path / "snap.json").write_text(snap.dumps())
+    out = tmp_path / "n7.json"
+    res = run_cli("inventory", "--snapshot", str(tmp_path / "snap.json"), "-o", str(out), config=cfg)
+    assert res.exit_code == 0, res.output  # before: the whole node refused ("CPU 8 ... not an online CPU")
+    inv = inventory.load(str(out))
+    assert [inventory.format_cpulist(g.cores) for g in inv.gpus] == ["0-3", "4-7"]
+    assert [inventory.format_cpulist(g.cpu_affinity) for g in inv.gpus] == ["0-3,8-11", "4-7,12-15"]
+    warnings = [line for line in res.stderr.splitlines() if line.startswith("slurm-gpu: warning:")]
+    assert len(warnings) == 2 and "GPU 0" in warnings[0] and "CPUs 8-11" in warnings[0] and "offline" in warnings[0], warnings
+    res = run_cli("gres-conf", "--snapshot", str(tmp_path / "snap.json"), config=cfg)
+    assert res.exit_code == 0, res.output
+    assert "Cores=0-3" in res.stdout and "Cores=4-7" in res.stdout and "CPUs 12-15" in res.stderr

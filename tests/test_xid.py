@@ -102,6 +102,20 @@ def test_syslog_line_written_just_after_new_year_read_just_before_is_not_a_year_
     assert ev is not None and ev.time == now, "dated 1 Jan 2027 (3 s of clock skew), clamped to now"
 
 
+def test_yearless_syslog_date_20_hours_ahead_is_last_years_not_now():
+    # Read on 1 December, written on 2 December last year: within the old one-day slack it was
+    # taken as this year's, clamped to now, and failed the GPU on a year-old XID.
+    now = local(2026, 12, 1, 15, 0, 0)
+    ev = parse_line("Dec  2 11:00:00 worker4 kernel: NVRM: Xid (PCI:0000:07:00): 48, DBE", now=now)
+    assert ev is not None and ev.time == local(2025, 12, 2, 11, 0, 0)
+
+
+def test_yearless_syslog_date_50_minutes_ahead_is_still_clock_skew():
+    now = local(2026, 12, 1, 15, 0, 0)
+    ev = parse_line("Dec  1 15:50:00 worker4 kernel: NVRM: Xid (PCI:0000:07:00): 79, GPU has fallen off the bus.", now=now)
+    assert ev is not None and ev.time == now
+
+
 def test_yearless_29_february_is_dated_in_the_last_leap_year():
     ev = parse_line("Feb 29 10:00:00 worker4 kernel: NVRM: Xid (PCI:0000:07:00): 48, DBE", now=NOW)
     assert ev is not None and ev.time == local(2024, 2, 29, 10, 0, 0)
@@ -155,6 +169,23 @@ def test_uptime_line_without_a_known_boot_time_is_undated():
 def test_dmesg_uptime_line_is_dated_with_the_boot_time(line):
     ev = parse_line(line, boot_time=NOW - 1000, now=NOW)
     assert ev is not None and ev.time == pytest.approx(NOW - 1000 + 219.470994)
+
+
+@pytest.mark.parametrize("line", [
+    "[24128.000000] NVRM: Xid (PCI:0000:07:00): 48, DBE",  # dmesg of an earlier, longer boot
+    "3,1234,24128000000,-;NVRM: Xid (PCI:0000:07:00): 48, DBE",  # kmsg
+])
+def test_uptime_stamp_beyond_the_current_uptime_is_undated_never_now(line):
+    # Up 1,000 s, a stamp of 24,128 s cannot be from this boot: it was dated "now" and FAILed.
+    ev = parse_line(line, boot_time=NOW - 1000, now=NOW)
+    assert ev is not None and ev.xid == 48 and ev.time is None
+
+
+def test_uptime_stamp_from_an_earlier_boot_is_counted_undated_never_judged(tmp_path):
+    log = tmp_path / "dmesg.txt"
+    log.write_text("[24128.000000] NVRM: Xid (PCI:0000:07:00): 48, DBE\n")
+    r = xid.read(f"file:{log}", 3600, now=NOW, boot_time=NOW - 1000)
+    assert r.events == [] and r.undated == 1 and r.problem == ""
 
 
 def test_dmesg_ctime_line_is_dated_as_local_time():

@@ -43,7 +43,8 @@ def _local_inventory(cfg, snapshot_path: Optional[str], hostname: Optional[str],
         click.echo(f"slurm-gpu: warning: CPU topology in {topo_dir} unreadable; Cores= uses CPU ids "
                    "(wrong on nodes with hyper-threading)", err=True)
     return inventory.inventory_from_snapshot(snap, host, topo, mig_minors_path=cfg.get("gres", "mig_minors_path"),
-                                             state=state)
+                                             state=state,
+                                             warn=lambda text: click.echo(f"slurm-gpu: warning: {text}", err=True))
 
 
 def _write(path: Optional[str], text: str) -> None:

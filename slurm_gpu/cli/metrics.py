@@ -17,20 +17,24 @@ def exporter(app: AppContext, listen: str, once: bool) -> None:
 
     Each scrape merges the slurm_gpu_*.prom files that the prolog, the epilog and healthcheck
     write into metrics.textfile_dir, with fresh counts of spooled and unpushed records. Run it
-    as root (or a user that can read the node database), e.g. from a systemd unit.
+    as root (or a user that can read the node database), e.g. from a systemd unit. A file it
+    cannot read (a symlink, another user's file) is skipped, counted in
+    slurm_gpu_exporter_unreadable_files and named once on stderr. Each client has its own
+    thread and at most 15 s for its request.
 
     \b
     Exit codes: 0 stopped, 2 usage/config error (metrics.textfile_dir empty, bad --listen,
     address in use).
     """
-    from slurm_gpu.metrics.serve import collect, make_server, parse_listen
+    from slurm_gpu.metrics.serve import make_server, parse_listen, scrapes
     from slurm_gpu.metrics.storestats import store_samples
     cfg = app.config
     directory = cfg.path_value("metrics", "textfile_dir")
     if not directory:
         raise InputError("metrics.textfile_dir is empty: the hooks write no metrics to serve",
                          "set [metrics] textfile_dir in the config (docs/prometheus.md)")
-    body = lambda: collect(directory, lambda: store_samples(cfg))  # noqa: E731
+    body = scrapes(directory, lambda: store_samples(cfg),
+                   lambda text: click.echo(f"slurm-gpu exporter: warning: {text}", err=True))
     if once:
         click.echo(body(), nl=False)
         return

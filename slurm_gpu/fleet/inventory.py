@@ -63,7 +63,7 @@ def read_directory(paths: Iterable[str], progress: Callable[[int], None] = lambd
         progress(1)
         try:
             inv = load(path)
-            gpus, marks = gpus_of(inv, os.stat(path).st_mtime)
+            gpus, marks = gpus_of(inv, os.stat(path, follow_symlinks=False).st_mtime)
         except (OSError, InventoryError) as e:
             why = e.message if isinstance(e, InventoryError) else e.strerror
             bad.append(Mark(os.path.basename(path), f"unreadable inventory file {path}: {why}"))

@@ -9,9 +9,10 @@ Dating (docs/config.md, "XID lines"):
   clock skew between the log's writer and us: it becomes `now`.  A date further ahead comes
   from a broken clock: the line is *undated*.
 - A syslog date has no year: it gets the latest year that does not put it more than
-  FUTURE_SLACK_S ahead of `now` (read on 30 November, "Dec  2" is last December).
+  YEARLESS_SLACK_S ahead of `now` (read on 1 December, "Dec  2" is last December).
 - A dmesg uptime (`[  219.470994]`, kmsg records) is turned into a date with the boot time of
-  *this* boot; in a file that holds an older boot's log these dates are wrong.
+  *this* boot; in a file that holds an older boot's log these dates are wrong.  A stamp beyond
+  the current uptime (by more than UPTIME_SLACK_S) cannot be from this boot: *undated*.
 - XID lines that cannot be dated are counted (XidReading.undated), never judged: an old XID
   without a date must not drain a node.
 """
@@ -25,8 +26,16 @@ from typing import Callable, Iterable, List, NamedTuple, Optional, Tuple
 from slurm_gpu import timefmt
 
 # How far ahead of our clock a log date may be and still count as "now".  One day covers clock
-# skew and a log written in another time zone; a year-less date further ahead is last year's.
+# skew and a log written in another time zone.
 FUTURE_SLACK_S = 86400.0
+# A year-less (syslog) date more than this ahead of our clock is last year's.  Not a day: read on
+# 1 December, a line of 2 December last year would be 20 hours ahead and taken as now.  An hour
+# covers clock skew between the log's writer and us and a daylight-saving change (the kernel
+# log is this node's, in its time zone).
+YEARLESS_SLACK_S = 3600.0
+# How far a dmesg/kmsg uptime stamp may be beyond the current uptime: lines logged after the
+# reader took `now`.  A stamp further beyond comes from an earlier (longer) boot.
+UPTIME_SLACK_S = 60.0
 
 # The driver prints (NVIDIA/open-gpu-kernel-modules src/nvidia/src/kernel/gpu/rc/kernel_rc.c)
 #   NVRM: Xid (PCI:%04x:%02x:%02x[ GPU-I:%02u[ GPU-CI:%02u]]): %d, [pid=%s, name=%s, ]<message>
@@ -85,8 +94,15 @@ def _boot_time() -> Optional[float]:
 
 # --- one converter per time prefix: (match, boot_time, year, now) -> unix time or None ---------
 
+def _this_boot(boot: Optional[float], uptime_s: float, now: float) -> Optional[float]:
+    """The date of an uptime stamp of this boot; None for one beyond this boot's uptime."""
+    if boot is None or boot + uptime_s > now + UPTIME_SLACK_S:
+        return None
+    return boot + uptime_s
+
+
 def _from_uptime(m: "re.Match[str]", boot: Optional[float], year: Optional[int], now: float) -> Optional[float]:
-    return None if boot is None else boot + float(m.group(1))
+    return _this_boot(boot, float(m.group(1)), now)
 
 
 def _from_ctime(m: "re.Match[str]", boot: Optional[float], year: Optional[int], now: float) -> Optional[float]:
@@ -116,7 +132,7 @@ def _from_syslog(m: "re.Match[str]", boot: Optional[float], year: Optional[int],
     this_year = time.localtime(now).tm_year
     for y in range(this_year + 1, this_year - 8, -1):
         t = timefmt.local_to_unix(y, mon, *clock)  # type: ignore[arg-type]
-        if t is not None and t <= now + FUTURE_SLACK_S:
+        if t is not None and t <= now + YEARLESS_SLACK_S:
             return t + timefmt.fraction(m.group(6))
     return None
 
@@ -131,7 +147,7 @@ def _split_time(line: str, boot: Optional[float], year: Optional[int], now: floa
     """(unix time or None, the rest of the line) for every prefix form we know."""
     m = re.match(_KMSG, line)
     if m:
-        return (None if boot is None else boot + int(m.group(1)) / 1e6), m.group(2)
+        return _this_boot(boot, int(m.group(1)) / 1e6, now), m.group(2)
     line = re.sub(_DMESG_DECODE, "", line, count=1)
     for pattern, convert in _DATED_FORMS:
         m = re.match(pattern, line)

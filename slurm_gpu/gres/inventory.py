@@ -32,12 +32,14 @@ is what gres.conf ``Cores=`` wants; ``cpu_affinity`` keeps the raw CPU ids NVML 
 """
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field as _field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from slurm_gpu.errors import InputError
 from slurm_gpu.slurm.hostlist import RangeError, parse_index_ranges
@@ -47,6 +49,7 @@ from slurm_gpu.store.schema import INVENTORY_STATE
 
 FORMAT = "slurm-gpu-inventory/2"
 READABLE_FORMATS = ("slurm-gpu-inventory/1", FORMAT)
+MAX_FILE_BYTES = 16 << 20  # an inventory of 8 GPUs, every one in MIG mode, is about 20 KiB
 # "3g.20gb", compute-instance profiles "1c.3g.20gb", extensions "1g.10gb+me", "1g.24gb+me.all"
 _MIG_PROFILE = re.compile(r"(?:\d+c\.)?\d+g\.\d+gb(?:\+[a-z0-9.+]+)?", re.IGNORECASE)
 
@@ -255,9 +258,9 @@ def inventory_from_snapshot(snap: NodeSnapshot, hostname: Optional[str] = None,
                             cpu_to_core: Optional[Mapping[int, int]] = None,
                             mig_minors: Optional[Mapping[str, int]] = None,
                             mig_minors_path: str = "/proc/driver/nvidia-caps/mig-minors",
-                            state: bool = False) -> Inventory:
+                            state: bool = False, warn: Callable[[str], None] = lambda text: None) -> Inventory:
     """Keep the static facts of a snapshot (with `state`, also its counters and time).
-    `cpu_to_core` None: CPU ids are taken as core ids."""
+    `cpu_to_core` None: CPU ids are taken as core ids; warn() hears of offline CPUs left out."""
     host = hostname or snap.hostname
     gpus: List[InvGpu] = []
     for g in snap.gpus:
@@ -271,7 +274,7 @@ def inventory_from_snapshot(snap: NodeSnapshot, hostname: Optional[str] = None,
         if g.cpu_affinity.failed:
             _need(g, "cpu_affinity", host)
         cpus = tuple(sorted(g.cpu_affinity.get(()) or ()))
-        cores = _cores(g, host, cpus, cpu_to_core)
+        cores = _cores(g, host, cpus, cpu_to_core, warn)
         peers = _nvlink_peers(g, host)
         mig_on = bool(g.mig_mode_current.get(False))
         migs: List[InvMig] = []
@@ -289,15 +292,21 @@ def inventory_from_snapshot(snap: NodeSnapshot, hostname: Optional[str] = None,
                      cuda_version(snap.cuda_driver_version), snap.taken_at if state else None)
 
 
-def _cores(g: GpuSnapshot, host: str, cpus: Tuple[int, ...], cpu_to_core: Optional[Mapping[int, int]]) -> Tuple[int, ...]:
-    """The Slurm core ids of a GPU's CPU affinity (the CPU ids themselves without a map)."""
+def _cores(g: GpuSnapshot, host: str, cpus: Tuple[int, ...], cpu_to_core: Optional[Mapping[int, int]],
+           warn: Callable[[str], None]) -> Tuple[int, ...]:
+    """The Slurm core ids of a GPU's CPU affinity (the CPU ids themselves without a map).  CPUs
+    that are offline (SMT switched off: NVML still lists the second threads) are left out, with
+    a warning; an affinity with no online CPU at all is refused."""
     if cpu_to_core is None:
         return cpus
-    missing = [c for c in cpus if c not in cpu_to_core]
-    if missing:
-        raise InventoryError(f"node {host}: {g.label}: CPU {missing[0]} of its affinity is not an online CPU",
+    offline = [c for c in cpus if c not in cpu_to_core]
+    if offline and len(offline) == len(cpus):
+        raise InventoryError(f"node {host}: {g.label}: no CPU of its affinity ({format_cpulist(cpus)}) is online",
                              "check /sys/devices/system/cpu (gres.cpu_topology_dir)")
-    return tuple(sorted({cpu_to_core[c] for c in cpus}))
+    if offline:
+        warn(f"node {host}: {g.label}: CPUs {format_cpulist(offline)} of its affinity are offline; "
+             "Cores= lists the online ones")
+    return tuple(sorted({cpu_to_core[c] for c in cpus if c in cpu_to_core}))
 
 
 def _nvlink_peers(g: GpuSnapshot, host: str) -> Tuple[Tuple[str, int], ...]:
@@ -505,17 +514,45 @@ def _check_unique(r: _Reader, gpus: Sequence[InvGpu], field: str, key: Any) -> N
         seen[k] = i
 
 
-def load(path: str) -> Inventory:
+def read_file(path: str) -> bytes:
+    """An inventory file's bytes: never through a symlink, never waiting on a FIFO, only a
+    regular file and at most MAX_FILE_BYTES (a file of a directory of many must not hang,
+    or exhaust, the command that reads them all)."""
+    regenerate = "regenerate it with `slurm-gpu inventory --output FILE` on that node"
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise InventoryError(f"inventory {path}: a symbolic link (not followed)",
+                                 "copy the inventory itself there, not a link") from None
+        raise InventoryError(f"inventory {path}: cannot be read: {e.strerror}", "check the path and its permissions") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InventoryError(f"inventory {path}: not a regular file", regenerate)
+        chunks, size = [], 0
+        while size <= MAX_FILE_BYTES:
+            b = os.read(fd, 1 << 20)
+            if not b:
+                return b"".join(chunks)
+            chunks.append(b)
+            size += len(b)
+        raise InventoryError(f"inventory {path}: larger than {MAX_FILE_BYTES >> 20} MiB, which no inventory is", regenerate)
     except OSError as e:
         raise InventoryError(f"inventory {path}: cannot be read: {e.strerror}", "check the path and its permissions") from None
+    finally:
+        os.close(fd)
+
+
+def load(path: str) -> Inventory:
+    raw = read_file(path)
+    regenerate = "regenerate it with `slurm-gpu inventory --output FILE` on that node"
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
-        raise InventoryError(f"inventory {path} (node ?): not valid JSON: {e}",
-                             "regenerate it with `slurm-gpu inventory --output FILE` on that node") from None
+        raise InventoryError(f"inventory {path} (node ?): not valid JSON: {e}", regenerate) from None
+    except RecursionError:
+        raise InventoryError(f"inventory {path} (node ?): not valid JSON: nested too deeply", regenerate) from None
     return from_json(data, path)
 
 

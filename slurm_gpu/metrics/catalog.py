@@ -85,6 +85,9 @@ FAMILIES: Tuple[Family, ...] = (
            "Records of the node database not yet shipped to the central server (db push).", _STORE),
     Family("slurm_gpu_unpushed_oldest_timestamp_seconds", "gauge", (),
            "Unix time of the oldest record not yet shipped to the central server; absent when none waits.", _STORE),
+    Family("slurm_gpu_exporter_unreadable_files", "gauge", (),
+           "slurm_gpu_*.prom files of the textfile directory that this scrape could not read (a symlink, a directory, "
+           "another user's file): skipped, named in the exporter's log.", "exporter (each scrape)"),
     Family("slurm_gpu_last_run_timestamp_seconds", "gauge", ("hook",),
            "Unix time of the last completed run of the prolog, epilog or healthcheck.", _HOOKS),
     Family("slurm_gpu_job_info", "gauge", GPU_LABELS + ("GPU_I_ID", "slurm_job", "user", "account", "partition"),

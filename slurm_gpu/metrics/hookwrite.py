@@ -61,8 +61,9 @@ class _Writer:
         key = "metrics.textfile_dir" if directory == self.textfile else "metrics.dcgm_job_mapping_dir"
         try:
             if isinstance(e, OSError):
+                hint = getattr(e, "hint", "") or f"{key} must be a directory root can write"
                 self.log.error("metrics-write-failed", **self.ids, dir=directory, what=what, error=e.strerror or str(e),
-                               hint=f"{key} must be a directory root can write; the hook itself is not affected")
+                               hint=f"{hint}; the hook itself is not affected")
             else:  # a bug of ours
                 self.log.error("metrics-failed", **self.ids, dir=directory, what=what, error=f"{type(e).__name__}: {e}",
                                hint="the hook itself is not affected")

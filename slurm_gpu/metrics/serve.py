@@ -3,32 +3,73 @@
 Each scrape of /metrics reads our files of metrics.textfile_dir (slurm_gpu_*.prom), merges
 them into one exposition (a family's # HELP and # TYPE once, whichever files hold its series)
 and replaces the node-level values that change between hook runs (spool, unpushed records)
-with fresh ones.  Standard library http.server, one request at a time: a scraper asks every
-few seconds, and a slow client is cut off after TIMEOUT_S.
+with fresh ones.  A file it cannot read (a symlink, a directory, a file of another user's) is
+skipped and counted (slurm_gpu_exporter_unreadable_files): one bad file never fails a scrape.
+
+Standard library http.server, a thread per connection so that clients never wait for each
+other, at most MAX_CLIENTS at once (more are closed at once), and each request ends at
+DEADLINE_S however slowly its client sends: a client that trickles a header line every few
+seconds cannot hold the exporter.
 """
 from __future__ import annotations
 
+import errno
 import http.server
+import os
 import socket
-from typing import Any, Callable, Dict, Tuple
+import socketserver
+import threading
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from slurm_gpu.metrics.textfile import Samples, listing, parse, read, render
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-TIMEOUT_S = 10.0
+TIMEOUT_S = 10.0  # one read from the client
+DEADLINE_S = 15.0  # the whole request, from connect to the last byte sent
+MAX_CLIENTS = 16
+UNREADABLE = "slurm_gpu_exporter_unreadable_files"
 
 
-def collect(directory: str, fresh: Callable[[], Samples]) -> str:
+def collect(directory: str, fresh: Callable[[], Samples], skipped: Optional[Dict[str, str]] = None) -> str:
     """One exposition of every slurm_gpu_*.prom file of directory, with fresh() replacing
-    the families it gives."""
+    the families it gives.  A file that cannot be read is left out and counted; skipped, when
+    given, receives {file name: why}."""
     merged: Samples = {}
     meta: Dict[str, Tuple[str, str]] = {}
+    bad: Dict[str, str] = {}
     for name in listing(directory):
         if name.startswith("slurm_gpu_") and name.endswith(".prom"):
-            for family, series in parse(read(directory, name), meta).items():
+            try:
+                text = read(directory, name)
+            except OSError as e:  # ELOOP for a symlink: never followed
+                bad[name] = "a symbolic link (not followed)" if e.errno == errno.ELOOP else (e.strerror or str(e))
+                continue
+            for family, series in parse(text, meta).items():
                 merged.setdefault(family, {}).update(series)
+    merged[UNREADABLE] = {(): float(len(bad))}
     merged.update(fresh())
+    if skipped is not None:
+        skipped.update(bad)
     return render(merged, meta)
+
+
+def scrapes(directory: str, fresh: Callable[[], Samples], warn: Callable[[str], None]) -> Callable[[], str]:
+    """collect() for each scrape; warn() names a file the first time it is skipped (and again
+    when the reason changes), not at every scrape."""
+    told: Dict[str, str] = {}
+    lock = threading.Lock()  # scrapes run in their own threads
+
+    def body() -> str:
+        skipped: Dict[str, str] = {}
+        text = collect(directory, fresh, skipped)
+        with lock:
+            for name, why in sorted(skipped.items()):
+                if told.get(name) != why:
+                    warn(f"{os.path.join(directory, name)} skipped: {why}")
+            told.clear()
+            told.update(skipped)
+        return text
+    return body
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -58,13 +99,46 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def make_server(host: str, port: int, body: Callable[[], str]) -> http.server.HTTPServer:
+class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    """A thread per connection, at most max_clients at once, each cut off at deadline_s."""
+
+    daemon_threads = True  # a client still connected never keeps the exporter from stopping
+
+    def __init__(self, address: Tuple[str, int], handler: Any, deadline_s: float, max_clients: int):
+        super().__init__(address, handler)
+        self.deadline_s = deadline_s
+        self.slots = threading.BoundedSemaphore(max_clients)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        return self.slots.acquire(blocking=False)  # False: the connection is closed at once
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        # The deadline shuts the socket down: a read or write blocked on the client returns.
+        cut = threading.Timer(self.deadline_s, _shut, (request,))
+        cut.daemon = True
+        cut.start()
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            cut.cancel()
+            self.slots.release()
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed
+
+
+def make_server(host: str, port: int, body: Callable[[], str], deadline_s: float = DEADLINE_S,
+                max_clients: int = MAX_CLIENTS) -> http.server.HTTPServer:
     """An HTTP server on host:port (port 0: any free one, see server_address) serving body()."""
     handler = type("Handler", (_Handler,), {"body": staticmethod(body)})
-    server_cls = http.server.HTTPServer
+    server_cls: Any = _Server
     if ":" in host:  # an IPv6 address
-        server_cls = type("HTTPServer6", (http.server.HTTPServer,), {"address_family": socket.AF_INET6})
-    return server_cls((host, port), handler)
+        server_cls = type("HTTPServer6", (_Server,), {"address_family": socket.AF_INET6})
+    return server_cls((host, port), handler, deadline_s, max_clients)
 
 
 def parse_listen(text: str) -> Tuple[str, int]:

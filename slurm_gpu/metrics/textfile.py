@@ -154,12 +154,32 @@ def _meta_line(line: str, meta: Dict[str, Tuple[str, str]]) -> None:
 # --- files ---------------------------------------------------------------------------------
 
 
+class UnsafeDirectory(PermissionError):
+    """A metrics directory that someone other than root owns or may write to: refused, since
+    they could plant FIFOs and files at our temporary names, hold our lock or forge the files."""
+
+    def __init__(self, message: str, hint: str):
+        super().__init__(errno.EPERM, message)
+        self.hint = hint
+
+
 def ensure_dir(directory: str) -> None:
-    """The directory, created (0755) when missing; a file in its place raises OSError."""
+    """The directory, created (0755) when missing; a file in its place raises OSError, one that
+    someone other than root owns or group or others may write to, UnsafeDirectory."""
     try:
         os.makedirs(directory, mode=0o755, exist_ok=True)
     except FileExistsError:
         raise NotADirectoryError(errno.ENOTDIR, "not a directory", directory) from None
+    st = os.stat(directory)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", directory)
+    fix = f"check what is in it, then chown root:root {directory}; chmod 755 {directory}"
+    if st.st_uid not in (0, os.geteuid()):
+        raise UnsafeDirectory(f"refusing metrics directory {directory}: owned by uid {st.st_uid}, not root "
+                              "(its owner could forge or freeze the metrics)", fix)
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeDirectory(f"refusing metrics directory {directory}: writable by group or others (mode "
+                              f"{stat.S_IMODE(st.st_mode):o}; a user could forge or freeze the metrics)", fix)
 
 
 def read(directory: str, name: str) -> str:
@@ -179,7 +199,7 @@ def write_atomic(directory: str, name: str, text: Union[str, bytes], mode: int =
     sync: fsync before the rename, so that a crash leaves the old file or the new one whole.
     Returns the new file's stat."""
     tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    fd = _create(tmp, mode)
     try:
         try:
             data = text.encode("utf-8") if isinstance(text, str) else text
@@ -199,6 +219,21 @@ def write_atomic(directory: str, name: str, text: Union[str, bytes], mode: int =
         except OSError:
             pass
         raise
+
+
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _create(path: str, mode: int) -> int:
+    """A new file of ours at path: never an existing one (a file planted there, owned by someone
+    else), never through a symlink, never waiting on a FIFO.  What is already at path is the
+    leftover of a killed writer with our pid, or was planted before the directory was made
+    safe: it is removed, once."""
+    try:
+        return os.open(path, _CREATE, mode)
+    except FileExistsError:
+        os.unlink(path)
+        return os.open(path, _CREATE, mode)
 
 
 _STATE_VERSION = 1
@@ -272,23 +307,35 @@ class LockTimeout(OSError):
     pass
 
 
+# How long a writer waits for the directory's lock.  A merge holds it for a few ms, but a burst
+# of hooks (a job array ending: 64 epilogs at once) queues them all: with 0.1 s, 40-45 of 64
+# node-file updates were dropped on the 2-core development VM, where each holder, sharing the
+# CPUs with 63 others, keeps the lock for up to ~250 ms (benchmarks/bench_metrics_burst.py).
+# 10 s lets such a burst through whole and stays well inside the hooks' budgets (prolog 30 s,
+# epilog 60 s by default); without contention nobody waits at all.
+LOCK_WAIT_S = 10.0
+
+
 class DirLock:
     """An exclusive flock on `.slurm-gpu.lock` in a directory, waited for at most wait_s.
 
     Prologs and epilogs of jobs sharing a node run at once: each reads, merges and replaces
     the node file under this lock.  Neither node_exporter (it reads *.prom) nor dcgm-exporter
-    (digits only) looks at the lock file."""
+    (digits only) looks at the lock file.  It is root's and mode 0600 in a directory only root
+    may write (ensure_dir): a user cannot open it, so cannot hold the lock to freeze the metrics."""
 
     NAME = ".slurm-gpu.lock"
+    _OPEN = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
-    def __init__(self, directory: str, wait_s: float = 0.1):
+    def __init__(self, directory: str, wait_s: float = LOCK_WAIT_S):
         self.path = os.path.join(directory, self.NAME)
         self.wait_s = wait_s
         self.fd = -1
 
     def __enter__(self) -> "DirLock":
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        self.fd = self._open()
         end = time.monotonic() + self.wait_s
+        pause = 0.002
         while True:
             try:
                 fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -298,7 +345,26 @@ class DirLock:
                     os.close(self.fd)
                     self.fd = -1
                     raise LockTimeout(errno.EAGAIN, f"locked by another writer for over {self.wait_s:g} s", self.path) from None
-                time.sleep(0.002)
+                time.sleep(pause)
+                pause = min(pause * 2, 0.02)  # dozens of waiters in a burst: polling must not eat the CPUs
+
+    def _open(self) -> int:
+        """The lock file, when only we can open it.  One that others could open (mode 0644 as
+        earlier versions made it, another owner, not a regular file, a symlink) is replaced by a
+        new one: whoever holds a flock on the old one then holds nothing a writer waits for."""
+        try:
+            fd = os.open(self.path, self._OPEN, 0o600)
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+                return fd
+            os.close(fd)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        os.close(_create(tmp, 0o600))
+        os.rename(tmp, self.path)
+        return os.open(self.path, self._OPEN, 0o600)
 
     def __exit__(self, *exc: object) -> None:
         if self.fd >= 0:
