@@ -137,11 +137,30 @@ run() {
     copy_host_config "$root"
     mkdir -p "$root/src"
     # A private mount namespace: the mounts exist only for this run and vanish with it, so two
-    # runs of one root filesystem at once do not unmount each other's /proc.
+    # runs of one root filesystem at once do not unmount each other's /proc. /dev is a tmpfs of
+    # its own with the usual nodes: the tests mknod /dev/nvidiaN and remove what they made, which
+    # must not touch this machine's /dev while its own suite runs beside.
     unshare --mount --propagation private /usr/bin/env ROOT="$root" SRC="$here" sh -c '
         set -e
         mount -t proc proc "$ROOT/proc"
-        for d in sys dev dev/pts; do mkdir -p "$ROOT/$d"; mount --bind "/$d" "$ROOT/$d"; done
+        mount --rbind /sys "$ROOT/sys"
+        mount -t tmpfs -o mode=755,nosuid dev "$ROOT/dev"
+        for n in null:1:3 zero:1:5 full:1:7 random:1:8 urandom:1:9 tty:5:0; do
+            IFS=: read -r name major minor <<EOF2
+$n
+EOF2
+            mknod -m 666 "$ROOT/dev/$name" c "$major" "$minor"
+        done
+        mkdir -p "$ROOT/dev/pts" "$ROOT/dev/shm"
+        mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts "$ROOT/dev/pts"
+        ln -s pts/ptmx "$ROOT/dev/ptmx"
+        mount -t tmpfs -o mode=1777,nosuid,nodev shm "$ROOT/dev/shm"
+        ln -s /proc/self/fd "$ROOT/dev/fd"
+        ln -s /proc/self/fd/0 "$ROOT/dev/stdin"; ln -s /proc/self/fd/1 "$ROOT/dev/stdout"; ln -s /proc/self/fd/2 "$ROOT/dev/stderr"
+        # /tmp and /run of this run alone: test work directories, sockets and the testbed registry
+        # neither pile up in the cached root filesystem nor meet another run'"'"'s.
+        mount -t tmpfs -o mode=1777,nosuid,nodev tmp "$ROOT/tmp"
+        mount -t tmpfs -o mode=755,nosuid,nodev run "$ROOT/run"
         mount --bind "$SRC" "$ROOT/src"
         shift
         exec chroot "$ROOT" "$@"' sh - \

@@ -34,7 +34,12 @@ def wall_clock_to_unix(year: int, month: int, day: int, hour: int = 0, minute: i
     OverflowError or OSError outside the platform's range.
     """
     from datetime import datetime, timezone  # lazily: not every job start reads a date
-    d = datetime(year, month, day, hour, minute, second)
+    try:
+        d = datetime(year, month, day, hour, minute, second)
+    except ValueError:
+        # Our own words: Python 3.14 rewords datetime's ("day 29 must be in range 1..28 ...").
+        raise ValueError(f"{year:04d}-{month:02d}-{day:02d} {hour:02d}:{minute:02d}:{second:02d} "
+                         "is not a date and time that exists") from None
     return d.replace(tzinfo=timezone.utc).timestamp() if utc else d.timestamp()
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import pathlib
 import subprocess
 import tempfile
@@ -103,7 +104,10 @@ def build(out_dir: Union[str, os.PathLike, None] = None, default_state: Optional
     flags = list(CFLAGS)
     if default_state is not None:
         flags.append("-DSIMNVML_DEFAULT_STATE=" + _c_string(str(default_state)))
-    key = hashlib.sha256(src + b"\0" + "\0".join(flags).encode()).hexdigest()[:16]
+    # The C library is in the key: a checkout shared with a root filesystem of a newer Debian
+    # (.ci/rootfs.sh) must not load a library linked against that Debian's glibc.
+    libc = "-".join(platform.libc_ver())
+    key = hashlib.sha256(src + b"\0" + "\0".join(flags).encode() + b"\0" + libc.encode()).hexdigest()[:16]
     target_dir = pathlib.Path(out_dir) if out_dir is not None else BUILD_DIR
     target = target_dir / key / LIB_NAME
     if target.exists():

@@ -391,6 +391,24 @@ def test_epilog_never_kills_a_process_of_another_job_of_the_same_user(sim_node):
         proc.wait()
 
 
+def test_a_process_whose_environment_reads_empty_is_never_claimed_for_the_job():
+    # Python 3.14's subprocess returns before the child's execve() has set up its new stack:
+    # /proc/PID/environ then reads empty, and an empty environment used to mean "no other job
+    # id shown", so another job's process of the same user was the job's to kill. A process
+    # started with no environment at all reads empty forever: it reproduces that window.
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={})
+    try:
+        deadline = time.monotonic() + 10
+        while not open(f"/proc/{proc.pid}/cmdline", "rb").read() and time.monotonic() < deadline:
+            time.sleep(0.01)  # past the exec: what stays empty is the environment itself
+        assert hooks.process_identity(proc.pid) == (os.getuid(), hooks.UNKNOWN_JOB)
+        job = from_env(job_env(job_id=1, SLURM_JOB_UID=str(os.getuid())))
+        assert not hooks.process_belongs_to_job(proc.pid, job)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_process_identity_reads_uid_and_job_id_from_proc():
     proc = _sleeper(SLURM_JOB_ID="9876")
     try:

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 # Fixed, root-owned directory that outlives a work directory: the registry of live daemons.
 RUN_DIR = Path("/run/slurm-gpu-testbed")
@@ -281,6 +281,149 @@ def _slurmd_cpus() -> int:
     except (OSError, subprocess.TimeoutExpired):
         pass
     return os.cpu_count() or 1
+
+
+# --------------------------------------------------------------------------- slurmd -G alone
+
+def slurm_version() -> Tuple[int, int, int]:
+    """This machine's Slurm, from `slurmd -V` ("slurm-wlm 24.11.5"): the one client command that
+    answers without a slurm.conf on every version (26.05's `sinfo --version` needs one)."""
+    exe = shutil.which("slurmd", path=SBIN_PATH)
+    if exe is None:
+        raise TestbedUnavailable("slurmd is not installed (run .ci/install-deps.sh)")
+    out = subprocess.run([exe, "-V"], capture_output=True, text=True, timeout=30).stdout
+    m = re.search(r"(\d+)\.(\d+)\.(\d+)", out)
+    if not m:
+        raise TestbedError(f"cannot read the Slurm version from `slurmd -V`: {out!r}")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+class Munged:
+    """A munged of its own (key, socket, pid) for `slurmd -G`, which from Slurm 24.11 on creates a
+    credential at start and so needs munge (22.05 did not). Stopped by pid."""
+
+    def __init__(self) -> None:
+        # munged wants every directory above its socket enterable by all (pytest's tmp_path is not).
+        self.dir = Path(tempfile.mkdtemp(prefix="slurm-gpu-munge-"))
+        self.socket = self.dir / "munge.socket"
+        self.proc: Optional[subprocess.Popen] = None
+
+    def start(self) -> "Munged":
+        exe = shutil.which("munged", path=SBIN_PATH)
+        if exe is None:
+            raise TestbedUnavailable("munged is not installed (run .ci/install-deps.sh)")
+        os.chmod(self.dir, 0o755)
+        key = self.dir / "munge.key"
+        key.write_bytes(secrets.token_bytes(1024))
+        os.chmod(key, 0o600)
+        with open(self.dir / "munged.out", "ab") as out:
+            self.proc = subprocess.Popen(
+                [exe, "--foreground", f"--socket={self.socket}", f"--key-file={key}",
+                 f"--pid-file={self.dir / 'munged.pid'}", f"--seed-file={self.dir / 'munged.seed'}",
+                 f"--log-file={self.dir / 'munged.log'}"],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 10
+        while not self.socket.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise TestbedError(f"munged did not start: {(self.dir / 'munged.out').read_text()[-2000:]}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=8)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=8)
+        self.proc = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+GRES_RECORD = re.compile(r"Gres Name=gpu Type=(\S+) Count=(\d+) Index=(\S+) ID=\S+ File=(\S+)"
+                         r"(?: Cores=(\S*))?(?: CoreCnt=\S+)?(?: Links=(\S*))?")
+
+
+class GresRecordSeen(NamedTuple):
+    """One GPU GRES record as `slurmd -G` with DebugFlags=Gres prints it, in index order."""
+    type: str          # "" where slurmd says (null)
+    files: str         # as printed: /dev/nvidia0 or /dev/nvidia0,/dev/nvidia-caps/nvidia-cap12,...
+    cores: str
+    links: str         # "" where slurmd says (null)
+    line: str
+
+
+def parse_gres_records(output: str) -> List[GresRecordSeen]:
+    out = []
+    for line in output.splitlines():
+        m = GRES_RECORD.search(line)
+        if m:
+            def val(v: Optional[str]) -> str:
+                return "" if v in (None, "(null)") else v
+            out.append(GresRecordSeen(val(m.group(1)), m.group(4), val(m.group(5)), val(m.group(6)), line.strip()))
+    return out
+
+
+# Keys a lone `slurmd -G` needs; a given slurm.conf's own values for them are replaced.
+_STANDALONE_KEYS = ("authtype", "authinfo", "credtype", "slurmuser", "slurmduser", "statesavelocation",
+                    "slurmdspooldir", "slurmdpidfile", "slurmdlogfile", "proctracktype", "taskplugin", "debugflags")
+
+
+def run_slurmd_G(slurm_conf: Path, node: str, munge: Munged, *, env: Optional[Mapping[str, str]] = None,
+                 mig_minors: Optional[str] = None, timeout: float = 60) -> str:
+    """`slurmd -G -N node` on a slurm.conf and the gres.conf beside it; returns its output.
+
+    Both are copied to a directory of their own with what a lone slurmd needs on every version
+    (this munged, spool and state directories, linuxproc/none plugins, DebugFlags=Gres).
+    `env` reaches slurmd (AutoDetect=nvml: LD_LIBRARY_PATH to a libnvidia-ml.so.1, SIMNVML_STATE).
+    `mig_minors`: the text of /proc/driver/nvidia-caps/mig-minors, which Slurm's NVML plugin reads
+    for MIG slices; slurmd then runs in a mount namespace of its own with that file on a tmpfs over
+    /proc/driver (this machine's /proc is not touched)."""
+    src = Path(slurm_conf)
+    work = Path(tempfile.mkdtemp(prefix="slurmd-G-", dir=str(src.parent.parent)))
+    conf = work / "etc"
+    for d in (conf, work / "spool", work / "state"):
+        d.mkdir(parents=True)
+    if (src.parent / "gres.conf").exists():
+        shutil.copyfile(src.parent / "gres.conf", conf / "gres.conf")
+    kept = [ln for ln in src.read_text().splitlines()
+            if ln.split("=", 1)[0].strip().lower() not in _STANDALONE_KEYS]
+    (conf / "slurm.conf").write_text("\n".join(kept + [
+        "AuthType=auth/munge", f"AuthInfo=socket={munge.socket}", "CredType=cred/munge",
+        "SlurmUser=root", "SlurmdUser=root", f"StateSaveLocation={work}/state", f"SlurmdSpoolDir={work}/spool",
+        f"SlurmdPidFile={work}/slurmd.pid", f"SlurmdLogFile={work}/slurmd.log",
+        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "DebugFlags=Gres", ""]))
+    exe = shutil.which("slurmd", path=SBIN_PATH)
+    if exe is None:
+        raise TestbedUnavailable("slurmd is not installed (run .ci/install-deps.sh)")
+    argv: List[str] = [exe, "-G", "-f", str(conf / "slurm.conf"), "-N", node]
+    if mig_minors is not None:
+        (work / "mig-minors").write_text(mig_minors)
+        # Private propagation for /proc in the new namespace: the tmpfs never reaches the host's.
+        argv = ["unshare", "--mount", "--propagation", "unchanged", "sh", "-c",
+                'mount --make-private /proc && mount -t tmpfs -o mode=755 driver /proc/driver && '
+                'mkdir /proc/driver/nvidia-caps && cp "$0" /proc/driver/nvidia-caps/mig-minors && exec "$@"',
+                str(work / "mig-minors"), *argv]
+    full_env = {"PATH": SBIN_PATH, "SLURM_CONF": str(conf / "slurm.conf"), **(env or {})}
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=full_env)
+    return res.stdout + res.stderr
+
+
+def slurmd_gres(workdir: Path, munge: Munged, node: str, node_gres: str, gres_conf: str, *,
+                cpus: Optional[int] = None, **kwargs) -> Tuple[List[GresRecordSeen], str]:
+    """(GPU records in slurmd's index order, slurmd's output) for a node declared
+    `NodeName=node ... Gres=node_gres` with this gres.conf (keyword arguments: run_slurmd_G's)."""
+    conf = Path(workdir) / "etc"
+    conf.mkdir(parents=True, exist_ok=True)
+    (conf / "gres.conf").write_text(gres_conf)
+    (conf / "slurm.conf").write_text("\n".join([
+        "ClusterName=gresprobe", "SlurmctldHost=localhost", "SelectType=select/cons_tres", "GresTypes=gpu",
+        f"NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus or _slurmd_cpus()} Gres={node_gres}",
+        "PartitionName=p Nodes=ALL Default=YES", ""]))
+    output = run_slurmd_G(conf / "slurm.conf", node, munge, **kwargs)
+    return parse_gres_records(output), output
 
 
 # --------------------------------------------------------------------------- the testbed

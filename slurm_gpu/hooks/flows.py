@@ -157,11 +157,18 @@ def _pid_alive(pid: int) -> bool:
 _JOB_CGROUP = rb"(?m)/job_(\d+)(?:/|$)"  # compiled on first use: only the epilog, only with leftovers
 
 
+UNKNOWN_JOB = -1  # process_identity: the process's job cannot be told (environment unreadable or empty)
+
+
 def process_identity(pid: int) -> Tuple[Optional[int], Optional[int]]:
     """(real uid, Slurm job id) of a live process; None where the system does not show it.
 
     The job id comes from the process's cgroup (task/cgroup puts it under .../job_<id>/) or,
-    without one, from its SLURM_JOB_ID (root may read every environment)."""
+    without one, from its SLURM_JOB_ID (root may read every environment). An environment that
+    cannot be read, or reads empty, gives UNKNOWN_JOB: a process in the middle of execve()
+    shows an empty one to a reader that comes too soon (seen under Python 3.14, whose
+    subprocess lets the parent run on before the child's new stack is set up), and so does one
+    started with no environment at all - neither can be told to be the job's."""
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
             uid = next((int(line.split()[1]) for line in f if line.startswith(b"Uid:")), None)
@@ -174,23 +181,33 @@ def process_identity(pid: int) -> Tuple[Optional[int], Optional[int]]:
             return uid, int(m.group(1))
     except OSError:
         pass
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            for item in f.read().split(b"\0"):
+    return uid, _job_from_environ(pid)
+
+
+def _job_from_environ(pid: int) -> Optional[int]:
+    for attempt in range(2):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                raw = f.read()
+        except OSError:
+            return UNKNOWN_JOB
+        if raw:
+            for item in raw.split(b"\0"):
                 if item.startswith(b"SLURM_JOB_ID=") and item[13:].isdigit():
-                    return uid, int(item[13:])
-    except OSError:
-        pass
-    return uid, None
+                    return int(item[13:])
+            return None
+        if attempt == 0:
+            time.sleep(0.02)  # an execve() under way finishes setting up its stack in microseconds
+    return UNKNOWN_JOB
 
 
 def process_belongs_to_job(pid: int, job: JobEnv) -> bool:
     """The job's own process: the job's uid, and no other job id where the system shows one.
 
-    A process of another uid (a job sharing the GPU through shards/MPS, a system agent) or of
-    another job of the same user is never ours to kill."""
+    A process of another uid (a job sharing the GPU through shards/MPS, a system agent), of
+    another job of the same user, or whose job cannot be told is never ours to kill."""
     uid, job_id = process_identity(pid)
-    if uid is None or job.uid is None or uid != job.uid:
+    if uid is None or job.uid is None or uid != job.uid or job_id == UNKNOWN_JOB:
         return False
     return job_id is None or job_id == job.job_id
 

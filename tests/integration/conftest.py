@@ -28,7 +28,7 @@ TESTS = Path(__file__).resolve().parents[1]
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
-from testbed import SlurmTestbed, TestbedUnavailable, check_available, unavailable  # noqa: E402
+from testbed import Munged, SlurmTestbed, TestbedUnavailable, check_available, unavailable  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -125,3 +125,15 @@ def cfg_file(tmp_path: Path) -> Path:
                  '[store]\ndatabase = "%s"\nspool_dir = "%s"\n'
                  % (tmp_path / "admin.log", tmp_path / "usage.db", tmp_path / "spool"))
     return p
+
+
+@pytest.fixture(scope="session")
+def slurmd_munge():
+    """A munged of the session's own for lone `slurmd -G` runs (testbed.run_slurmd_G): from
+    Slurm 24.11 on, slurmd -G creates a credential at start and fails without munge."""
+    try:
+        m = Munged().start()
+    except TestbedUnavailable as e:
+        _unavailable(e.reason)
+    yield m
+    m.stop()

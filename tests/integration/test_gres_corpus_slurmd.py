@@ -1,4 +1,4 @@
-"""Real gres.conf files (tests/data/gres_corpus/) under real Slurm 22.05 `slurmd -G`.
+"""Real gres.conf files (tests/data/gres_corpus/) under real `slurmd -G` (every Slurm version of the testbed).
 
 For every node a corpus file gives GPU lines for (AutoDetect off for it: Debian's slurmd has no
 NVML), slurmd parses the file verbatim with a matching slurm.conf `Gres=` and prints its GPU
@@ -23,17 +23,17 @@ pytestmark = pytest.mark.slurm
 
 
 @pytest.mark.parametrize("name, node", corpus.cases())
-def test_corpus_gpu_order_equals_slurmds(tmp_path, device_files, name, node):  # noqa: F811
+def test_corpus_gpu_order_equals_slurmds(tmp_path, device_files, slurmd_munge, name, node):  # noqa: F811
     _need_slurmd()
     conf = corpus.write_node_config(tmp_path / "etc", name, node)
     ours, autodetect = slurmconf.node_gres_records(str(conf), node)
     assert not autodetect
     needed = [f for r in ours for f in r.files]
     device_files(sorted(set(needed), key=hostlist.sort_key))
-    assert [",".join(r.files) for r in ours] == _slurmd_order(conf.parent, node)
+    assert [",".join(r.files) for r in ours] == _slurmd_order(conf.parent, node, slurmd_munge)
 
 
-def test_continuation_inside_a_value_is_joined_as_slurmd_joins_it(tmp_path, device_files):  # noqa: F811
+def test_continuation_inside_a_value_is_joined_as_slurmd_joins_it(tmp_path, device_files, slurmd_munge):  # noqa: F811
     # parse_config.c joins a '\' continuation where the backslash was, without a space, and
     # '\#' is a literal '#': slurmd reads File=/dev/nvidia[0-1] here, and so must we.
     _need_slurmd()
@@ -42,4 +42,4 @@ def test_continuation_inside_a_value_is_joined_as_slurmd_joins_it(tmp_path, devi
     (tmp_path / "slurm.conf").write_text("ClusterName=t\nSlurmctldHost=localhost\nGresTypes=gpu\nDebugFlags=Gres\n"
                                          "NodeName=n1 CPUs=2 Gres=gpu:t4:2\nPartitionName=p Nodes=n1\n")
     ours, _ = slurmconf.node_gres_records(str(tmp_path / "slurm.conf"), "n1")
-    assert [",".join(r.files) for r in ours] == _slurmd_order(tmp_path, "n1") == ["/dev/nvidia0", "/dev/nvidia1"]
+    assert [",".join(r.files) for r in ours] == _slurmd_order(tmp_path, "n1", slurmd_munge) == ["/dev/nvidia0", "/dev/nvidia1"]

@@ -11,9 +11,7 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import subprocess
 import time
 from pathlib import Path
 from typing import List
@@ -21,6 +19,7 @@ from typing import List
 import pytest
 
 import simgpu
+from testbed import parse_gres_records, run_slurmd_G
 from slurm_gpu.slurm import hostlist
 from slurm_gpu.slurm import conf as slurmconf
 from .test_gres_slurmd import _need_slurmd, device_files  # noqa: F401  (fixture)
@@ -31,21 +30,17 @@ GOLDEN_MIG_MINORS = Path(__file__).resolve().parents[1] / "golden" / "gres" / "m
 CAPS = {1: (12, 13), 5: (48, 49), 13: (120, 121)}  # gpu0 gi -> (gi cap, ci0 cap) in the golden mig-minors
 
 
-def _slurmd_order(conf_dir: Path, node: str) -> List[str]:
+def _slurmd_order(conf_dir: Path, node: str, munge) -> List[str]:
     """Device files of the node's GPU GRES records in slurmd's index order (`slurmd -G`)."""
-    cp = subprocess.run([_need_slurmd(), "-G", "-N", node], env=dict(os.environ, SLURM_CONF=str(conf_dir / "slurm.conf")),
-                        capture_output=True, text=True, timeout=30)
+    _need_slurmd()
+    output = run_slurmd_G(conf_dir / "slurm.conf", node, munge)
     out = []
-    for line in (cp.stdout + cp.stderr).splitlines():
-        m = re.search(r"Gres Name=gpu Type=\S+ Count=(\d+) .*?File=(\S+)", line)
-        if not m:
-            continue
-        files = m.group(2)
-        if "nvidia-caps" in files:
-            out.append(files)  # one MIG record: its files as one entry
+    for rec in parse_gres_records(output):
+        if "nvidia-caps" in rec.files:
+            out.append(rec.files)  # one MIG record: its files as one entry
         else:
-            out.extend(hostlist.expand(files))
-    assert out, f"slurmd -G printed no GPU records:\n{cp.stdout}{cp.stderr}"
+            out.extend(hostlist.expand(rec.files))
+    assert out, f"slurmd -G printed no GPU records:\n{output}"
     return out
 
 
@@ -69,7 +64,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_our_gpu_numbering_equals_slurmds(case, tmp_path, device_files):  # noqa: F811
+def test_our_gpu_numbering_equals_slurmds(case, tmp_path, device_files, slurmd_munge):  # noqa: F811
     gres_line, gres_conf = CASES[case]
     device_files([f"/dev/nvidia{i}" for i in range(8)] +
                  [f"/dev/nvidia-caps/nvidia-cap{c}" for pair in CAPS.values() for c in pair])
@@ -77,7 +72,7 @@ def test_our_gpu_numbering_equals_slurmds(case, tmp_path, device_files):  # noqa
                                          f"NodeName=n1 CPUs=2 Gres={gres_line}\nPartitionName=p Nodes=n1\n")
     (tmp_path / "gres.conf").write_text(gres_conf)
     ours, _ = slurmconf.node_gres_records(str(tmp_path / "slurm.conf"), "n1")
-    assert [",".join(r.files) for r in ours] == _slurmd_order(tmp_path, "n1")
+    assert [",".join(r.files) for r in ours] == _slurmd_order(tmp_path, "n1", slurmd_munge)
 
 
 # --------------------------------------------------------------------------- the real cluster

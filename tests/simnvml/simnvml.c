@@ -1095,6 +1095,85 @@ EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t h,
     return NVML_SUCCESS;
 }
 
+/* nvmlDeviceAttributes_t: Slurm's gpu_nvml.so names a MIG slice from it when the device name
+ * carries no "MIG <profile>" (src/plugins/gpu/nvml/gpu_nvml.c, _handle_mig). Slices come from
+ * gpu.<i>.mig.<k>.gi_slices / ci_slices, or else from the profile in the MIG device's name. */
+typedef struct {
+    unsigned int multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount, sharedEncoderCount,
+        sharedJpegCount, sharedOfaCount, gpuInstanceSliceCount, computeInstanceSliceCount;
+    unsigned long long memorySizeMB;
+} nvmlDeviceAttributes_t;
+
+static void mig_slices_from_name(int g, int m, unsigned *gi, unsigned *ci) {
+    char n[256];
+    unsigned a = 0, b = 0;
+    *gi = *ci = 1;
+    if (!kv_str(n, sizeof n, "gpu.%d.mig.%d.name", g, m)) return;
+    const char *p = strstr(n, " MIG ");
+    if (!p) return;
+    p += 5;
+    if (sscanf(p, "%uc.%ug.", &a, &b) == 2) { *ci = a; *gi = b; }
+    else if (sscanf(p, "%ug.", &b) == 1) { *ci = *gi = b; }
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t h, nvmlDeviceAttributes_t *attr) {
+    int g, m;
+    nvmlReturn_t r = dev_enter("nvmlDeviceGetAttributes_v2", h, &g, &m);
+    if (r) return r;
+    if (!attr) return NVML_ERROR_INVALID_ARGUMENT;
+    if (m < 0) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned gi, ci;
+    mig_slices_from_name(g, m, &gi, &ci);
+    unsigned long long total, used;
+    memory_of(g, m, &total, &used);
+    memset(attr, 0, sizeof *attr);
+    attr->gpuInstanceSliceCount = (unsigned)kv_int(gi, "gpu.%d.mig.%d.gi_slices", g, m);
+    attr->computeInstanceSliceCount = (unsigned)kv_int(ci, "gpu.%d.mig.%d.ci_slices", g, m);
+    attr->multiprocessorCount = 14 * attr->computeInstanceSliceCount;
+    attr->memorySizeMB = total >> 20;
+    return NVML_SUCCESS;
+}
+
+/* Application clocks, supported clocks and per-process utilisation: Slurm's gpu_nvml.so links
+ * against them (--gpu-freq, step accounting); this simulation does not model them. */
+EXPORT nvmlReturn_t nvmlDeviceGetApplicationsClock(nvmlDevice_t h, int type, unsigned int *mhz) {
+    ENTER_GPU("nvmlDeviceGetApplicationsClock", h, g);
+    (void)type; (void)mhz; (void)g;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+EXPORT nvmlReturn_t nvmlDeviceSetApplicationsClocks(nvmlDevice_t h, unsigned int mem_mhz, unsigned int gr_mhz) {
+    ENTER_GPU("nvmlDeviceSetApplicationsClocks", h, g);
+    (void)mem_mhz; (void)gr_mhz; (void)g;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedMemoryClocks(nvmlDevice_t h, unsigned int *count, unsigned int *mhz) {
+    ENTER_GPU("nvmlDeviceGetSupportedMemoryClocks", h, g);
+    (void)count; (void)mhz; (void)g;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedGraphicsClocks(nvmlDevice_t h, unsigned int mem_mhz, unsigned int *count,
+                                                         unsigned int *mhz) {
+    ENTER_GPU("nvmlDeviceGetSupportedGraphicsClocks", h, g);
+    (void)mem_mhz; (void)count; (void)mhz; (void)g;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t h, void *samples, unsigned int *count,
+                                                    unsigned long long since) {
+    ENTER_GPU("nvmlDeviceGetProcessUtilization", h, g);
+    (void)samples; (void)count; (void)since; (void)g;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+/* Graphics processes: none on these compute GPUs. */
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t h, unsigned int *count, nvmlProcessInfo_t *infos) {
+    int g, m;
+    nvmlReturn_t r = dev_enter("nvmlDeviceGetGraphicsRunningProcesses_v3", h, &g, &m);
+    if (r) return r;
+    (void)infos;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = 0;
+    return NVML_SUCCESS;
+}
+
 /* ---- accounting ----------------------------------------------------------------------------------
  * Records: gpu.<i>.acct=pid:gpu_util:mem_util:max_mem:time_ms:start_us:is_running;...
  * Visible only while accounting_mode=1 (else NOT_SUPPORTED, as the driver documents). */
