@@ -161,6 +161,8 @@ class _GpuReader:
         if self.inventory:
             self._read_inventory(h)
         self._read_state(h)
+        self._read_fabric_and_recovery(h)
+        self._read_power_fans_clocks(h)
         self.fields["nvlinks"] = self._nvlinks(h)
         self.reading("processes", "nvmlDeviceGetComputeRunningProcesses", p.nvmlDeviceGetComputeRunningProcesses, h,
                      convert=lambda ps: tuple(_process(x) for x in ps))
@@ -226,12 +228,62 @@ class _GpuReader:
         for field, etype in (("sram_corrected", p.NVML_MEMORY_ERROR_TYPE_CORRECTED),
                              ("sram_uncorrected", p.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
             self._optional(field, "nvmlDeviceGetMemoryErrorCounter", h, etype, p.NVML_AGGREGATE_ECC, sram, convert=int)
+        self._read_inforom(h)
+
+    def _read_inforom(self, h: Any) -> None:
+        """nvmlDeviceValidateInforom checksums the whole InfoROM: not for the prolog.  CORRUPTED_INFOROM
+        is the answer (False), not a failed reading."""
+        fn = getattr(pynvml, "nvmlDeviceValidateInforom", None)
+        if fn is None:
+            self.fields["inforom_valid"] = S.unsupported("nvmlDeviceValidateInforom", _absent())
+            return
+        try:
+            self.call("nvmlDeviceValidateInforom", fn, h)
+            self.fields["inforom_valid"] = S.value(True)
+        except pynvml.NVMLError as e:
+            if getattr(e, "value", None) == pynvml.NVML_ERROR_CORRUPTED_INFOROM:
+                self.fields["inforom_valid"] = S.value(False)
+            else:
+                self.fields["inforom_valid"] = self._error("nvmlDeviceValidateInforom", e)
+
+    def _read_fabric_and_recovery(self, h: Any) -> None:
+        """The NVSwitch fabric registration and the driver's recovery action (field 230)."""
+        p = pynvml
+        struct = getattr(p, "c_nvmlGpuFabricInfo_v2_t", None)
+        if struct is None or not hasattr(p, "nvmlDeviceGetGpuFabricInfoV"):
+            self.fields["fabric"] = S.unsupported("nvmlDeviceGetGpuFabricInfoV", _absent())
+        else:
+            self.reading("fabric", "nvmlDeviceGetGpuFabricInfoV", _fabric_info, self, h, struct)
+        field = getattr(p, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        if field is None:
+            self.fields["recovery_action"] = S.unsupported("nvmlDeviceGetFieldValues", _absent())
+        else:
+            self.reading("recovery_action", "nvmlDeviceGetFieldValues", _field_uint, self, h, field)
+
+    def _read_power_fans_clocks(self, h: Any) -> None:
+        """Power limits (enforced, default), fans, and the SM clock against its maximum."""
+        p = pynvml
+        self.reading("power_limit_mw", "nvmlDeviceGetEnforcedPowerLimit", p.nvmlDeviceGetEnforcedPowerLimit, h, convert=int)
+        self.reading("power_default_limit_mw", "nvmlDeviceGetPowerManagementDefaultLimit",
+                     p.nvmlDeviceGetPowerManagementDefaultLimit, h, convert=int)
+        n = self._optional("_fans", "nvmlDeviceGetNumFans", h, convert=int)
+        self.fields.pop("_fans")
+        self.fields["fans"] = S.value(tuple(self._fan(h, f) for f in range(n.value))) if n.ok else n
+        sm = p.NVML_CLOCK_SM
+        self.reading("sm_clock_mhz", "nvmlDeviceGetClockInfo", p.nvmlDeviceGetClockInfo, h, sm, convert=int)
+        self.reading("sm_clock_max_mhz", "nvmlDeviceGetMaxClockInfo", p.nvmlDeviceGetMaxClockInfo, h, sm, convert=int)
+
+    def _fan(self, h: Any, fan: int) -> S.Fan:
+        speed = self._optional("_fan", "nvmlDeviceGetFanSpeed_v2", h, fan, convert=int)
+        target = self._optional("_fan", "nvmlDeviceGetTargetFanSpeed", h, fan, convert=int)
+        self.fields.pop("_fan")
+        return S.Fan(fan, speed, target)
 
     def _optional(self, field: str, name: str, *args: Any, convert: Callable = lambda v: v) -> Reading:
         """A reading through a pynvml function that older nvidia-ml-py releases lack."""
         fn = getattr(pynvml, name, None)
         if fn is None:
-            self.fields[field] = S.unsupported(name, f"not in this nvidia-ml-py ({_pynvml_version()})")
+            self.fields[field] = S.unsupported(name, _absent())
             return self.fields[field]
         return self.reading(field, name, fn, *args, convert=convert)
 
@@ -607,6 +659,26 @@ def _pynvml_version() -> str:
         return "nvidia-ml-py " + version("nvidia-ml-py")
     except Exception:
         return "unknown version"
+
+
+def _absent() -> str:
+    return f"not in this nvidia-ml-py ({_pynvml_version()})"
+
+
+def _fabric_info(w: "_GpuReader", h: Any, struct: type) -> S.FabricInfo:
+    """nvmlDeviceGetGpuFabricInfoV with the v2 struct (its version field set by its constructor)."""
+    info = struct()
+    w.call("nvmlDeviceGetGpuFabricInfoV", pynvml.nvmlDeviceGetGpuFabricInfoV, h, ctypes.byref(info))
+    return S.FabricInfo(int(info.state), int(info.status), int(info.cliqueId), int(info.healthMask),
+                        bytes(info.clusterUuid).hex())
+
+
+def _field_uint(w: "_GpuReader", h: Any, field: int) -> int:
+    """One field through nvmlDeviceGetFieldValues; the entry's own return code raises as an NVMLError."""
+    v = w.call("nvmlDeviceGetFieldValues", pynvml.nvmlDeviceGetFieldValues, h, [field])[0]
+    if int(v.nvmlReturn) != pynvml.NVML_SUCCESS:
+        raise pynvml.NVMLError(int(v.nvmlReturn))
+    return int(v.value.uiVal)
 
 
 def _accounting_stats(handle: Any, pid: int) -> Any:
