@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import threading
 import time
 from collections import deque
@@ -29,7 +30,7 @@ import pynvml
 
 from slurm_gpu.gpu.deadline import run_with_deadline
 from slurm_gpu.gpu import snapshot as S
-from slurm_gpu.errors import NvmlUnavailable, NvmlWriteError
+from slurm_gpu.errors import DriverLibraryMismatch, NvmlUnavailable, NvmlWriteError
 from slurm_gpu.gpu.snapshot import GpuSnapshot, MigDevice, NodeSnapshot, NvLink, Process, Reading
 
 # Errors that mean "this GPU does not offer that reading" rather than "something is wrong".
@@ -410,6 +411,38 @@ def _load_library(path: str) -> None:
         cache.clear()
 
 
+KERNEL_VERSION_FILE = "/proc/driver/nvidia/version"
+_VERSION = re.compile(r"(\d+\.\d+(?:\.\d+)?)")
+
+
+def kernel_module_version(path: str = KERNEL_VERSION_FILE) -> str:
+    """The loaded kernel module's version from the first line of /proc/driver/nvidia/version
+    ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar ..." or "... Open Kernel
+    Module for x86_64  550.54.15  Release Build ..."); "" when unreadable."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            line = f.readline()
+    except OSError:
+        return ""
+    m = re.search(r"Kernel Module(?: for \S+)?\s+" + _VERSION.pattern, line)
+    return m.group(1) if m else ""
+
+
+def library_version(maps: str = "/proc/self/maps") -> str:
+    """The version of the NVML library this process loaded, from its file name
+    (libnvidia-ml.so.550.54.15, the file libnvidia-ml.so.1 links to); "" when it has none."""
+    try:
+        with open(maps, encoding="utf-8", errors="replace") as f:
+            paths = {line.split(None, 5)[-1].strip() for line in f if "libnvidia-ml.so" in line}
+    except OSError:
+        return ""
+    for path in sorted(paths):
+        m = re.search(r"libnvidia-ml\.so\." + _VERSION.pattern + "$", os.path.realpath(path))
+        if m:
+            return m.group(1)
+    return ""
+
+
 _NO_DRIVER_HINT = ("is the NVIDIA driver installed and loaded (nvidia-smi)? For a non-standard install set "
                    "nvml_library in /etc/slurm-gpu/config.toml or pass --nvml-lib PATH")
 
@@ -417,8 +450,9 @@ _NO_DRIVER_HINT = ("is the NVIDIA driver installed and loaded (nvidia-smi)? For 
 class NvmlReader:
     """A session with the driver: `snapshot()` for checks, the write methods for hooks."""
 
-    def __init__(self, library: str = "", timeout_s: float = 5.0):
+    def __init__(self, library: str = "", timeout_s: float = 5.0, version_file: str = KERNEL_VERSION_FILE):
         self.library = library
+        self.version_file = version_file  # the kernel module's version (a driver/library mismatch names it)
         self.timeout_s = timeout_s
         self._initialised = False
         self._stuck: Dict[int, str] = {}  # GPUs abandoned because a call hung: never touch them again
@@ -437,6 +471,8 @@ class NvmlReader:
             code = getattr(e, "value", None)
             if code == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
                 raise NvmlUnavailable("NVML library libnvidia-ml.so.1 not found", _NO_DRIVER_HINT) from None
+            if code == pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH:
+                raise DriverLibraryMismatch(kernel_module_version(self.version_file), library_version()) from None
             raise NvmlUnavailable(f"NVML initialisation failed: {e}", _NO_DRIVER_HINT) from None
         self._initialised = True
         return self

@@ -26,7 +26,17 @@ from slurm_gpu.gpu.snapshot import GpuSnapshot, NodeSnapshot
 def make_reader(cfg: Config, library: Optional[str] = None):
     from slurm_gpu.gpu.nvml import NvmlReader
     return NvmlReader(library=library if library is not None else cfg.get("", "nvml_library"),
-                      timeout_s=cfg.get("", "nvml_timeout_s"))
+                      timeout_s=cfg.get("", "nvml_timeout_s"), version_file=cfg.get("", "nvidia_version_file"))
+
+
+def mismatch_metric(cfg: Config, log: Any, hook: str, e: Exception) -> None:
+    """A driver/library mismatch as a metric (never raises: metrics never change a hook's outcome)."""
+    from slurm_gpu.errors import DriverLibraryMismatch
+    if not isinstance(e, DriverLibraryMismatch):
+        return
+    from slurm_gpu.metrics import hookwrite
+    if hookwrite.enabled(cfg):
+        hookwrite.mismatch(cfg, log, hook, node_name(), e.kernel_version, e.library_version, time.time())
 
 
 def read_xids(cfg: Config, now: Optional[float] = None) -> xid.XidReading:

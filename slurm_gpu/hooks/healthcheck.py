@@ -5,7 +5,7 @@ import sys
 import time as _time
 from typing import Any, List, NamedTuple, Tuple
 
-from slurm_gpu.errors import ExitCode, NvmlUnavailable, SlurmGpuError
+from slurm_gpu.errors import DriverLibraryMismatch, ExitCode, NvmlUnavailable, SlurmGpuError
 from slurm_gpu.gpu.deadline import call_with_deadline
 from slurm_gpu.policy.drain import KEEP, decide_drain
 from slurm_gpu.slurm import reason as _reason
@@ -123,6 +123,8 @@ def _verdict(node_name: str, info: Any, results: List[Any], err: Any, summarise:
             return HealthOutcome(node_name, "SKIP", "none",
                                  f"{node_name}: no GPUs configured in Slurm and no NVIDIA driver: nothing to check",
                                  exit_code=int(ExitCode.OK))
+        if isinstance(err, DriverLibraryMismatch):
+            return "FAIL", err.message  # names both versions and the remedy
         return "FAIL", f"NVIDIA driver unusable ({info.gpus_configured} GPUs configured): {err.message}"
     if isinstance(err, SlurmGpuError):
         return HealthOutcome(node_name, "ERROR", "error", f"{node_name}: check failed: {err.message}; node state left unchanged",
