@@ -148,3 +148,27 @@ def test_snapshot_file_with_the_new_readings_reads_back_to_the_same_verdicts(sim
     back = node_from_json(snap.to_json())
     assert back == snap
     assert one(health.evaluate(back, cfg), "fans", 0).status == "FAIL"
+
+
+def _prolog(node, cfg_text):
+    import time
+    from test_hooks import RecordingSlurm, job_env
+    from slurm_gpu.hooks.log import HookLog
+    from slurm_gpu.slurm.jobenv import from_env
+    node.write_config(cfg_text)
+    cfg = config.load(str(node.config))
+    os.environ["SIMNVML_STATE"] = str(node.state)
+    deps = hooks.HookDeps(cfg=cfg, log=HookLog("test", syslog_on=False, path=str(node.tmp / "hooks.log")),
+                          reader=NvmlReader(cfg.nvml_library, cfg.nvml_timeout_s), slurm=RecordingSlurm(), now=time.time)
+    return hooks.prolog(from_env(job_env(gpus="0,1")), deps)
+
+
+def test_prolog_puts_a_capped_power_limit_back_to_default_when_asked(sim_node):
+    node = sim_node(simgpu.h100_sxm(2))
+    simgpu.set_gpu(node.state, 1, power_limit_mw=400000)
+    assert _prolog(node, "") == 0  # off by default: the cap is only a WARN
+    assert not [a for a in simgpu.read_actions(node.state) if a["function"] == "nvmlDeviceSetPowerManagementLimit"]
+    assert _prolog(node, "[hooks]\nreset_power_limit = true\n") == 0
+    sets = [a for a in simgpu.read_actions(node.state) if a["function"] == "nvmlDeviceSetPowerManagementLimit"]
+    assert [(a["gpu"], a["args"].get("limit_mw")) for a in sets] == [(1, 700000)], sets
+    assert simgpu.read_state(node.state)["gpu.1.power_limit_mw"] == "700000"

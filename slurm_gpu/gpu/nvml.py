@@ -646,7 +646,7 @@ class NvmlReader:
 
     # -- writes (strict: a failure is an NvmlWriteError naming the GPU and the NVML error) ---
     def prepare(self, indices: Sequence[int], *, persistence: bool = False, reset_clocks: bool = False,
-                accounting: bool = False) -> Dict[int, Any]:
+                accounting: bool = False, power_cap_tolerance_pct: Optional[float] = None) -> Dict[int, Any]:
         """Put GPUs into a known state, all GPUs in parallel.
 
         Returns {index: {operation: done} | NvmlWriteError}; done is False when the GPU does
@@ -660,6 +660,9 @@ class NvmlReader:
             ops += [("nvmlDeviceResetApplicationsClocks", p.nvmlDeviceResetApplicationsClocks, ()),
                     ("nvmlDeviceResetGpuLockedClocks", p.nvmlDeviceResetGpuLockedClocks, ()),
                     ("nvmlDeviceResetMemoryLockedClocks", p.nvmlDeviceResetMemoryLockedClocks, ())]
+        if power_cap_tolerance_pct is not None:
+            # A limit capped below the board's default goes back to the default (nothing of ours lowers it).
+            ops.append(("nvmlDeviceSetPowerManagementLimit", _reset_power_limit, (power_cap_tolerance_pct,)))
         if accounting:
             # Accounting must be on before the job's first process starts; PIDs of earlier
             # jobs would be mistaken for this job's, so they are cleared.
@@ -695,6 +698,16 @@ def _pynvml_version() -> str:
         return "nvidia-ml-py " + version("nvidia-ml-py")
     except Exception:
         return "unknown version"
+
+
+def _reset_power_limit(h: Any, tolerance_pct: float) -> bool:
+    """Set the enforced power limit back to the default when it is capped beyond the tolerance; True when set."""
+    p = pynvml
+    limit, default = int(p.nvmlDeviceGetEnforcedPowerLimit(h)), int(p.nvmlDeviceGetPowerManagementDefaultLimit(h))
+    if limit >= default * (1 - tolerance_pct / 100.0):
+        return False
+    p.nvmlDeviceSetPowerManagementLimit(h, default)
+    return True
 
 
 def _absent() -> str:

@@ -542,7 +542,9 @@ def _prepare(deps: HookDeps, job: JobEnv, gmap: JobGpuMap) -> Dict[int, Any]:
     whole = [i for i in gmap.nvml_indices if i not in sliced]
     out = deps.reader.prepare(whole, persistence=cfg.get("hooks", "persistence_mode"),
                               reset_clocks=cfg.get("hooks", "reset_clocks"),
-                              accounting=cfg.get("hooks", "accounting_mode")) if whole else {}
+                              accounting=cfg.get("hooks", "accounting_mode"),
+                              power_cap_tolerance_pct=cfg.get("health", "power_cap_tolerance_pct")
+                              if cfg.get("hooks", "reset_power_limit") else None) if whole else {}
     if sliced:
         deps.log.info("mig-gpu-shared", job=job.job_id, node=job.node, gpus=",".join(map(str, sorted(sliced))),
                       note="clocks and accounting of a GPU with MIG slices are left alone")
