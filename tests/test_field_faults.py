@@ -13,16 +13,7 @@ import simgpu
 from slurm_gpu import config
 from slurm_gpu.hooks import flows as hooks
 from slurm_gpu.gpu.nvml import NvmlReader
-
-
-def check_in_process(node, **kw):
-    cfg = config.load(str(node.config))
-    os.environ["SIMNVML_STATE"] = str(node.state)
-    reader = NvmlReader(cfg.nvml_library, cfg.nvml_timeout_s)
-    try:
-        return hooks.check_node(cfg, reader=reader, **kw)[1]
-    finally:
-        reader.close()
+from test_check import check_in_process
 
 
 def one(results, name, gpu):

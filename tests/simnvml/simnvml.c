@@ -1459,24 +1459,16 @@ EXPORT nvmlReturn_t nvmlDeviceValidateInforom(nvmlDevice_t h) {
 static long long power_default(int g) { return kv_int(700000, "gpu.%d.power_default_limit_mw", g); }
 static long long power_limit(int g) { return kv_int(power_default(g), "gpu.%d.power_limit_mw", g); }
 
-EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t h, unsigned int *mw) {
-    ENTER_GPU("nvmlDeviceGetPowerManagementDefaultLimit", h, g);
-    if (!mw) return NVML_ERROR_INVALID_ARGUMENT;
-    *mw = (unsigned)power_default(g);
-    return NVML_SUCCESS;
-}
-EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t h, unsigned int *mw) {
-    ENTER_GPU("nvmlDeviceGetEnforcedPowerLimit", h, g);
-    if (!mw) return NVML_ERROR_INVALID_ARGUMENT;
-    *mw = (unsigned)power_limit(g);
-    return NVML_SUCCESS;
-}
-EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t h, unsigned int *mw) {
-    ENTER_GPU("nvmlDeviceGetPowerManagementLimit", h, g);
-    if (!mw) return NVML_ERROR_INVALID_ARGUMENT;
-    *mw = (unsigned)power_limit(g);
-    return NVML_SUCCESS;
-}
+#define POWER_GETTER(sym, value)                                     \
+    EXPORT nvmlReturn_t sym(nvmlDevice_t h, unsigned int *mw) {      \
+        ENTER_GPU(#sym, h, g);                                        \
+        if (!mw) return NVML_ERROR_INVALID_ARGUMENT;                  \
+        *mw = (unsigned)value(g);                                     \
+        return NVML_SUCCESS;                                          \
+    }
+POWER_GETTER(nvmlDeviceGetPowerManagementDefaultLimit, power_default)
+POWER_GETTER(nvmlDeviceGetEnforcedPowerLimit, power_limit)
+POWER_GETTER(nvmlDeviceGetPowerManagementLimit, power_limit)
 
 /* fan_count (default 0: a passively cooled board); fan.F.speed_pct (default 30),
  * fan.F.target_pct (default: the speed). */
