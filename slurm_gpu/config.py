@@ -23,7 +23,7 @@ CHECK_NAMES = (
     "gpu_count", "responsive", "ecc_uncorrectable", "row_remap_failure", "pending_reset",
     "retired_pages", "temperature", "clock_events", "pcie_link", "nvlink", "persistence_mode",
     "leftover_processes", "memory_in_use", "driver_version", "xid", "remap_spare_rows", "vbios_consistency",
-    "fabric", "recovery_action", "inforom", "power_cap", "fans", "stuck_clocks",
+    "fabric", "recovery_action", "inforom", "power_cap", "fans",
 )
 
 
