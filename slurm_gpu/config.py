@@ -23,7 +23,7 @@ CHECK_NAMES = (
     "gpu_count", "responsive", "ecc_uncorrectable", "row_remap_failure", "pending_reset",
     "retired_pages", "temperature", "clock_events", "pcie_link", "nvlink", "persistence_mode",
     "leftover_processes", "memory_in_use", "driver_version", "xid", "remap_spare_rows", "vbios_consistency",
-    "fabric", "recovery_action", "inforom", "power_cap", "fans",
+    "fabric", "recovery_action", "inforom", "power_cap", "fans", "stuck_clocks",
 )
 
 
@@ -128,6 +128,9 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "idle_memory_used_mib": Key(int, 1024, "Memory used on a GPU that should be idle, above which it is reported as leaked GPU memory.", _rng(0, 1 << 20)),
         "clock_event_mask": Key(int, 0x8 | 0x40 | 0x80, "Clock event reason bits that count as a hardware fault (default HwSlowdown|HwThermalSlowdown|HwPowerBrakeSlowdown = 0xC8).", _rng(0, 0xFFFFFFFFFFFFFFFF)),
         "power_cap_tolerance_pct": Key(float, 5.0, "How far (percent) the enforced power limit may sit below the board's default before power_cap WARNs.", _rng(0, 100)),
+        "stuck_clocks_busy_pct": Key(float, 50.0, "Epilog: a job's mean GPU utilisation (driver accounting) from which its GPUs' clocks are judged for stuck_clocks.", _rng(0, 100)),
+        "stuck_clocks_ratio_pct": Key(float, 50.0, "Epilog: an SM clock under this percent of its maximum at the end of a busy job, with no clock event reason, is recorded as stuck_clocks.", _rng(1, 100)),
+        "stuck_clocks_recent_s": Key(float, 86400.0, "How long healthcheck and `check` WARN on a stuck_clocks event an epilog recorded (seconds).", _rng(0, 90 * 86400)),
         "severity": Key(dict, {}, "Per-check severity override: {check = 'fail'|'warn'|'off'}; checks: " + ", ".join(CHECK_NAMES) + ".", _severity_table),
     },
     "xid": {

@@ -63,7 +63,7 @@ def test_real_gpu_snapshot_reads_every_gpu_with_three_outcomes(real_env):
 
 
 _ISSUE25 = ("fabric", "recovery_action", "power_limit_mw", "power_default_limit_mw", "fans", "sm_clock_mhz",
-            "sm_clock_max_mhz", "inforom_valid")
+            "sm_clock_max_mhz", "inforom_valid", "clock_event_reasons", "performance_state")  # the last two: stuck_clocks
 
 
 def test_real_gpu_answers_the_fabric_recovery_inforom_power_fan_and_clock_readings(real_env):

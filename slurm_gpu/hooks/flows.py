@@ -76,11 +76,27 @@ def check_node(
         reader = reader or make_reader(cfg)
         snapshot = reader.snapshot(indices, inventory=True)  # not the prolog's read: VBIOS, remap histogram too
         events, problem, undated = read_xids(cfg, now)
+        recorded, recorded_problem = recorded_stuck_clocks(cfg, now)
     else:
         events, problem, undated = [], "", 0  # offline evaluation of a saved snapshot: no live kernel log
+        recorded, recorded_problem = None, ""
     results = health.evaluate(snapshot, cfg, gpus=indices, idle=idle, expected_count=expected_count,
-                              xid_events=events, xid_problem=problem, xid_undated=undated, now=now)
+                              xid_events=events, xid_problem=problem, xid_undated=undated, now=now,
+                              recorded_events=recorded, recorded_problem=recorded_problem)
     return snapshot, CheckRun(results, snapshot, events, all_gpus=indices is None)
+
+
+def recorded_stuck_clocks(cfg: Config, now: float) -> Tuple[Optional[List[Dict[str, Any]]], str]:
+    """(the stuck_clocks events epilogs recorded within health.stuck_clocks_recent_s, problem):
+    read-only and quick; a database that cannot be read is a problem said, never a crash."""
+    if not health.Judge(cfg).enabled("stuck_clocks"):
+        return None, ""
+    from slurm_gpu.store.node import describe_error, recent_health_events
+    since = now - float(cfg.get("health", "stuck_clocks_recent_s"))
+    try:
+        return recent_health_events(cfg.path_value("store", "database"), "stuck_clocks", since), ""
+    except Exception as e:  # a locked, corrupt or foreign file: the other checks still run
+        return [], describe_error(e)
 
 
 class CheckRun(list):
@@ -771,6 +787,7 @@ def _epilog(job: JobEnv, deps: HookDeps, seen: Any) -> int:
     _seen_check(seen, snap, results, events)
     _seen_drain(seen, drain_record, "leftover_processes" if survivors else _fault_check(results))
     rows = _usage_rows(deps, job, gmap, snap, events, acct, end)
+    results.extend(_stuck_clocks(deps, job, snap, rows))  # a health event, never a drain
     _record_usage(deps, job, rows, _results_events(results, job.node, "epilog", job.job_id, end), end)
     if drain_record is not None:
         _write(deps, drain_record, job)
@@ -779,6 +796,15 @@ def _epilog(job: JobEnv, deps: HookDeps, seen: Any) -> int:
     # Drained with our reason: exit 0 so Slurm does not overwrite it with "Epilog error".
     # If the drain did not reach slurmctld, fail the epilog so that Slurm drains the node.
     return 0 if drained else 1
+
+
+def _stuck_clocks(deps: HookDeps, job: JobEnv, snap: NodeSnapshot, rows: List[Dict[str, Any]]) -> List[CheckResult]:
+    """The job's whole GPUs judged for clocks stuck low on the job's utilisation; only WARN/FAIL
+    are kept (the metrics' steady stuck_clocks status is healthcheck's, from these events)."""
+    util = {r["gpu_index"]: r["gpu_util_mean_pct"] for r in rows if r.get("parent_gpu_uuid") is None}
+    found = [r for r in health.judge_stuck_clocks(snap, util, deps.cfg) if r.status in (health.WARN, health.FAIL)]
+    _log_results(deps.log, job, found)
+    return found
 
 
 def _usage_rows(deps: HookDeps, job: JobEnv, gmap: JobGpuMap, snap: NodeSnapshot, events: Sequence[xid.XidEvent],

@@ -10,7 +10,7 @@ registered in one registry (policy/checks/__init__.py); this module runs them.
 """
 from __future__ import annotations
 
-from typing import Iterable, List, Optional, Sequence, Set
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set
 
 from slurm_gpu.config import Config
 from slurm_gpu.gpu.snapshot import NodeSnapshot
@@ -21,7 +21,8 @@ from slurm_gpu.policy.judge import (FAIL, PASS, SKIP, WARN, CheckResult, Context
                                     drain_fault, failures, worst)
 
 _HEALTH_KEYS = ("expected_gpu_count", "required_driver_version", "max_temperature_c", "max_retired_pages",
-                "idle_memory_used_mib", "clock_event_mask", "power_cap_tolerance_pct")
+                "idle_memory_used_mib", "clock_event_mask", "power_cap_tolerance_pct", "stuck_clocks_busy_pct",
+                "stuck_clocks_ratio_pct")
 
 
 def evaluate(
@@ -35,6 +36,8 @@ def evaluate(
     xid_problem: str = "",
     xid_undated: int = 0,
     now: Optional[float] = None,
+    recorded_events: Optional[Sequence[Dict[str, Any]]] = None,
+    recorded_problem: str = "",
 ) -> List[CheckResult]:
     """Judge the node.
 
@@ -46,13 +49,14 @@ def evaluate(
           fine (a GPU Slurm does not schedule).  health.expected_gpu_count, when set, wins and
           must match exactly.
     xid_undated: XID lines in the log that could not be dated (xid.read); said, never judged.
+    recorded_events: the node database's recent stuck_clocks events (healthcheck, `check`); None: not read.
     """
     checks.load()
     j = Judge(cfg)
     judged = [g for g in snap.gpus if gpus is None or g.index in set(gpus)]
     idle_set: Set[int] = {g.index for g in judged} if idle is True else set(idle or ())
     ctx = Context(cfg, {k: cfg.get("health", k) for k in _HEALTH_KEYS}, snap, judged, idle_set, expected_count,
-                  xid_events, xid_problem, xid_undated, now)
+                  xid_events, xid_problem, xid_undated, now, recorded_events, recorded_problem)
     for check in checks.NODE_CHECKS["before"]:
         check(j, ctx)
     for g in judged:
@@ -65,4 +69,16 @@ def evaluate(
             check(j, g, ctx)
     for check in checks.NODE_CHECKS["after"]:
         check(j, ctx)
+    return j.out
+
+
+def judge_stuck_clocks(snap: NodeSnapshot, util_pct: Mapping[int, Optional[float]], cfg: Config) -> List[CheckResult]:
+    """The epilog's stuck-clock verdicts: each whole GPU in util_pct (index -> the job's mean
+    utilisation, None when unknown) judged on the clocks read at the job's end."""
+    from slurm_gpu.policy.checks.thermal import stuck_clocks
+    j = Judge(cfg)
+    hc = {k: cfg.get("health", k) for k in _HEALTH_KEYS}
+    for g in snap.gpus:
+        if g.index in util_pct and not g.unreachable:
+            stuck_clocks(j, g, util_pct[g.index], hc)
     return j.out

@@ -13,7 +13,7 @@ _RANK = {SKIP: 0, PASS: 1, WARN: 2, FAIL: 3}
 
 # Checks whose natural FAIL is only a warning unless the site says otherwise.
 DEFAULT_SEVERITY = {"persistence_mode": "warn", "remap_spare_rows": "warn", "vbios_consistency": "warn",
-                    "inforom": "warn", "power_cap": "warn"}
+                    "inforom": "warn", "power_cap": "warn", "stuck_clocks": "warn"}
 
 
 class CheckResult(NamedTuple):
@@ -70,6 +70,10 @@ class Context(NamedTuple):
     xid_problem: str = ""
     xid_undated: int = 0
     now: Optional[float] = None
+    # healthcheck and `check`: the node database's recent stuck_clocks events (None: not read,
+    # as in the prolog and epilog); recorded_problem: why they could not be read
+    recorded_events: Optional[Sequence[Dict[str, Any]]] = None
+    recorded_problem: str = ""
 
 
 class Judge:
