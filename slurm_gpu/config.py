@@ -23,6 +23,7 @@ CHECK_NAMES = (
     "gpu_count", "responsive", "ecc_uncorrectable", "row_remap_failure", "pending_reset",
     "retired_pages", "temperature", "clock_events", "pcie_link", "nvlink", "persistence_mode",
     "leftover_processes", "memory_in_use", "driver_version", "xid", "remap_spare_rows", "vbios_consistency",
+    "fabric", "recovery_action", "inforom", "power_cap", "fans", "stuck_clocks",
 )
 
 
@@ -111,6 +112,7 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
     "": {
         "cluster_name": Key(str, "", "Cluster name recorded with every job; default: SLURM_CLUSTER_NAME, else ClusterName from slurm.conf."),
         "nvml_library": Key(str, "", "Absolute path of libnvidia-ml.so.1 for non-standard driver installs; empty: the system loader finds it."),
+        "nvidia_version_file": Key(str, "/proc/driver/nvidia/version", "Where the loaded kernel module states its version; a driver/library mismatch (nvmlInit: LIB_RM_VERSION_MISMATCH) names the version read here."),
         "nvml_timeout_s": Key(float, 5.0, "Deadline for each NVML call made for a check; a call that takes longer makes that GPU FAIL.", _rng(0.1, 300)),
         "slurm_backend": Key(str, "auto", "How to talk to Slurm: 'cli' (scontrol/sinfo/sacct), 'pyslurm', or 'auto' (pyslurm when importable and matching, else cli).", _choice("auto", "cli", "pyslurm")),
         "slurm_conf": Key(str, "/etc/slurm/slurm.conf", "slurm.conf (with gres.conf beside it) that maps Slurm's GPU indices to devices when SLURM_CONF is not set; slurmd always sets it for the hooks."),
@@ -125,6 +127,10 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "max_retired_pages": Key(int, 60, "Retired pages (SBE + DBE) above which a GPU FAILs (pre-Ampere page retirement; NVIDIA's RMA guidance is 60).", _rng(0, 10000)),
         "idle_memory_used_mib": Key(int, 1024, "Memory used on a GPU that should be idle, above which it is reported as leaked GPU memory.", _rng(0, 1 << 20)),
         "clock_event_mask": Key(int, 0x8 | 0x40 | 0x80, "Clock event reason bits that count as a hardware fault (default HwSlowdown|HwThermalSlowdown|HwPowerBrakeSlowdown = 0xC8).", _rng(0, 0xFFFFFFFFFFFFFFFF)),
+        "power_cap_tolerance_pct": Key(float, 5.0, "How far (percent) the enforced power limit may sit below the board's default before power_cap WARNs.", _rng(0, 100)),
+        "stuck_clocks_busy_pct": Key(float, 50.0, "Epilog: a job's mean GPU utilisation (driver accounting) from which its GPUs' clocks are judged for stuck_clocks.", _rng(0, 100)),
+        "stuck_clocks_ratio_pct": Key(float, 50.0, "Epilog: an SM clock under this percent of its maximum at the end of a busy job, with no clock event reason, is recorded as stuck_clocks.", _rng(1, 100)),
+        "stuck_clocks_recent_s": Key(float, 86400.0, "How long healthcheck and `check` WARN on a stuck_clocks event an epilog recorded (seconds).", _rng(0, 90 * 86400)),
         "severity": Key(dict, {}, "Per-check severity override: {check = 'fail'|'warn'|'off'}; checks: " + ", ".join(CHECK_NAMES) + ".", _severity_table),
     },
     "xid": {
@@ -140,6 +146,7 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "fail_open": Key(bool, True, "On an internal error (a bug, not a GPU fault) log it and let the job run (true) or fail the hook (false)."),
         "drain_on_fault": Key(bool, True, "Drain the node through Slurm when a job's GPU FAILs (else only exit non-zero)."),
         "reset_clocks": Key(bool, True, "Reset application and locked clocks in prolog and epilog."),
+        "reset_power_limit": Key(bool, False, "Prolog: put a power limit capped below the board's default back to the default (nvmlDeviceSetPowerManagementLimit), as it resets clocks; off: only the power_cap WARN."),
         "persistence_mode": Key(bool, True, "Turn persistence mode on in the prolog."),
         "accounting_mode": Key(bool, True, "Turn per-process accounting on and clear old PIDs in the prolog."),
         "kill_leftovers": Key(bool, True, "Epilog terminates processes still running on the job's GPUs (TERM, grace, KILL)."),

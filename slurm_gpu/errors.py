@@ -45,6 +45,19 @@ class NvmlUnavailable(SlurmGpuError):
     exit_code = ExitCode.NVML_UNAVAILABLE
 
 
+class DriverLibraryMismatch(NvmlUnavailable):
+    """nvmlInit: LIB_RM_VERSION_MISMATCH (18): the loaded kernel module and the NVML library come from
+    different driver versions (a driver update without a reboot).  Every CUDA job fails."""
+
+    def __init__(self, kernel_version: str, library_version: str):
+        self.kernel_version, self.library_version = kernel_version, library_version
+        super().__init__(f"NVIDIA driver/library version mismatch: kernel module {kernel_version or 'unknown'}, "
+                         f"NVML library {library_version or 'unknown'}: reboot the node or reload the nvidia module",
+                         "after a driver update the old kernel module is still loaded: drain the node, then reboot it "
+                         "(or stop nvidia-persistenced/fabric manager and `rmmod nvidia_uvm nvidia_drm nvidia_modeset "
+                         "nvidia && modprobe nvidia`)")
+
+
 class NvmlWriteError(SlurmGpuError):
     """A write (clock reset, persistence, accounting) failed on a GPU."""
 

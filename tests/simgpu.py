@@ -83,7 +83,13 @@ CONSUMER_UNSUPPORTED = (
     "nvmlDeviceGetMaxMigDeviceCount",
     "nvmlDeviceGetNvLinkState",
     "nvmlDeviceGetNvLinkRemotePciInfo_v2",
+    "nvmlDeviceGetGpuFabricInfoV",
 )
+
+# NVSwitch fabric states (nvmlGpuFabricState_t) and GPU recovery actions (field 230).
+FABRIC_NOT_SUPPORTED, FABRIC_NOT_STARTED, FABRIC_IN_PROGRESS, FABRIC_COMPLETED = 0, 1, 2, 3
+FIELD_GPU_RECOVERY_ACTION = 230
+RECOVERY_NONE, RECOVERY_GPU_RESET, RECOVERY_NODE_REBOOT, RECOVERY_DRAIN_P2P, RECOVERY_DRAIN_AND_RESET = 0, 1, 2, 3, 4
 
 
 # --- building the library ------------------------------------------------------------------
@@ -445,6 +451,11 @@ def _healthy(model: str, name: str, i: int, n: int, seed: str, bus: int, memory_
 _HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 
 
+# An HGX board whose fabric manager registered the GPU with the NVSwitch fabric.
+_HGX_FABRIC = {"fabric_state": FABRIC_COMPLETED, "fabric_status": SUCCESS, "fabric_clique_id": 1,
+               "fabric_cluster_byte": 0x5A}
+
+
 def _hgx_bus(i: int) -> int:
     return _HGX_BUSES[i] if i < len(_HGX_BUSES) else 0x10 + i
 
@@ -455,7 +466,7 @@ def h100_sxm(n: int = 8, seed: str = "node") -> Dict[str, Any]:
     gpus = []
     for i in range(n):
         g = _healthy("h100_sxm", "NVIDIA H100 80GB HBM3", i, n, seed, _hgx_bus(i), 81559 * MIB, 0x233010DE, 0x16C110DE)
-        g.update(pcie_gen_cur=5, pcie_gen_max=5, pcie_width_cur=16, pcie_width_max=16,
+        g.update(pcie_gen_cur=5, pcie_gen_max=5, pcie_width_cur=16, pcie_width_max=16, **_HGX_FABRIC,
                  nvlinks=[{"state": 1, "remote_bus_id": f"00000000:{0x05 + l % 4:02X}:00.0"} for l in range(18)])
         gpus.append(g)
     return _node(gpus)
@@ -466,7 +477,7 @@ def h200(n: int = 4, seed: str = "node") -> Dict[str, Any]:
     gpus = []
     for i in range(n):
         g = _healthy("h200", "NVIDIA H200", i, n, seed, _hgx_bus(i), 143771 * MIB, 0x233510DE, 0x18BE10DE)
-        g.update(pcie_gen_cur=5, pcie_gen_max=5, pcie_width_cur=16, pcie_width_max=16, power_mw=75000,
+        g.update(pcie_gen_cur=5, pcie_gen_max=5, pcie_width_cur=16, pcie_width_max=16, power_mw=75000, **_HGX_FABRIC,
                  nvlinks=[{"state": 1, "remote_bus_id": f"00000000:{0x05 + l % 4:02X}:00.0"} for l in range(18)])
         gpus.append(g)
     return _node(gpus)
@@ -480,7 +491,7 @@ def a100_pcie(n: int = 4, seed: str = "node") -> Dict[str, Any]:
         bus = buses[i] if i < len(buses) else 0x20 + i
         g = _healthy("a100_pcie", "NVIDIA A100-PCIE-40GB", i, n, seed, bus, 40960 * MIB, 0x20F110DE, 0x145F10DE, cpus=64)
         g.update(pcie_gen_cur=4, pcie_gen_max=4, pcie_width_cur=16, pcie_width_max=16, power_mw=35000,
-                 nvlink_count=0)
+                 nvlink_count=0, power_default_limit_mw=250000)
         gpus.append(g)
     return _node(gpus)
 
@@ -500,6 +511,7 @@ def consumer_gpu(n: int = 1, seed: str = "node") -> Dict[str, Any]:
                   "sram_aggregate_uncorrected", "accounting_mode", "acct", "mig_mode", "mig_mode_pending"):
             del g[k]
         g.update(pcie_gen_cur=4, pcie_gen_max=4, pcie_width_cur=16, pcie_width_max=16, power_mw=20000, pstate=8,
+                 power_default_limit_mw=450000, fan_count=1, **{"fan.0.speed_pct": 30, "fan.0.target_pct": 30},
                  persistence_mode=0, errors={fn: NOT_SUPPORTED for fn in CONSUMER_UNSUPPORTED})
         gpus.append(g)
     return _node(gpus)

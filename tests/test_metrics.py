@@ -512,6 +512,30 @@ def test_healthcheck_writes_every_gpu_the_drain_and_the_spool(sim_node):
     check_dir(tf)
 
 
+def test_healthcheck_writes_the_driver_library_mismatch_with_both_versions(sim_node):
+    """The prolog and epilog wrote slurm_gpu_driver_library_mismatch; healthcheck, the run that sees
+    a node without jobs, did not: its series stayed 0 on a node every job would fail on."""
+    from slurm_gpu.errors import DriverLibraryMismatch
+
+    def mismatch(info):
+        raise DriverLibraryMismatch("550.54.15", "560.35.03")
+
+    node, tf, _ = metrics_node(sim_node, mapping=False)
+    assert _healthcheck(node, _Backend()).action == "none"
+    assert T.parse((tf / NODE).read_text())["slurm_gpu_driver_library_mismatch"] == {
+        (("kernel_version", ""), ("library_version", "")): 0.0}
+    backend = _Backend()
+    assert _healthcheck(node, backend, checker=mismatch).action == "drained"
+    text = (tf / NODE).read_text()
+    assert T.parse(text)["slurm_gpu_driver_library_mismatch"] == {
+        (("kernel_version", "550.54.15"), ("library_version", "560.35.03")): 1.0}
+    assert "driver/library version mismatch" in backend.reason
+    assert _healthcheck(node, backend).action == "resumed"  # rebooted: one series again, 0
+    assert T.parse((tf / NODE).read_text())["slurm_gpu_driver_library_mismatch"] == {
+        (("kernel_version", ""), ("library_version", "")): 0.0}
+    check_dir(tf)
+
+
 def test_healthcheck_drain_for_an_unusable_driver_shows_in_the_metrics(sim_node):
     from slurm_gpu.errors import NvmlUnavailable
 

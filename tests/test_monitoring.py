@@ -440,6 +440,12 @@ EXPECTED_ALERTS = sorted([
     ("SlurmGpuRemapHeadroomLow", "gpu02", "1", ""),
     ("SlurmGpuDriverVersionsMixed", "", "", ""),  # gpu01 on 550.54.15, gpu02 on 535.104.05
     ("SlurmGpuVbiosVersionsMixed", "gpu02", "", ""),
+    ("SlurmGpuFabricNotReady", "gpu02", "1", ""),
+    ("SlurmGpuRecoveryActionPending", "gpu02", "1", ""),
+    ("SlurmGpuDriverLibraryMismatch", "gpu02", "", ""),
+    ("SlurmGpuFanFailed", "gpu02", "0", ""),
+    ("SlurmGpuInforomCorrupted", "gpu02", "1", ""),
+    ("SlurmGpuPowerCapped", "gpu02", "1", ""),
 ])
 
 

@@ -31,7 +31,7 @@ def _local_inventory(cfg, snapshot_path: Optional[str], hostname: Optional[str],
     else:
         from slurm_gpu.gpu.nvml import NvmlReader
 
-        reader = NvmlReader(cfg.get("", "nvml_library"), cfg.get("", "nvml_timeout_s"))
+        reader = NvmlReader(cfg.get("", "nvml_library"), cfg.get("", "nvml_timeout_s"), cfg.get("", "nvidia_version_file"))
         try:
             snap = reader.snapshot(inventory=True)
         finally:

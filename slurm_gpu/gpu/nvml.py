@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import threading
 import time
 from collections import deque
@@ -29,7 +30,7 @@ import pynvml
 
 from slurm_gpu.gpu.deadline import run_with_deadline
 from slurm_gpu.gpu import snapshot as S
-from slurm_gpu.errors import NvmlUnavailable, NvmlWriteError
+from slurm_gpu.errors import DriverLibraryMismatch, NvmlUnavailable, NvmlWriteError
 from slurm_gpu.gpu.snapshot import GpuSnapshot, MigDevice, NodeSnapshot, NvLink, Process, Reading
 
 # Errors that mean "this GPU does not offer that reading" rather than "something is wrong".
@@ -161,6 +162,8 @@ class _GpuReader:
         if self.inventory:
             self._read_inventory(h)
         self._read_state(h)
+        self._read_fabric_and_recovery(h)
+        self._read_power_fans_clocks(h)
         self.fields["nvlinks"] = self._nvlinks(h)
         self.reading("processes", "nvmlDeviceGetComputeRunningProcesses", p.nvmlDeviceGetComputeRunningProcesses, h,
                      convert=lambda ps: tuple(_process(x) for x in ps))
@@ -226,12 +229,62 @@ class _GpuReader:
         for field, etype in (("sram_corrected", p.NVML_MEMORY_ERROR_TYPE_CORRECTED),
                              ("sram_uncorrected", p.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
             self._optional(field, "nvmlDeviceGetMemoryErrorCounter", h, etype, p.NVML_AGGREGATE_ECC, sram, convert=int)
+        self._read_inforom(h)
+
+    def _read_inforom(self, h: Any) -> None:
+        """nvmlDeviceValidateInforom checksums the whole InfoROM: not for the prolog.  CORRUPTED_INFOROM
+        is the answer (False), not a failed reading."""
+        fn = getattr(pynvml, "nvmlDeviceValidateInforom", None)
+        if fn is None:
+            self.fields["inforom_valid"] = S.unsupported("nvmlDeviceValidateInforom", _absent())
+            return
+        try:
+            self.call("nvmlDeviceValidateInforom", fn, h)
+            self.fields["inforom_valid"] = S.value(True)
+        except pynvml.NVMLError as e:
+            if getattr(e, "value", None) == pynvml.NVML_ERROR_CORRUPTED_INFOROM:
+                self.fields["inforom_valid"] = S.value(False)
+            else:
+                self.fields["inforom_valid"] = self._error("nvmlDeviceValidateInforom", e)
+
+    def _read_fabric_and_recovery(self, h: Any) -> None:
+        """The NVSwitch fabric registration and the driver's recovery action (field 230)."""
+        p = pynvml
+        struct = getattr(p, "c_nvmlGpuFabricInfo_v2_t", None)
+        if struct is None or not hasattr(p, "nvmlDeviceGetGpuFabricInfoV"):
+            self.fields["fabric"] = S.unsupported("nvmlDeviceGetGpuFabricInfoV", _absent())
+        else:
+            self.reading("fabric", "nvmlDeviceGetGpuFabricInfoV", _fabric_info, self, h, struct)
+        field = getattr(p, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        if field is None:
+            self.fields["recovery_action"] = S.unsupported("nvmlDeviceGetFieldValues", _absent())
+        else:
+            self.reading("recovery_action", "nvmlDeviceGetFieldValues", _field_uint, self, h, field)
+
+    def _read_power_fans_clocks(self, h: Any) -> None:
+        """Power limits (enforced, default), fans, and the SM clock against its maximum."""
+        p = pynvml
+        self.reading("power_limit_mw", "nvmlDeviceGetEnforcedPowerLimit", p.nvmlDeviceGetEnforcedPowerLimit, h, convert=int)
+        self.reading("power_default_limit_mw", "nvmlDeviceGetPowerManagementDefaultLimit",
+                     p.nvmlDeviceGetPowerManagementDefaultLimit, h, convert=int)
+        n = self._optional("_fans", "nvmlDeviceGetNumFans", h, convert=int)
+        self.fields.pop("_fans")
+        self.fields["fans"] = S.value(tuple(self._fan(h, f) for f in range(n.value))) if n.ok else n
+        sm = p.NVML_CLOCK_SM
+        self.reading("sm_clock_mhz", "nvmlDeviceGetClockInfo", p.nvmlDeviceGetClockInfo, h, sm, convert=int)
+        self.reading("sm_clock_max_mhz", "nvmlDeviceGetMaxClockInfo", p.nvmlDeviceGetMaxClockInfo, h, sm, convert=int)
+
+    def _fan(self, h: Any, fan: int) -> S.Fan:
+        speed = self._optional("_fan", "nvmlDeviceGetFanSpeed_v2", h, fan, convert=int)
+        target = self._optional("_fan", "nvmlDeviceGetTargetFanSpeed", h, fan, convert=int)
+        self.fields.pop("_fan")
+        return S.Fan(fan, speed, target)
 
     def _optional(self, field: str, name: str, *args: Any, convert: Callable = lambda v: v) -> Reading:
         """A reading through a pynvml function that older nvidia-ml-py releases lack."""
         fn = getattr(pynvml, name, None)
         if fn is None:
-            self.fields[field] = S.unsupported(name, f"not in this nvidia-ml-py ({_pynvml_version()})")
+            self.fields[field] = S.unsupported(name, _absent())
             return self.fields[field]
         return self.reading(field, name, fn, *args, convert=convert)
 
@@ -358,6 +411,38 @@ def _load_library(path: str) -> None:
         cache.clear()
 
 
+KERNEL_VERSION_FILE = "/proc/driver/nvidia/version"
+_VERSION = re.compile(r"(\d+\.\d+(?:\.\d+)?)")
+
+
+def kernel_module_version(path: str = KERNEL_VERSION_FILE) -> str:
+    """The loaded kernel module's version from the first line of /proc/driver/nvidia/version
+    ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar ..." or "... Open Kernel
+    Module for x86_64  550.54.15  Release Build ..."); "" when unreadable."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            line = f.readline()
+    except OSError:
+        return ""
+    m = re.search(r"Kernel Module(?: for \S+)?\s+" + _VERSION.pattern, line)
+    return m.group(1) if m else ""
+
+
+def library_version(maps: str = "/proc/self/maps") -> str:
+    """The version of the NVML library this process loaded, from its file name
+    (libnvidia-ml.so.550.54.15, the file libnvidia-ml.so.1 links to); "" when it has none."""
+    try:
+        with open(maps, encoding="utf-8", errors="replace") as f:
+            paths = {line.split(None, 5)[-1].strip() for line in f if "libnvidia-ml.so" in line}
+    except OSError:
+        return ""
+    for path in sorted(paths):
+        m = re.search(r"libnvidia-ml\.so\." + _VERSION.pattern + "$", os.path.realpath(path))
+        if m:
+            return m.group(1)
+    return ""
+
+
 _NO_DRIVER_HINT = ("is the NVIDIA driver installed and loaded (nvidia-smi)? For a non-standard install set "
                    "nvml_library in /etc/slurm-gpu/config.toml or pass --nvml-lib PATH")
 
@@ -365,8 +450,9 @@ _NO_DRIVER_HINT = ("is the NVIDIA driver installed and loaded (nvidia-smi)? For 
 class NvmlReader:
     """A session with the driver: `snapshot()` for checks, the write methods for hooks."""
 
-    def __init__(self, library: str = "", timeout_s: float = 5.0):
+    def __init__(self, library: str = "", timeout_s: float = 5.0, version_file: str = KERNEL_VERSION_FILE):
         self.library = library
+        self.version_file = version_file  # the kernel module's version (a driver/library mismatch names it)
         self.timeout_s = timeout_s
         self._initialised = False
         self._stuck: Dict[int, str] = {}  # GPUs abandoned because a call hung: never touch them again
@@ -385,6 +471,8 @@ class NvmlReader:
             code = getattr(e, "value", None)
             if code == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
                 raise NvmlUnavailable("NVML library libnvidia-ml.so.1 not found", _NO_DRIVER_HINT) from None
+            if code == pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH:
+                raise DriverLibraryMismatch(kernel_module_version(self.version_file), library_version()) from None
             raise NvmlUnavailable(f"NVML initialisation failed: {e}", _NO_DRIVER_HINT) from None
         self._initialised = True
         return self
@@ -558,7 +646,7 @@ class NvmlReader:
 
     # -- writes (strict: a failure is an NvmlWriteError naming the GPU and the NVML error) ---
     def prepare(self, indices: Sequence[int], *, persistence: bool = False, reset_clocks: bool = False,
-                accounting: bool = False) -> Dict[int, Any]:
+                accounting: bool = False, power_cap_tolerance_pct: Optional[float] = None) -> Dict[int, Any]:
         """Put GPUs into a known state, all GPUs in parallel.
 
         Returns {index: {operation: done} | NvmlWriteError}; done is False when the GPU does
@@ -572,6 +660,9 @@ class NvmlReader:
             ops += [("nvmlDeviceResetApplicationsClocks", p.nvmlDeviceResetApplicationsClocks, ()),
                     ("nvmlDeviceResetGpuLockedClocks", p.nvmlDeviceResetGpuLockedClocks, ()),
                     ("nvmlDeviceResetMemoryLockedClocks", p.nvmlDeviceResetMemoryLockedClocks, ())]
+        if power_cap_tolerance_pct is not None:
+            # A limit capped below the board's default goes back to the default (nothing of ours lowers it).
+            ops.append(("nvmlDeviceSetPowerManagementLimit", _reset_power_limit, (power_cap_tolerance_pct,)))
         if accounting:
             # Accounting must be on before the job's first process starts; PIDs of earlier
             # jobs would be mistaken for this job's, so they are cleared.
@@ -607,6 +698,36 @@ def _pynvml_version() -> str:
         return "nvidia-ml-py " + version("nvidia-ml-py")
     except Exception:
         return "unknown version"
+
+
+def _reset_power_limit(h: Any, tolerance_pct: float) -> bool:
+    """Set the enforced power limit back to the default when it is capped beyond the tolerance; True when set."""
+    p = pynvml
+    limit, default = int(p.nvmlDeviceGetEnforcedPowerLimit(h)), int(p.nvmlDeviceGetPowerManagementDefaultLimit(h))
+    if limit >= default * (1 - tolerance_pct / 100.0):
+        return False
+    p.nvmlDeviceSetPowerManagementLimit(h, default)
+    return True
+
+
+def _absent() -> str:
+    return f"not in this nvidia-ml-py ({_pynvml_version()})"
+
+
+def _fabric_info(w: "_GpuReader", h: Any, struct: type) -> S.FabricInfo:
+    """nvmlDeviceGetGpuFabricInfoV with the v2 struct (its version field set by its constructor)."""
+    info = struct()
+    w.call("nvmlDeviceGetGpuFabricInfoV", pynvml.nvmlDeviceGetGpuFabricInfoV, h, ctypes.byref(info))
+    return S.FabricInfo(int(info.state), int(info.status), int(info.cliqueId), int(info.healthMask),
+                        bytes(info.clusterUuid).hex())
+
+
+def _field_uint(w: "_GpuReader", h: Any, field: int) -> int:
+    """One field through nvmlDeviceGetFieldValues; the entry's own return code raises as an NVMLError."""
+    v = w.call("nvmlDeviceGetFieldValues", pynvml.nvmlDeviceGetFieldValues, h, [field])[0]
+    if int(v.nvmlReturn) != pynvml.NVML_SUCCESS:
+        raise pynvml.NVMLError(int(v.nvmlReturn))
+    return int(v.value.uiVal)
 
 
 def _accounting_stats(handle: Any, pid: int) -> Any:

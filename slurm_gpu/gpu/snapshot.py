@@ -4,7 +4,7 @@ gpu/nvml.py produces it, policy/health.py judges it, hooks/flows.py records it,
 gres/inventory.py renders it and `slurm-gpu snapshot` serialises it.  Every hardware reading
 keeps one of three distinct outcomes: a value, *unsupported on this GPU*, or *failed* with an
 NVML error.  There is no magic "N/A" number anywhere.  The few readings only inventories and
-node checks need (VBIOS, row-remapper histogram, SRAM ECC) are not read by the prolog: until
+node checks need (VBIOS, row-remapper histogram, SRAM ECC, the InfoROM check) are not read by the prolog: until
 read they hold NOT_READ, an unsupported reading that checks pass over in silence.
 
 The records are NamedTuples, not dataclasses: the prolog imports this module on every job
@@ -109,6 +109,36 @@ class RemapHistogram(NamedTuple):
         return self._asdict()
 
 
+class FabricInfo(NamedTuple):
+    """nvmlDeviceGetGpuFabricInfoV: the GPU's registration with the NVSwitch fabric."""
+
+    state: int  # FABRIC_STATE_*: 0 not supported, 1 not started, 2 in progress, 3 completed
+    status: int  # NVML return code of the registration (0: success)
+    clique_id: int
+    health_mask: int
+    cluster_uuid: str = ""  # hex; all zeros when the fabric manager assigned none
+
+    def to_json(self) -> Dict[str, Any]:
+        return self._asdict()
+
+
+FABRIC_STATE_NOT_SUPPORTED, FABRIC_STATE_NOT_STARTED, FABRIC_STATE_IN_PROGRESS, FABRIC_STATE_COMPLETED = 0, 1, 2, 3
+FABRIC_STATE_NAMES = {0: "not supported", 1: "not started", 2: "in progress", 3: "completed"}
+
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (nvml.h, nvmlDeviceGpuRecoveryAction_t).
+RECOVERY_ACTION_NAMES = {0: "none", 1: "GPU reset", 2: "node reboot", 3: "drain P2P", 4: "drain and reset",
+                         5: "recover IMEX domain", 6: "bus reset", 7: "system reboot"}
+
+
+class Fan(NamedTuple):
+    fan: int
+    speed_pct: Reading  # Reading[int]: nvmlDeviceGetFanSpeed_v2, percent of the fan's maximum
+    target_pct: Reading  # Reading[int]: nvmlDeviceGetTargetFanSpeed
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"fan": self.fan, "speed_pct": self.speed_pct.to_json(), "target_pct": self.target_pct.to_json()}
+
+
 class Process(NamedTuple):
     pid: int
     used_memory_bytes: Optional[int]  # None: the driver does not expose it (MIG, no permission)
@@ -187,6 +217,14 @@ class GpuSnapshot(NamedTuple):
     mig_devices: Reading = _NA  # tuple[MigDevice]
     accounting_mode: Reading = _NA  # bool
     cpu_affinity: Reading = _NA  # tuple[int] CPU ids
+    fabric: Reading = _NA  # FabricInfo (NVSwitch systems; state 0 elsewhere)
+    recovery_action: Reading = _NA  # int, RECOVERY_ACTION_NAMES (field 230)
+    power_limit_mw: Reading = _NA  # int, the enforced power limit
+    power_default_limit_mw: Reading = _NA  # int, the board's default power limit
+    fans: Reading = _NA  # tuple[Fan]; () on a passively cooled board
+    sm_clock_mhz: Reading = _NA  # int, current SM clock
+    sm_clock_max_mhz: Reading = _NA  # int
+    inforom_valid: Reading = NOT_READ  # bool (nvmlDeviceValidateInforom; inventory reads only)
     # Set when the GPU could not be reached at all (no handle, lost, hung):
     unreachable: str = ""
 
@@ -272,6 +310,9 @@ _TUPLE_FIELDS = {
                                              i.get("compute_instance_id")) for i in items),
     "mig_devices": lambda items: tuple(MigDevice(**i) for i in items),
     "cpu_affinity": lambda items: tuple(int(i) for i in items),
+    "fabric": lambda v: FabricInfo(**v),
+    "fans": lambda items: tuple(Fan(int(i["fan"]), _reading_from(i["speed_pct"], "fans.speed_pct"),
+                                    _reading_from(i["target_pct"], "fans.target_pct")) for i in items),
     "remap_histogram": lambda v: RemapHistogram(**v) if isinstance(v, dict) else RemapHistogram(*v),
 }
 

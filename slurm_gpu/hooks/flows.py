@@ -26,7 +26,17 @@ from slurm_gpu.gpu.snapshot import GpuSnapshot, NodeSnapshot
 def make_reader(cfg: Config, library: Optional[str] = None):
     from slurm_gpu.gpu.nvml import NvmlReader
     return NvmlReader(library=library if library is not None else cfg.get("", "nvml_library"),
-                      timeout_s=cfg.get("", "nvml_timeout_s"))
+                      timeout_s=cfg.get("", "nvml_timeout_s"), version_file=cfg.get("", "nvidia_version_file"))
+
+
+def mismatch_metric(cfg: Config, log: Any, hook: str, e: Exception) -> None:
+    """A driver/library mismatch as a metric (never raises: metrics never change a hook's outcome)."""
+    from slurm_gpu.errors import DriverLibraryMismatch
+    if not isinstance(e, DriverLibraryMismatch):
+        return
+    from slurm_gpu.metrics import hookwrite
+    if hookwrite.enabled(cfg):
+        hookwrite.mismatch(cfg, log, hook, node_name(), e.kernel_version, e.library_version, time.time())
 
 
 def read_xids(cfg: Config, now: Optional[float] = None) -> xid.XidReading:
@@ -66,11 +76,27 @@ def check_node(
         reader = reader or make_reader(cfg)
         snapshot = reader.snapshot(indices, inventory=True)  # not the prolog's read: VBIOS, remap histogram too
         events, problem, undated = read_xids(cfg, now)
+        recorded, recorded_problem = recorded_stuck_clocks(cfg, now)
     else:
         events, problem, undated = [], "", 0  # offline evaluation of a saved snapshot: no live kernel log
+        recorded, recorded_problem = None, ""
     results = health.evaluate(snapshot, cfg, gpus=indices, idle=idle, expected_count=expected_count,
-                              xid_events=events, xid_problem=problem, xid_undated=undated, now=now)
+                              xid_events=events, xid_problem=problem, xid_undated=undated, now=now,
+                              recorded_events=recorded, recorded_problem=recorded_problem)
     return snapshot, CheckRun(results, snapshot, events, all_gpus=indices is None)
+
+
+def recorded_stuck_clocks(cfg: Config, now: float) -> Tuple[Optional[List[Dict[str, Any]]], str]:
+    """(the stuck_clocks events epilogs recorded within health.stuck_clocks_recent_s, problem):
+    read-only and quick; a database that cannot be read is a problem said, never a crash."""
+    if not health.Judge(cfg).enabled("stuck_clocks"):
+        return None, ""
+    from slurm_gpu.store.node import describe_error, recent_health_events
+    since = now - float(cfg.get("health", "stuck_clocks_recent_s"))
+    try:
+        return recent_health_events(cfg.path_value("store", "database"), "stuck_clocks", since), ""
+    except Exception as e:  # a locked, corrupt or foreign file: the other checks still run
+        return [], describe_error(e)
 
 
 class CheckRun(list):
@@ -549,7 +575,9 @@ def _prepare(deps: HookDeps, job: JobEnv, gmap: JobGpuMap) -> Dict[int, Any]:
     whole = [i for i in gmap.nvml_indices if i not in sliced]
     out = deps.reader.prepare(whole, persistence=cfg.get("hooks", "persistence_mode"),
                               reset_clocks=cfg.get("hooks", "reset_clocks"),
-                              accounting=cfg.get("hooks", "accounting_mode")) if whole else {}
+                              accounting=cfg.get("hooks", "accounting_mode"),
+                              power_cap_tolerance_pct=cfg.get("health", "power_cap_tolerance_pct")
+                              if cfg.get("hooks", "reset_power_limit") else None) if whole else {}
     if sliced:
         deps.log.info("mig-gpu-shared", job=job.job_id, node=job.node, gpus=",".join(map(str, sorted(sliced))),
                       note="clocks and accounting of a GPU with MIG slices are left alone")
@@ -776,6 +804,7 @@ def _epilog(job: JobEnv, deps: HookDeps, seen: Any) -> int:
     _seen_check(seen, snap, results, events)
     _seen_drain(seen, drain_record, "leftover_processes" if survivors else _fault_check(results))
     rows = _usage_rows(deps, job, gmap, snap, events, acct, end)
+    results.extend(_stuck_clocks(deps, job, snap, rows))  # a health event, never a drain
     _record_usage(deps, job, rows, _results_events(results, job.node, "epilog", job.job_id, end), end)
     if drain_record is not None:
         _write(deps, drain_record, job)
@@ -784,6 +813,15 @@ def _epilog(job: JobEnv, deps: HookDeps, seen: Any) -> int:
     # Drained with our reason: exit 0 so Slurm does not overwrite it with "Epilog error".
     # If the drain did not reach slurmctld, fail the epilog so that Slurm drains the node.
     return 0 if drained else 1
+
+
+def _stuck_clocks(deps: HookDeps, job: JobEnv, snap: NodeSnapshot, rows: List[Dict[str, Any]]) -> List[CheckResult]:
+    """The job's whole GPUs judged for clocks stuck low on the job's utilisation; only WARN/FAIL
+    are kept (the metrics' steady stuck_clocks status is healthcheck's, from these events)."""
+    util = {r["gpu_index"]: r["gpu_util_mean_pct"] for r in rows if r.get("parent_gpu_uuid") is None}
+    found = [r for r in health.judge_stuck_clocks(snap, util, deps.cfg) if r.status in (health.WARN, health.FAIL)]
+    _log_results(deps.log, job, found)
+    return found
 
 
 def _usage_rows(deps: HookDeps, job: JobEnv, gmap: JobGpuMap, snap: NodeSnapshot, events: Sequence[xid.XidEvent],

@@ -5,7 +5,7 @@ import sys
 import time as _time
 from typing import Any, List, NamedTuple, Tuple
 
-from slurm_gpu.errors import ExitCode, NvmlUnavailable, SlurmGpuError
+from slurm_gpu.errors import DriverLibraryMismatch, ExitCode, NvmlUnavailable, SlurmGpuError
 from slurm_gpu.gpu.deadline import call_with_deadline
 from slurm_gpu.policy.drain import KEEP, decide_drain
 from slurm_gpu.slurm import reason as _reason
@@ -53,9 +53,14 @@ def node_health_cycle(
     of every GPU goes into the node database (record_observations), drain or Slurm error alike.
     """
     kept: List[Any] = []
+    refused: List[DriverLibraryMismatch] = []  # nvmlInit's mismatch, for its metric
 
     def keeping(info: Any) -> Any:
-        run = checker(info)
+        try:
+            run = checker(info)
+        except DriverLibraryMismatch as e:
+            refused.append(e)
+            raise
         kept.append(run)
         return run
 
@@ -68,7 +73,7 @@ def node_health_cycle(
         if store_cfg is not None and not dry_run and kept and getattr(outcome, "action", "") != "timeout":
             record_observations(store_cfg, kept[0], node_name)
     if metrics_cfg is not None and not dry_run:
-        write_metrics(metrics_cfg, kept[0] if kept else None, outcome)
+        write_metrics(metrics_cfg, kept[0] if kept else None, outcome, mismatch=refused[0] if refused else None)
     return outcome
 
 
@@ -123,6 +128,8 @@ def _verdict(node_name: str, info: Any, results: List[Any], err: Any, summarise:
             return HealthOutcome(node_name, "SKIP", "none",
                                  f"{node_name}: no GPUs configured in Slurm and no NVIDIA driver: nothing to check",
                                  exit_code=int(ExitCode.OK))
+        if isinstance(err, DriverLibraryMismatch):
+            return "FAIL", err.message  # names both versions and the remedy
         return "FAIL", f"NVIDIA driver unusable ({info.gpus_configured} GPUs configured): {err.message}"
     if isinstance(err, SlurmGpuError):
         return HealthOutcome(node_name, "ERROR", "error", f"{node_name}: check failed: {err.message}; node state left unchanged",
@@ -235,10 +242,11 @@ def _drain_state(outcome: HealthOutcome) -> Any:
     return None
 
 
-def write_metrics(cfg: Any, run: Any, outcome: HealthOutcome, now: Any = None) -> None:
+def write_metrics(cfg: Any, run: Any, outcome: HealthOutcome, now: Any = None, mismatch: Any = None) -> None:
     """The node file after a healthcheck: the drain state, the spool and the push backlog, and
-    with a CheckRun (run) every GPU and every check.  Never raises; nothing when the run did not
-    finish or metrics are off."""
+    with a CheckRun (run) every GPU and every check; with a DriverLibraryMismatch (mismatch)
+    slurm_gpu_driver_library_mismatch with both versions.  Never raises; nothing when the run did
+    not finish or metrics are off."""
     state = _drain_state(outcome)
     if state is None:
         return
@@ -253,6 +261,8 @@ def write_metrics(cfg: Any, run: Any, outcome: HealthOutcome, now: Any = None) -
         if run is not None:
             obs.snapshot, obs.results = getattr(run, "snapshot", None), list(run)
             obs.xid_events, obs.all_gpus = getattr(run, "xid_events", ()), getattr(run, "all_gpus", False)
+        if mismatch is not None:
+            obs.mismatch = (mismatch.kernel_version, mismatch.library_version)
         hookwrite.healthcheck(cfg, HookLog.from_config("healthcheck", cfg), outcome.node, obs,
                               _time.time() if now is None else now, extra=lambda: store_samples(cfg))
     except Exception as e:  # metrics never change the healthcheck's verdict or exit code

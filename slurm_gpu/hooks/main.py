@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Optional, Tuple
 
 # Deliberately no click, jinja2 or sqlite-utils here: start-up time is part of every job start.
 from slurm_gpu import config as config_mod
-from slurm_gpu.errors import ConfigError, InputError, NvmlUnavailable, SlurmGpuError
+from slurm_gpu.errors import ConfigError, DriverLibraryMismatch, InputError, NvmlUnavailable, SlurmGpuError
 from slurm_gpu.hooks.log import HookLog, fallback_path, write_fallback
 
 Flow = Callable[[Any, Any], int]
@@ -175,7 +175,11 @@ def _nvml_unavailable(run: _Run, hooks: Any, cfg: Any, job: Any, e: NvmlUnavaila
     # A GPU job on a node whose driver does not answer cannot use its GPUs: that is a node fault.
     run.log.error("nvml-unavailable", job=job.job_id, node=job.node, error=e.message)
     deps = hooks.HookDeps(cfg=cfg, log=run.log, reader=object())
-    drained = hooks._drain(deps, job, run.name, f"NVML unavailable: {e.message}")
+    # A mismatch is named as such (its message names both versions and the remedy); any other
+    # failure to start NVML keeps the generic prefix.
+    fault = e.message if isinstance(e, DriverLibraryMismatch) else f"NVML unavailable: {e.message}"
+    hooks.mismatch_metric(cfg, run.log, run.name, e)
+    drained = hooks._drain(deps, job, run.name, fault)
     return 1 if run.name == "prolog" or not drained else 0
 
 

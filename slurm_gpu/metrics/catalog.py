@@ -70,6 +70,25 @@ FAMILIES: Tuple[Family, ...] = (
          "the prolog writes 1 where it turned persistence on"),
     _gpu("slurm_gpu_clock_event_reason", "gauge", ("reason",),
          "1 for each clock event reason active at the last reading (NVML clock event reason bits), else 0."),
+    _gpu("slurm_gpu_fabric_state", "gauge", (),
+         "NVSwitch fabric registration state (nvmlDeviceGetGpuFabricInfoV): 0 not supported, 1 not started, "
+         "2 in progress, 3 completed; CUDA fails on a GPU of an NVSwitch system below 3.", "absent where the call is not supported"),
+    _gpu("slurm_gpu_fabric_status", "gauge", (),
+         "NVML return code of the fabric registration (0 success; 23 Insufficient Resources, ...).",
+         "absent where the call is not supported"),
+    _gpu("slurm_gpu_recovery_action", "gauge", (),
+         "Recovery action the driver asks for (NVML field 230): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, "
+         "4 drain and reset, 5 recover IMEX domain, 6 bus reset, 7 system reboot.", "R565+ drivers"),
+    _gpu("slurm_gpu_power_limit_watts", "gauge", ("limit",),
+         "Power limits in watts: limit=enforced (in force now) and limit=default (the board's default)."),
+    _gpu("slurm_gpu_fan_speed_ratio", "gauge", ("fan", "kind"),
+         "Fan speed as a share of the fan's maximum, 0..1: kind=speed (measured) and kind=target (requested).",
+         "boards with fans only"),
+    Family("slurm_gpu_inforom_valid", "gauge", GPU_LABELS, "1 when nvmlDeviceValidateInforom passes, 0 when the "
+           "InfoROM is corrupted.", "healthcheck (node file; the prolog and epilog do not read it)"),
+    Family("slurm_gpu_driver_library_mismatch", "gauge", ("kernel_version", "library_version"),
+           "1 when NVML cannot start because the kernel module and the NVML library differ "
+           "(LIB_RM_VERSION_MISMATCH after a driver update without a reboot), else 0 with empty labels.", _HOOKS),
     Family("slurm_gpu_row_remap_banks", "gauge", GPU_LABELS + ("availability",),
            "DRAM banks by spare rows left (row-remapper histogram: max, high, partial, low, none); a bank with none "
            "cannot remap another row.", "healthcheck (node file; the prolog and epilog do not read it); Ampere and later"),
@@ -104,7 +123,7 @@ FAMILIES: Tuple[Family, ...] = (
 BY_NAME = {f.name: f for f in FAMILIES}
 GPU_FAMILIES = frozenset(f.name for f in FAMILIES if f.labels[:3] == GPU_LABELS and f.name != "slurm_gpu_job_info")
 # Per-GPU families from readings only a full read takes (`healthcheck`; the prolog skips them).
-INVENTORY_FAMILIES = frozenset({"slurm_gpu_row_remap_banks", "slurm_gpu_vbios_info"})
+INVENTORY_FAMILIES = frozenset({"slurm_gpu_row_remap_banks", "slurm_gpu_vbios_info", "slurm_gpu_inforom_valid"})
 
 
 def reference_markdown() -> str:

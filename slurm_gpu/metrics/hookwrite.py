@@ -35,6 +35,7 @@ class Observed:
         self.held: List[Tuple[Any, Any]] = []  # (GpuSnapshot, JobGpu) of a job that starts
         self.drain: Optional[Tuple[str, str]] = None  # NodeUpdate.drain's (state, check)
         self.all_gpus = False  # the snapshot holds every GPU of the node (healthcheck)
+        self.mismatch: Optional[Tuple[str, str]] = None  # (kernel module, NVML library) versions when nvmlInit refused
 
 
 class _Writer:
@@ -81,6 +82,10 @@ def _node_update(obs: Observed, source: str, now: float) -> N.NodeUpdate:
         if obs.all_gpus:
             up.node_gpus(snap)
         up.driver(snap)
+    if obs.mismatch is not None or snap is not None:
+        kernel, library = obs.mismatch or ("", "")
+        up.replace({MISMATCH: {(("kernel_version", kernel), ("library_version", library)): 0.0 if obs.mismatch is None
+                               else 1.0}})
     if obs.results:
         up.results(obs.results, snap)
     up.xids(obs.xid_events)
@@ -88,6 +93,17 @@ def _node_update(obs: Observed, source: str, now: float) -> N.NodeUpdate:
         up.drain(*obs.drain)
     up.ran(source)
     return up
+
+
+MISMATCH = "slurm_gpu_driver_library_mismatch"
+
+
+def mismatch(cfg: Any, log: Any, hook: str, node: str, kernel: str, library: str, now: float) -> None:
+    """nvmlInit refused with LIB_RM_VERSION_MISMATCH: the one series says so, with both versions."""
+    w = _Writer(cfg, log, hook, node=node)
+    obs = Observed()
+    obs.mismatch = (kernel, library)
+    w.do(w.textfile, "node", lambda: write_node(w.textfile, _node_update(obs, hook, now)))
 
 
 def write_node(directory: str, up: N.NodeUpdate) -> None:

@@ -92,14 +92,33 @@ class NodeUpdate:
         if mask is not None:
             for bit, reason in CLOCK_EVENT_REASONS:
                 self._put("slurm_gpu_clock_event_reason", labels + (("reason", reason),), 1 if int(mask) & bit else 0)
+        self._faults(g, labels)
         self._inventory(g, labels)
         self.xid_gpus.append(g)
+
+    def _faults(self, g: Any, labels: Labels) -> None:
+        """Fabric, recovery action, power limits and fans (issue 25's readings)."""
+        fab = g.fabric.get()
+        if fab is not None:
+            self._put("slurm_gpu_fabric_state", labels, fab.state)
+            self._put("slurm_gpu_fabric_status", labels, fab.status)
+        self._put("slurm_gpu_recovery_action", labels, g.recovery_action.get())
+        for kind, r in (("enforced", g.power_limit_mw), ("default", g.power_default_limit_mw)):
+            mw = r.get()
+            self._put("slurm_gpu_power_limit_watts", labels + (("limit", kind),), None if mw is None else mw / 1000.0)
+        for f in g.fans.get(()) or ():
+            for kind, rr in (("speed", f.speed_pct), ("target", f.target_pct)):
+                pct = rr.get()
+                self._put("slurm_gpu_fan_speed_ratio", labels + (("fan", str(f.fan)), ("kind", kind)),
+                          None if pct is None else pct / 100.0)
 
     def _inventory(self, g: Any, labels: Labels) -> None:
         """VBIOS and the row-remapper histogram, when this writer read them (healthcheck)."""
         if not (was_read(g.vbios) or was_read(g.remap_histogram)):
             return
         self.inventory_read.add(str(g.index))
+        if g.inforom_valid.ok:
+            self._put("slurm_gpu_inforom_valid", labels, 1 if g.inforom_valid.value else 0)
         if g.vbios.ok and g.vbios.value:
             self._put("slurm_gpu_vbios_info", labels + (("vbios", str(g.vbios.value)),), 1)
         hist = g.remap_histogram.get()

@@ -896,6 +896,21 @@ def _drop_partial_rows(conn: sqlite3.Connection, cluster: str, job_id: int, rest
 # --------------------------------------------------------------------------- admin checks
 
 
+def recent_health_events(path: str, check_name: str, since: float, timeout_s: float = 2.0) -> List[Dict[str, Any]]:
+    """The node database's health events of one check at or after since, read-only
+    (healthcheck asks what the epilogs recorded); [] when there is no database yet."""
+    if not os.path.exists(path):
+        return []
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout_s)
+    try:
+        conn.row_factory = sqlite3.Row
+        return [dict(r) for r in conn.execute(
+            "SELECT time, source, job_id, gpu_index, gpu_uuid, check_name, status, message FROM health_events"
+            " WHERE check_name = ? AND time >= ? ORDER BY time", (check_name, since))]
+    finally:
+        conn.close()
+
+
 def check_database_path(path: str, create_dir: bool = False) -> None:
     """Refuse a database reached through a symlink, or one (or its directory) that an
     unprivileged user owns or may write.  Raises StoreError naming the path."""

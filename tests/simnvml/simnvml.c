@@ -1299,7 +1299,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t h, unsigned int size, 
  * action-log line.  An exclusive flock on the state file serialises concurrent writers so the
  * counters (read back from the file under the lock) are exact. */
 
-enum { M_PERSIST, M_APP_CLOCKS, M_GPU_LOCKED, M_MEM_LOCKED, M_ACCT_MODE, M_ACCT_CLEAR };
+enum { M_PERSIST, M_APP_CLOCKS, M_GPU_LOCKED, M_MEM_LOCKED, M_ACCT_MODE, M_ACCT_CLEAR, M_POWER_LIMIT };
 
 static void strbuf_add(char **buf, size_t *len, size_t *cap, const char *fmt, ...) {
     va_list ap;
@@ -1336,7 +1336,8 @@ static nvmlReturn_t mutate(int g, const char *fn, int kind, int arg) {
     if (last != '\n') strbuf_add(&buf, &len, &cap, "\n");
 
     static const char *counters[] = {"persistence_mode_sets", "app_clocks_resets", "gpu_locked_clocks_resets",
-                                     "mem_locked_clocks_resets", "accounting_mode_sets", "accounting_clears"};
+                                     "mem_locked_clocks_resets", "accounting_mode_sets", "accounting_clears",
+                                     "power_limit_sets"};
     snprintf(key, sizeof key, "gpu.%d.%s", g, counters[kind]);
     long long cnt = 0;
     const char *cv = st_get(cur, key);
@@ -1353,6 +1354,9 @@ static nvmlReturn_t mutate(int g, const char *fn, int kind, int arg) {
         long long reasons;
         if ((cv = st_get(cur, key)) && parse_ll(cv, &reasons) && (reasons & 0x2))
             strbuf_add(&buf, &len, &cap, "%s=0x%llx\n", key, (unsigned long long)(reasons & ~0x2ll));
+    } else if (kind == M_POWER_LIMIT) {
+        strbuf_add(&buf, &len, &cap, "gpu.%d.power_limit_mw=%d\n", g, arg);
+        snprintf(args, sizeof args, "limit_mw=%d", arg);
     } else if (kind == M_ACCT_MODE) {
         strbuf_add(&buf, &len, &cap, "gpu.%d.accounting_mode=%d\n", g, arg);
         /* Disabling accounting drops all records (nvml.h). */
@@ -1423,8 +1427,184 @@ EXPORT nvmlReturn_t nvmlDeviceSetPersistenceMode(nvmlDevice_t h, int mode) {
     return mutate(g, "nvmlDeviceSetPersistenceMode", M_PERSIST, mode);
 }
 
+/* Within [power_min_limit_mw (default 200000), power_max_limit_mw (default: the default limit)]. */
+EXPORT nvmlReturn_t nvmlDeviceSetPowerManagementLimit(nvmlDevice_t h, unsigned int mw) {
+    ENTER_GPU("nvmlDeviceSetPowerManagementLimit", h, g);
+    long long lo = kv_int(200000, "gpu.%d.power_min_limit_mw", g);
+    long long hi = kv_int(kv_int(700000, "gpu.%d.power_default_limit_mw", g), "gpu.%d.power_max_limit_mw", g);
+    if ((long long)mw < lo || (long long)mw > hi) return NVML_ERROR_INVALID_ARGUMENT;
+    return mutate(g, "nvmlDeviceSetPowerManagementLimit", M_POWER_LIMIT, (int)mw);
+}
+
 EXPORT nvmlReturn_t nvmlDeviceSetAccountingMode(nvmlDevice_t h, int mode) {
     ENTER_GPU("nvmlDeviceSetAccountingMode", h, g);
     if (mode != 0 && mode != 1) return NVML_ERROR_INVALID_ARGUMENT;
     return mutate(g, "nvmlDeviceSetAccountingMode", M_ACCT_MODE, mode);
+}
+
+/* ---- fabric, field values, InfoROM, power limits, fans, clocks, violation counters -------------
+ * (issue 25: the faults no check caught).  Layouts as in nvidia-ml-py's pynvml.py:
+ * c_nvmlGpuFabricInfo_v2_t / _v3_t (selected by their version field), c_nvmlFieldValue_t,
+ * c_nvmlViolationTime_t.  Every getter takes the usual per-GPU error/hang injection
+ * (gpu.N.error.<function>=3 is the per-GPU NOT_SUPPORTED switch). */
+
+#define NVML_GPU_FABRIC_INFO_V2 0x02000024u
+#define NVML_GPU_FABRIC_INFO_V3 0x03000028u
+#define NVML_ERROR_CORRUPTED_INFOROM 14
+
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned int state;
+    unsigned int healthMask;
+    unsigned char healthSummary; /* v3 only */
+} nvmlGpuFabricInfo_v3_t;
+
+/* fabric_state: 0 NOT_SUPPORTED (default: no NVSwitch fabric), 1 NOT_STARTED, 2 IN_PROGRESS,
+ * 3 COMPLETED; fabric_status: an NVML return code (the registration's result); fabric_clique_id. */
+EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t h, nvmlGpuFabricInfo_v3_t *info) {
+    ENTER_GPU("nvmlDeviceGetGpuFabricInfoV", h, g);
+    if (!info) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int version = info->version;
+    if (version != NVML_GPU_FABRIC_INFO_V2 && version != NVML_GPU_FABRIC_INFO_V3)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    size_t size = version == NVML_GPU_FABRIC_INFO_V2 ? 36 : sizeof *info;
+    memset(info, 0, size);
+    info->version = version;
+    for (int i = 0; i < 16; i++) info->clusterUuid[i] = (unsigned char)kv_int(0, "gpu.%d.fabric_cluster_byte", g);
+    info->status = (nvmlReturn_t)kv_int(0, "gpu.%d.fabric_status", g);
+    info->cliqueId = (unsigned)kv_int(0, "gpu.%d.fabric_clique_id", g);
+    info->state = (unsigned)kv_int(0, "gpu.%d.fabric_state", g);
+    info->healthMask = (unsigned)kv_int(0, "gpu.%d.fabric_health_mask", g);
+    if (version == NVML_GPU_FABRIC_INFO_V3) info->healthSummary = (unsigned char)kv_int(0, "gpu.%d.fabric_health_summary", g);
+    return NVML_SUCCESS;
+}
+
+typedef union {
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    long long sllVal;
+    int siVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct {
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    unsigned int valueType;
+    nvmlReturn_t nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
+#define NVML_FI_DEV_GET_GPU_RECOVERY_ACTION 230
+
+/* gpu.N.field.<id>=value (unsigned int); gpu.N.field_error.<id>=code sets that entry's
+ * nvmlReturn.  Field 230 (recovery action) defaults to 0 (NONE); other unset fields answer
+ * NOT_SUPPORTED in their entry, as the driver does for a field a GPU lacks. */
+EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t h, int count, nvmlFieldValue_t *values) {
+    ENTER_GPU("nvmlDeviceGetFieldValues", h, g);
+    if (!values || count < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    for (int i = 0; i < count; i++) {
+        nvmlFieldValue_t *v = &values[i];
+        unsigned id = v->fieldId;
+        v->timestamp = (long long)tv.tv_sec * 1000000 + tv.tv_usec;
+        v->latencyUsec = 0;
+        v->valueType = 1; /* NVML_VALUE_TYPE_UNSIGNED_INT */
+        v->value.ullVal = 0;
+        long long err = kv_int(-1, "gpu.%d.field_error.%u", g, id);
+        long long def = id == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION ? 0 : -1;
+        long long val = kv_int(def, "gpu.%d.field.%u", g, id);
+        if (err > 0) v->nvmlReturn = (nvmlReturn_t)err;
+        else if (val < 0) v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        else { v->nvmlReturn = NVML_SUCCESS; v->value.uiVal = (unsigned)val; }
+    }
+    return NVML_SUCCESS;
+}
+
+/* inforom_corrupted=1: the InfoROM checksum fails (NVML_ERROR_CORRUPTED_INFOROM). */
+EXPORT nvmlReturn_t nvmlDeviceValidateInforom(nvmlDevice_t h) {
+    ENTER_GPU("nvmlDeviceValidateInforom", h, g);
+    return kv_int(0, "gpu.%d.inforom_corrupted", g) ? NVML_ERROR_CORRUPTED_INFOROM : NVML_SUCCESS;
+}
+
+/* power_default_limit_mw (default 700000, an H100 SXM's TDP); power_limit_mw: the enforced
+ * limit (default: the default limit). */
+static long long power_default(int g) { return kv_int(700000, "gpu.%d.power_default_limit_mw", g); }
+static long long power_limit(int g) { return kv_int(power_default(g), "gpu.%d.power_limit_mw", g); }
+
+#define POWER_GETTER(sym, value)                                     \
+    EXPORT nvmlReturn_t sym(nvmlDevice_t h, unsigned int *mw) {      \
+        ENTER_GPU(#sym, h, g);                                        \
+        if (!mw) return NVML_ERROR_INVALID_ARGUMENT;                  \
+        *mw = (unsigned)value(g);                                     \
+        return NVML_SUCCESS;                                          \
+    }
+POWER_GETTER(nvmlDeviceGetPowerManagementDefaultLimit, power_default)
+POWER_GETTER(nvmlDeviceGetEnforcedPowerLimit, power_limit)
+POWER_GETTER(nvmlDeviceGetPowerManagementLimit, power_limit)
+
+/* fan_count (default 0: a passively cooled board); fan.F.speed_pct (default 30),
+ * fan.F.target_pct (default: the speed). */
+EXPORT nvmlReturn_t nvmlDeviceGetNumFans(nvmlDevice_t h, unsigned int *n) {
+    ENTER_GPU("nvmlDeviceGetNumFans", h, g);
+    if (!n) return NVML_ERROR_INVALID_ARGUMENT;
+    *n = (unsigned)kv_int(0, "gpu.%d.fan_count", g);
+    return NVML_SUCCESS;
+}
+static nvmlReturn_t fan_value(const char *fn, nvmlDevice_t h, unsigned int fan, unsigned int *out, int target) {
+    ENTER_GPU(fn, h, g);
+    if (!out || fan >= (unsigned)kv_int(0, "gpu.%d.fan_count", g)) return NVML_ERROR_INVALID_ARGUMENT;
+    long long speed = kv_int(30, "gpu.%d.fan.%u.speed_pct", g, fan);
+    *out = (unsigned)(target ? kv_int(speed, "gpu.%d.fan.%u.target_pct", g, fan) : speed);
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetFanSpeed_v2(nvmlDevice_t h, unsigned int fan, unsigned int *s) {
+    return fan_value("nvmlDeviceGetFanSpeed_v2", h, fan, s, 0);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetTargetFanSpeed(nvmlDevice_t h, unsigned int fan, unsigned int *s) {
+    return fan_value("nvmlDeviceGetTargetFanSpeed", h, fan, s, 1);
+}
+
+/* clock.<type>_mhz / max_clock.<type>_mhz, type graphics (0), sm (1), mem (2), video (3);
+ * defaults an H100 SXM's maxima (1980, 1980, 2619, 1755), the current clocks at the maxima. */
+static const char *clock_key(int type) {
+    static const char *names[] = {"graphics", "sm", "mem", "video"};
+    return type >= 0 && type < 4 ? names[type] : NULL;
+}
+static long long clock_max(int g, int type) {
+    static const long long def[] = {1980, 1980, 2619, 1755};
+    return kv_int(def[type], "gpu.%d.max_clock.%s_mhz", g, clock_key(type));
+}
+EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t h, int type, unsigned int *mhz) {
+    ENTER_GPU("nvmlDeviceGetMaxClockInfo", h, g);
+    if (!mhz || !clock_key(type)) return NVML_ERROR_INVALID_ARGUMENT;
+    *mhz = (unsigned)clock_max(g, type);
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t h, int type, unsigned int *mhz) {
+    ENTER_GPU("nvmlDeviceGetClockInfo", h, g);
+    if (!mhz || !clock_key(type)) return NVML_ERROR_INVALID_ARGUMENT;
+    *mhz = (unsigned)kv_int(clock_max(g, type), "gpu.%d.clock.%s_mhz", g, clock_key(type));
+    return NVML_SUCCESS;
+}
+
+typedef struct { unsigned long long referenceTime, violationTime; } nvmlViolationTime_t;
+
+/* violation.<policy>_ns: the time (ns) clocks were held below their target by that policy
+ * (0 power, 1 thermal, 2 sync boost, 3 board limit, 4 low utilisation, 5 reliability, 10 total
+ * app clocks, 11 total base clocks); referenceTime is now in microseconds. */
+EXPORT nvmlReturn_t nvmlDeviceGetViolationStatus(nvmlDevice_t h, int policy, nvmlViolationTime_t *t) {
+    ENTER_GPU("nvmlDeviceGetViolationStatus", h, g);
+    if (!t || policy < 0 || policy > 11) return NVML_ERROR_INVALID_ARGUMENT;
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    t->referenceTime = (unsigned long long)tv.tv_sec * 1000000ull + (unsigned long long)tv.tv_usec;
+    t->violationTime = (unsigned long long)kv_int(0, "gpu.%d.violation.%d_ns", g, policy);
+    return NVML_SUCCESS;
 }
