@@ -269,10 +269,10 @@ def _annotate_one(backend, srv, S, job_rows, cluster, job_id, restart, comment, 
             nodes = old.nodes
     rows = job_rows(srv, cluster, job_id, restart)
     summary = S.from_records(cluster, job_id, restart, nodes or sorted({r["node"] for r in rows}), rows)
-    if comment and S.is_ours(comment) and summary.partial and S.decode_safe(comment) == summary:
+    if comment and S.is_ours(comment) and summary.partial and S.decode_safe(comment) == S.decode(S.fit(summary)):
         return "partial"
     if not dry_run:
-        backend.set_admin_comment(job_id, cluster, S.encode(summary), named=backend.named_ids.get(job_id, ""))
+        backend.set_admin_comment(job_id, cluster, S.fit(summary), named=backend.named_ids.get(job_id, ""))
     if summary.partial:
         return "partial"
     return "completed" if comment else "written"

@@ -98,9 +98,10 @@ def _summarise(run: _Run, cfg: Any, job_id: int, sleep) -> str:
                         hint="slurm-gpu central annotate --since ... writes it once they arrive")
         return "no-records"
     summary = S.from_records(cluster, job_id, restart, gpu_nodes or sorted({r["node"] for r in rows}), rows)
-    text = S.encode(summary)
+    text = S.fit(summary)  # what slurmdbd would cut is never stored: per node, or a marker
     backend.set_admin_comment(job_id, cluster, text, named=_named(run.env))
     run.log.info("summary", job=job_id, gpus=len(summary.gpus), bytes=len(text), partial=int(summary.partial),
+                 detail=S.decode(text).detail,
                  missing=",".join(summary.missing) or None)
     return "partial" if summary.partial else "written"
 
