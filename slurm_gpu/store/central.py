@@ -17,9 +17,12 @@ is imported when a connection is opened, never at module import.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import stat
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+import threading
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from slurm_gpu.errors import CentralError
@@ -150,6 +153,42 @@ def describe_error(e: BaseException, target: Target, password: str = "") -> Tupl
     return f"central server {where}: {type(e).__name__}: {text}", "see the server's log"
 
 
+class DeadlineExceeded(TimeoutError):
+    """An exchange with the server did not finish in time (a socket's own timeouts bound each read,
+    not the whole answer: a server that trickles a byte a second never trips them)."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Interrupt whatever blocks in this block after `seconds` (SIGALRM: main thread only, and only
+    when no other timer of the process is armed; elsewhere the driver's per-read timeouts remain)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getitimer(signal.ITIMER_REAL)[0] > 0:
+        yield
+        return
+
+    def _expired(signum: int, frame: Any) -> None:
+        raise DeadlineExceeded(f"no complete answer within {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, _expired)
+    signal.setitimer(signal.ITIMER_REAL, max(0.01, seconds))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def check_password(password: str, path: str) -> None:
+    """PyMySQL sends a password as latin-1: say so, instead of an encoding error (never the password)."""
+    try:
+        password.encode("latin-1")
+    except UnicodeEncodeError as e:
+        raise CentralError(f"central.password_file {path}: the password has a character PyMySQL cannot send "
+                           f"(position {e.start + 1}: not latin-1)",
+                           "choose a password of ASCII letters, digits and punctuation, set it with "
+                           "ALTER USER ... IDENTIFIED BY, and write it into the file") from None
+
+
 class Central:
     """One connection to the central server, with ANSI SQL (double-quoted names, || concatenation)."""
 
@@ -158,7 +197,9 @@ class Central:
         answer — a report over millions of records may take minutes (central.query_timeout_s)."""
         self.target = target
         self.timeout_s = timeout_s
+        self.answer_s = read_timeout_s if read_timeout_s is not None else timeout_s
         self._password = password
+        self._expired = 0.0  # the deadline that ran out, for the message
         self.driver = _driver()
         kw: Dict[str, Any] = dict(user=target.user, password=password, database=target.database,
                                   connect_timeout=max(1, int(round(timeout_s))),
@@ -172,9 +213,24 @@ class Central:
         if target.ssl_ca:
             kw["ssl"] = {"ca": target.ssl_ca}
         try:
-            self.conn = self.driver.connect(**kw)
+            with self._deadline(timeout_s):
+                self.conn = self.driver.connect(**kw)
         except Exception as e:  # the driver's errors, socket errors, timeouts
             raise self.error(e) from None
+
+    @contextlib.contextmanager
+    def _deadline(self, seconds: float) -> Iterator[None]:
+        """One exchange within `seconds` in all; remembers that it ran out (for the message)."""
+        try:
+            with deadline(seconds):
+                yield
+        except DeadlineExceeded:
+            self._expired = seconds
+            raise
+        except Exception as e:  # the driver wraps the interrupted read in its own error
+            if isinstance(e.__context__, DeadlineExceeded) or isinstance(e.__cause__, DeadlineExceeded):
+                self._expired = seconds
+            raise
 
     @classmethod
     def from_config(cls, cfg: Any, url: Optional[str] = None, password_file: Optional[str] = None,
@@ -183,19 +239,26 @@ class Central:
         if not url:
             raise CentralError("no central server configured", "set central.url in the config (docs/central.md)")
         target = parse_url(url)
-        return cls(target, read_password(password_file or cfg.get("central", "password_file")),
+        path = password_file or cfg.get("central", "password_file")
+        password = read_password(path)
+        check_password(password, path)
+        return cls(target, password,
                    cfg.get("central", "timeout_s"),
                    cfg.get("central", "query_timeout_s") if long_queries else None)
 
     def error(self, e: BaseException) -> CentralError:
         message, hint = describe_error(e, self.target, self._password)
+        if self._expired:
+            message = (f"central server {self.target.describe()}: not answering: no complete answer within {self._expired:g} s "
+                       "(the server or the network is too slow, or this is not a MariaDB/MySQL server)")
+            self._expired = 0.0
         err = CentralError(message, hint)
         err.driver_code = _code(e)  # type: ignore[attr-defined]
         return err
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> List[Tuple[Any, ...]]:
         try:
-            with self.conn.cursor() as cur:
+            with self._deadline(self.answer_s), self.conn.cursor() as cur:
                 cur.execute(sql, tuple(params) if params else None)
                 return list(cur.fetchall()) if cur.description else []
         except Exception as e:
@@ -203,14 +266,15 @@ class Central:
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         try:
-            with self.conn.cursor() as cur:
+            with self._deadline(self.answer_s), self.conn.cursor() as cur:
                 cur.executemany(sql, [tuple(r) for r in rows])
         except Exception as e:
             raise self.error(e) from None
 
     def commit(self) -> None:
         try:
-            self.conn.commit()
+            with self._deadline(self.answer_s):
+                self.conn.commit()
         except Exception as e:
             raise self.error(e) from None
 
