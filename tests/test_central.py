@@ -592,3 +592,53 @@ def test_two_concurrent_pushes_ship_3000_records_once_and_count_them_once(site):
     shipped = sum(int(m) for out, _ in outs for m in re.findall(r"job_gpus (\d+)", out))
     assert shipped == 3000, outs
     assert site.rows("SELECT COUNT(*) FROM job_gpus") == [["3000"]]
+
+
+def test_a_node_restored_from_an_old_backup_cannot_replace_a_newer_complete_row(site):
+    site.init()
+    site.store.write(job_end(7, partial=1, end=5.0))
+    site.store.close()
+    backup = site.tmp / "old.db"  # taken before the partial rows shipped: it ships them again
+    assert cli("--config", str(site.writer_config), "db", "backup", str(backup)).returncode == 0
+    assert site.push().returncode == 0
+    done = job_end(7, end=11.0)
+    for g in done["gpus"]:
+        g["energy_j"] = 500.0
+    site.store.write(done)  # the late start record completes the rows: version 2
+    assert site.push().returncode == 0
+    newer = site.rows("SELECT partial, energy_j, end_time FROM job_gpus ORDER BY gpu_index")
+    assert newer == [["0", "500", "11"], ["0", "500", "11"]]
+    site.store.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{site.node_db}{suffix}").unlink(missing_ok=True)
+    os.rename(backup, site.node_db)
+    site.store.write(job_end(8))  # the restored node goes on recording
+    r = site.push()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert site.rows("SELECT partial, energy_j, end_time FROM job_gpus WHERE job_id = 7 ORDER BY gpu_index") == newer
+    assert site.rows("SELECT partial, end_time FROM jobs WHERE job_id = 7") == [["0", "11"]]
+    assert site.rows("SELECT COUNT(*) FROM job_gpus WHERE job_id = 8") == [["2"]]
+
+
+def test_central_init_migrates_a_v2_server_in_place_keeping_its_records(site):
+    admin = C.Central(C.parse_url(site.server.url(site.admin, site.db)), site.admin_pw, 10)
+    try:
+        for stmt in C.MIGRATIONS[0] + C.MIGRATIONS[1]:
+            admin.execute(stmt)
+        admin.execute("INSERT INTO meta (name, value) VALUES ('schema_version', '2')")
+        admin.execute("INSERT INTO job_gpus (cluster, job_id, restart_count, node, gpu_uuid, start_time, end_time, "
+                      "duration_s, energy_j, partial, shipped_at) VALUES ('c', 1, 0, 'n1', 'GPU-0', 1, 11, 10, 5, 0, 1)")
+        admin.commit()
+    finally:
+        admin.close()
+    r = cli("--config", str(site.config), "central", "init", "--check")
+    assert r.returncode == 1 and "schema version 2, this slurm-gpu needs 3" in r.stdout, r.stdout + r.stderr
+    r = site.init()
+    assert "schema migrated from 2 at version 3" in r.stderr
+    assert site.rows("SELECT energy_j, row_version FROM job_gpus") == [["5", "0"]]
+    site.store.write(job_end(1))  # the same record from the node: version 1 beats the server's 0
+    site.store.write(job_end(2))
+    r = site.push()
+    assert r.returncode == 0 and "job_gpus 4" in r.stdout, r.stdout + r.stderr
+    assert site.rows("SELECT job_id, row_version FROM job_gpus ORDER BY job_id, gpu_index") == [
+        ["1", "1"], ["1", "1"], ["2", "1"], ["2", "1"]]

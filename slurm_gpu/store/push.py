@@ -192,7 +192,9 @@ class Pusher:
             if not rows:
                 return True
             now = time.time()
-            batch = [(r[0], r[1], _central_row(table, dict(zip(cols, r[2:])), self.cluster) + (now, 0)) for r in rows]
+            version = table in C.VERSIONED  # the server keeps the newer and the complete row
+            batch = [(r[0], r[1], _central_row(table, dict(zip(cols, r[2:])), self.cluster)
+                      + ((r[1],) if version else ()) + (now, 0)) for r in rows]
             try:
                 self._ship({table: [b[2] for b in batch]})
                 done = [(rid, v) for rid, v, _ in batch]
