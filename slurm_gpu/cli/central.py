@@ -152,10 +152,15 @@ def push(app, database, url, password_file, max_seconds, batch_size, status_only
         return
     finally:
         store.close()
+    _print_result(result, f"{store.path} -> {srv.target.describe()}", quiet)
+
+
+def _print_result(result, where: str, quiet: bool) -> None:
+    """What shipped and what is left (stdout), the refused records (stderr; exit 1)."""
     shipped = ", ".join(f"{t} {n}" for t, n in result.shipped.items() if n) or "nothing"
     left = result.left
     if not (quiet and not result.refused):
-        click.echo(f"{store.path} -> {srv.target.describe()}: shipped {shipped}; left {left.total}"
+        click.echo(f"{where}: shipped {shipped}; left {left.total}"
                    + (f" (oldest {_age(left.oldest_time)} old)" if left.total else ""))
     for line in result.refused[:10]:
         click.echo(f"slurm-gpu: refused by the server: {line}", err=True)
