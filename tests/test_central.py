@@ -487,3 +487,158 @@ def test_the_servers_count_of_misplaced_records_reads_the_span_index(pushed):
     plan = s.server.rows("SET SESSION sql_mode='ANSI_QUOTES'; EXPLAIN SELECT COUNT(*) FROM job_gpus_current "
                          'WHERE "span_s" < 0', s.db)
     assert any("job_gpus_span" in "\t".join(row) for row in plan), plan
+
+
+def test_a_password_pymysql_cannot_send_is_one_line_saying_so_and_never_printed(site):
+    site.init()
+    site.store.write(job_end(1))
+    bad = site.write_config(site.writer, "S3cret-\u20ac-pw", name="euro.toml")
+    r = site.push(config=bad)
+    assert r.returncode == 5, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[1].startswith("hint: "), r.stderr
+    assert "latin-1" in lines[0] and "UnicodeEncodeError" not in r.stderr
+    assert "S3cret" not in r.stdout + r.stderr and "\u20ac" not in r.stdout + r.stderr
+
+
+class Trickle:
+    """A 'server' on 127.0.0.1 that accepts TCP and sends one byte every 2 s, forever: the header
+    of a 65,535-byte handshake packet (sequence 0, so the client keeps reading), then its body."""
+
+    def __init__(self):
+        import socket
+        import threading
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        import threading
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(self, conn):
+        import itertools
+        data = itertools.chain(b"\xff\xff\x00\x00", itertools.repeat(0x0a))
+        with conn:
+            while not self.stop.wait(2.0):
+                try:
+                    conn.sendall(bytes([next(data)]))
+                except OSError:
+                    return
+
+    def close(self):
+        self.stop.set()
+        self.sock.close()
+
+
+def test_a_server_that_trickles_one_byte_every_2s_ends_push_within_its_deadline(site):
+    site.init()
+    site.store.write(job_end(1))
+    trickle = Trickle()
+    cfg = site.tmp / "trickle.toml"
+    cfg.write_text(f'cluster_name = "c"\n[store]\ndatabase = "{site.node_db}"\nspool_dir = "{site.tmp}/spool"\n'
+                   f'[central]\nurl = "mysql://{site.writer}@127.0.0.1:{trickle.port}/{site.db}"\n'
+                   f'password_file = "{site.password_file(site.writer, site.writer_pw)}"\ntimeout_s = 3\n')
+    os.chmod(cfg, 0o644)
+    try:
+        t0 = time.monotonic()
+        r = cli("--config", str(cfg), "db", "push", "--max-seconds", "5", timeout=40)
+        took = time.monotonic() - t0
+    finally:
+        trickle.close()
+    assert r.returncode == 5, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 2 and "no complete answer within 3 s" in lines[0], r.stderr
+    assert took < 3 + 5 + 4, took  # the deadline, the budget, interpreter start-up
+    print(f"push against a trickling server ended after {took:.1f} s")
+
+
+def test_a_second_push_of_the_same_node_database_says_so_and_ships_nothing(site):
+    import fcntl
+    site.init()
+    site.store.write(job_end(1))
+    site.store.close()
+    with open(f"{site.node_db}.push-lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        r = site.push()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "another `db push` of" in r.stderr and "is running" in r.stderr and r.stdout == ""
+    assert site.rows("SELECT COUNT(*) FROM job_gpus") == [["0"]]
+    r = site.push()
+    assert r.returncode == 0 and "job_gpus 2" in r.stdout
+
+
+def test_two_concurrent_pushes_ship_3000_records_once_and_count_them_once(site):
+    import re
+    site.init()
+    for j in range(1, 301):
+        site.store.write(job_end(j, gpus=10))
+    site.store.close()
+    args = [sys.executable, "-m", "slurm_gpu.cli", "--config", str(site.writer_config), "db", "push",
+            "--batch-size", "50"]
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    shipped = sum(int(m) for out, _ in outs for m in re.findall(r"job_gpus (\d+)", out))
+    assert shipped == 3000, outs
+    assert site.rows("SELECT COUNT(*) FROM job_gpus") == [["3000"]]
+
+
+def test_a_node_restored_from_an_old_backup_cannot_replace_a_newer_complete_row(site):
+    site.init()
+    site.store.write(job_end(7, partial=1, end=5.0))
+    site.store.close()
+    backup = site.tmp / "old.db"  # taken before the partial rows shipped: it ships them again
+    assert cli("--config", str(site.writer_config), "db", "backup", str(backup)).returncode == 0
+    assert site.push().returncode == 0
+    done = job_end(7, end=11.0)
+    for g in done["gpus"]:
+        g["energy_j"] = 500.0
+    site.store.write(done)  # the late start record completes the rows: version 2
+    assert site.push().returncode == 0
+    newer = site.rows("SELECT partial, energy_j, end_time FROM job_gpus ORDER BY gpu_index")
+    assert newer == [["0", "500", "11"], ["0", "500", "11"]]
+    site.store.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{site.node_db}{suffix}").unlink(missing_ok=True)
+    os.rename(backup, site.node_db)
+    site.store.write(job_end(8))  # the restored node goes on recording
+    r = site.push()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert site.rows("SELECT partial, energy_j, end_time FROM job_gpus WHERE job_id = 7 ORDER BY gpu_index") == newer
+    assert site.rows("SELECT partial, end_time FROM jobs WHERE job_id = 7") == [["0", "11"]]
+    assert site.rows("SELECT COUNT(*) FROM job_gpus WHERE job_id = 8") == [["2"]]
+
+
+def test_central_init_migrates_a_v2_server_in_place_keeping_its_records(site):
+    admin = C.Central(C.parse_url(site.server.url(site.admin, site.db)), site.admin_pw, 10)
+    try:
+        for stmt in C.MIGRATIONS[0] + C.MIGRATIONS[1]:
+            admin.execute(stmt)
+        admin.execute("INSERT INTO meta (name, value) VALUES ('schema_version', '2')")
+        admin.execute("INSERT INTO job_gpus (cluster, job_id, restart_count, node, gpu_uuid, start_time, end_time, "
+                      "duration_s, energy_j, partial, shipped_at) VALUES ('c', 1, 0, 'n1', 'GPU-0', 1, 11, 10, 5, 0, 1)")
+        admin.commit()
+    finally:
+        admin.close()
+    r = cli("--config", str(site.config), "central", "init", "--check")
+    assert r.returncode == 1 and "schema version 2, this slurm-gpu needs 3" in r.stdout, r.stdout + r.stderr
+    r = site.init()
+    assert "schema migrated from 2 at version 3" in r.stderr
+    assert site.rows("SELECT energy_j, row_version FROM job_gpus") == [["5", "0"]]
+    site.store.write(job_end(1))  # the same record from the node: version 1 beats the server's 0
+    site.store.write(job_end(2))
+    r = site.push()
+    assert r.returncode == 0 and "job_gpus 4" in r.stdout, r.stdout + r.stderr
+    assert site.rows("SELECT job_id, row_version FROM job_gpus ORDER BY job_id, gpu_index") == [
+        ["1", "1"], ["1", "1"], ["2", "1"], ["2", "1"]]

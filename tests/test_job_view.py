@@ -500,3 +500,17 @@ def test_central_fallback_queries_job_gpus_current_with_parameters(monkeypatch):
 def test_help_names_the_exit_codes_and_formats():
     out = CliRunner().invoke(main, ["job", "--help"]).output
     assert "--format" in out and "--json" in out and "--no-color" in out and "--db" in out
+
+
+@pytest.mark.parametrize("row", [[0, 0, 0, 1, 2, "80", 10.0, 100, 1000, 1.5, 0, [], 0],
+                                 [-1, 0, 0, 1, 2, 80.0, 10.0, 100, 1000, 1.5, 0, [], 0]])
+def test_summary_with_wrong_types_or_a_negative_node_index_is_damaged_exit_10(sacct, row):
+    import base64
+    import json
+    import zlib
+    doc = {"v": 1, "c": "c", "j": 4725, "r": 0, "p": 0, "n": ["gpu01", "gpu02"], "m": [], "k": ["m"], "g": [row]}
+    text = "sg1:" + base64.b32encode(zlib.compress(json.dumps(doc).encode())).decode().rstrip("=").lower()
+    sacct.out = sacct_line(comment=text)
+    r = invoke("4711_3")
+    error_answer(r, ExitCode.JOB_NO_SUMMARY, "job 4711_3: the job's GPU summary is damaged")
+    assert "Traceback" not in r.stderr and "gpu02" not in r.stdout

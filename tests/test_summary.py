@@ -50,6 +50,60 @@ def test_unknown_trailing_columns_of_a_later_version_are_ignored():
     import base64
     import zlib
     doc = {"v": 1, "c": "c", "j": 1, "r": 0, "p": 0, "n": ["n1"], "m": [], "k": ["m"],
-           "g": [[0, 0, 0, 1, 2, 50.0, 10.0, 100, 1000, 1.5, 0, [], 0, "future"]]}
+           "g": [[0, 0, 0, 1, 2, 50.0, 10.0, 100, 1000, 1.5, 0, [], 0, 1, "future"]]}
     text = "sg1:" + base64.b32encode(zlib.compress(json.dumps(doc).encode())).decode().rstrip("=").lower()
     assert S.decode(text).gpus[0].util_pct == 50.0
+
+
+def _text(doc):
+    import base64
+    import zlib
+    return "sg1:" + base64.b32encode(zlib.compress(json.dumps(doc).encode())).decode().rstrip("=").lower()
+
+
+GOOD = {"v": 1, "c": "c", "j": 1, "r": 0, "p": 0, "n": ["n1", "n2"], "m": [], "k": ["m"],
+        "g": [[0, 0, 0, 1, 2, 50.0, 10.0, 100, 1000, 1.5, 0, [79], 0]]}
+
+
+@pytest.mark.parametrize("field,value", [
+    ("g", [[0, 0, 0, 1, 2, "50", 10.0, 100, 1000, 1.5, 0, [], 0]]),     # a string for a number
+    ("g", [[0, 0, 0, 1, 2, float("nan"), 10.0, 100, 1000, 1.5, 0, [], 0]]),  # NaN
+    ("g", [[0, 0, 0, 1, 2, 50.0, 10.0, 100, 1000, float("inf"), 0, [], 0]]),
+    ("g", [[-1, 0, 0, 1, 2, 50.0, 10.0, 100, 1000, 1.5, 0, [], 0]]),    # a negative node index
+    ("g", [[5, 0, 0, 1, 2, 50.0, 10.0, 100, 1000, 1.5, 0, [], 0]]),     # past the last node
+    ("g", [[0, 0, -1, 1, 2, 50.0, 10.0, 100, 1000, 1.5, 0, [], 0]]),    # a negative model index
+    ("g", [[True, 0, 0, 1, 2, 50.0, 10.0, 100, 1000, 1.5, 0, [], 0]]),  # a boolean for an index
+    ("g", [[0, "0", 0, 1, 2, 50.0, 10.0, 100, 1000, 1.5, 0, [], 0]]),
+    ("g", [[0, 0, 0, 1, 2, 50.0, 10.0, 100, 1000, 1.5, 0, ["79"], 0]]),
+    ("g", [[0, 0, 0, 1, 2, 50.0, 10.0, 100, 1000, 1.5, 0, 79, 0]]),
+    ("g", [{"node": 0}]), ("g", {"0": 1}),
+    ("n", [["n1"], "n2"]),                                              # a list as a node name
+    ("n", "n1"), ("m", [1]), ("k", [None]), ("c", ["c"]), ("j", "1"), ("j", 1.5), ("r", -1), ("p", "yes"),
+])
+def test_a_summary_with_valid_syntax_but_wrong_types_is_damaged_not_a_traceback(field, value):
+    text = _text(dict(GOOD, **{field: value}))
+    with pytest.raises(InputError, match="damaged"):
+        S.decode(text)
+    assert S.decode_safe(text) is None
+    assert S.decode(_text(GOOD)).gpus[0].node == "n1"
+
+
+def test_a_summary_of_3000_gpus_falls_back_to_per_node_totals_within_the_column():
+    s = S.from_records("c", 4711, 0, [f"gpu{n:03d}" for n in range(375)], rows(375, 8))
+    assert len(S.encode(s)) > S.MAX_BYTES  # the full form would be cut by slurmdbd
+    text = S.fit(s)
+    assert len(text) <= S.MAX_BYTES
+    back = S.decode(text)
+    assert back.detail == "node" and len(back.gpus) == 375 and sum(g.count for g in back.gpus) == 3000
+    assert back.gpus[0].xids == [79] and back.gpus[0].index is None
+    energy = sum(g.energy_wh for g in s.gpus)
+    assert abs(sum(g.energy_wh for g in back.gpus) - energy) < 375 * 0.01
+    small = S.from_records("c", 1, 0, ["gpu000"], rows(1, 2))
+    assert S.fit(small) == S.encode(small) and S.decode(S.fit(small)).detail == "gpu"
+
+
+def test_a_summary_too_large_even_per_node_is_a_marker_for_the_central_server():
+    s = S.from_records("c", 4711, 0, [f"gpu{n:03d}" for n in range(40)], rows(40, 2))
+    text = S.fit(s, limit=len(S.encode(S.per_node(s))) - 1)
+    back = S.decode(text)
+    assert back.detail == "central" and back.gpus == [] and back.nodes == s.nodes

@@ -121,7 +121,9 @@ def push(app, database, url, password_file, max_seconds, batch_size, status_only
     the server is down or refuses the login, push exits 5 with one line and keeps every
     record for the next run.  Prints what was shipped, what is left and the age of the
     oldest record left.  Exit 0 when everything was shipped (or only --max-seconds
-    stopped it), 5 when the server failed, 1 when it refused some records.
+    stopped it), 5 when the server failed, 1 when it refused some records.  One push per
+    node database runs at a time: a second one says so on stderr and exits 0.  Connecting
+    and each exchange end within central.timeout_s in all, however slowly the server answers.
     """
     from slurm_gpu.store.node import Store
     from slurm_gpu.store import push as P
@@ -137,19 +139,28 @@ def push(app, database, url, password_file, max_seconds, batch_size, status_only
             return
         cluster = _cluster(app, conn)
         from slurm_gpu.store.central import Central
-        before = P.backlog(conn)
         show = sys.stderr.isatty() if progress is None else progress
-        with Central.from_config(cfg, url, password_file) as srv, \
-                click.progressbar(length=before.total, label="pushing", file=sys.stderr) if show and before.total \
-                else _NoBar() as bar:
-            result = P.Pusher(conn, srv, cluster, batch_size or cfg.get("central", "batch_size"), max_seconds,
-                              progress=bar.update).run()
+        with P.push_lock(store.path):
+            before = P.backlog(conn)
+            with Central.from_config(cfg, url, password_file) as srv, \
+                    click.progressbar(length=before.total, label="pushing", file=sys.stderr) if show and before.total \
+                    else _NoBar() as bar:
+                result = P.Pusher(conn, srv, cluster, batch_size or cfg.get("central", "batch_size"), max_seconds,
+                                  progress=bar.update).run()
+    except P.PushBusy:
+        click.echo(f"slurm-gpu: another `db push` of {store.path} is running; this one ships nothing", err=True)
+        return
     finally:
         store.close()
+    _print_result(result, f"{store.path} -> {srv.target.describe()}", quiet)
+
+
+def _print_result(result, where: str, quiet: bool) -> None:
+    """What shipped and what is left (stdout), the refused records (stderr; exit 1)."""
     shipped = ", ".join(f"{t} {n}" for t, n in result.shipped.items() if n) or "nothing"
     left = result.left
     if not (quiet and not result.refused):
-        click.echo(f"{store.path} -> {srv.target.describe()}: shipped {shipped}; left {left.total}"
+        click.echo(f"{where}: shipped {shipped}; left {left.total}"
                    + (f" (oldest {_age(left.oldest_time)} old)" if left.total else ""))
     for line in result.refused[:10]:
         click.echo(f"slurm-gpu: refused by the server: {line}", err=True)
@@ -269,10 +280,10 @@ def _annotate_one(backend, srv, S, job_rows, cluster, job_id, restart, comment, 
             nodes = old.nodes
     rows = job_rows(srv, cluster, job_id, restart)
     summary = S.from_records(cluster, job_id, restart, nodes or sorted({r["node"] for r in rows}), rows)
-    if comment and S.is_ours(comment) and summary.partial and S.decode_safe(comment) == summary:
+    if comment and S.is_ours(comment) and summary.partial and S.decode_safe(comment) == S.decode(S.fit(summary)):
         return "partial"
     if not dry_run:
-        backend.set_admin_comment(job_id, cluster, S.encode(summary), named=backend.named_ids.get(job_id, ""))
+        backend.set_admin_comment(job_id, cluster, S.fit(summary), named=backend.named_ids.get(job_id, ""))
     if summary.partial:
         return "partial"
     return "completed" if comment else "written"

@@ -4,7 +4,8 @@ slurmctld runs it once per job (each array task and heterogeneous component is a
 own, with its raw id in SLURM_JOB_ID) as SlurmUser, while the job is COMPLETING, with an
 environment that lacks SLURM_CONF (observed on 22.05.8): the Slurm commands get the config's
 `slurm_conf`.  Steps: which nodes hold the job's GPUs (`scontrol -d show job`), whether the
-AdminComment is free (never overwrite another tool's), the nodes' records from the central
+AdminComment is free (never overwrite another tool's: asked of slurmctld first, and of accounting
+again right before writing, since slurmctld does not show what was set through sacctmgr), the nodes' records from the central
 server (waiting up to job_summary.wait_s for every node's push), then `sacctmgr modify job`
 (store/summary.py explains the encoding).  A summary whose records did not all arrive is
 marked partial; `slurm-gpu central annotate` completes it later.
@@ -98,9 +99,16 @@ def _summarise(run: _Run, cfg: Any, job_id: int, sleep) -> str:
                         hint="slurm-gpu central annotate --since ... writes it once they arrive")
         return "no-records"
     summary = S.from_records(cluster, job_id, restart, gpu_nodes or sorted({r["node"] for r in rows}), rows)
-    text = S.encode(summary)
+    text = S.fit(summary)  # what slurmdbd would cut is never stored: per node, or a marker
+    # slurmctld does not show an AdminComment set through sacctmgr (jobstats does that): ask
+    # accounting, the store that is written, right before writing (sacctmgr may have lowercased it).
+    now = backend.admin_comments([job_id], cluster).get(job_id, "")
+    if now and not S.is_ours(now):
+        run.log.info("summary-skipped", job=job_id, why="AdminComment belongs to another tool (in accounting)")
+        return "foreign"
     backend.set_admin_comment(job_id, cluster, text, named=_named(run.env))
     run.log.info("summary", job=job_id, gpus=len(summary.gpus), bytes=len(text), partial=int(summary.partial),
+                 detail=S.decode(text).detail,
                  missing=",".join(summary.missing) or None)
     return "partial" if summary.partial else "written"
 

@@ -244,6 +244,8 @@ def job_notes(rec: JobRecord, s: sg.Summary, cfg: Any) -> List[Note]:
             after = "It probably ended the job: that was not your fault. Resubmit the job."
         notes.append(Note("gpu_fault", f"A GPU fault happened during the job ({where}). {after} "
                                        "The node is checked before it runs another job.", "fault"))
+    if s.detail != "gpu":
+        notes.append(Note("detail", _detail_text(rec, s), "info"))
     if s.partial or s.missing:
         missing = ", ".join(s.missing) or "some nodes"
         notes.append(Note("partial", f"No GPU records arrived from {missing}: the figures cover the other nodes only.",
@@ -256,6 +258,13 @@ def job_notes(rec: JobRecord, s: sg.Summary, cfg: Any) -> List[Note]:
     if site:
         notes.append(Note("site", site, "info"))
     return notes
+
+
+def _detail_text(rec: JobRecord, s: sg.Summary) -> str:
+    """Why the table has no row per GPU: the job's summary did not fit its AdminComment."""
+    what = "one row per node (totals, means and peaks of its GPUs)" if s.detail == "node" else "no GPU figures"
+    return (f"The job has more GPUs than its AdminComment holds: the summary keeps {what}. Per-GPU figures are on "
+            f"the central server (admins: slurm-gpu job {rec.job_id} --db central).")
 
 
 def _use_notes(rec: JobRecord, s: sg.Summary, idle_pct: float, low_pct: float, frac: float) -> List[Note]:
@@ -372,7 +381,7 @@ def one_model(s: sg.Summary) -> Optional[str]:
 
 
 def _gpu_rows(s: sg.Summary, util_bw: int, mem_bw: int) -> List[Dict[str, Any]]:
-    return [{"node": render.printable(g.node), "gpu": "-" if g.index is None else g.index, "model": _model(g),
+    return [{"node": render.printable(g.node), "gpu": f"{g.count} GPUs" if g.count > 1 else "-" if g.index is None else g.index, "model": _model(g),
              "util": bar(g.util_pct, util_bw), "mem": bar(g.mem_util_pct, mem_bw), "peak": memory_text(g),
              "energy": energy_text(g.energy_wh), "events": events_text(g)} for g in s.gpus]
 

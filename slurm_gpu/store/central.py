@@ -14,17 +14,24 @@ is imported when a connection is opened, never at module import.
   shipping is marked `withdrawn`, and reports read the view `job_gpus_current`.
 - Schema v2 adds `gpu_inventory` (one row per GPU per observation) and `xid_events`, which
   `slurm-gpu fleet` reads (docs/fleet.md).
+- Schema v3: jobs and job_gpus rows carry the node's row version (its push_version), and
+  apply_batch keeps the server's row when it is complete and the staged one partial, or when
+  both are alike and the server's is newer: a node restored from an old backup cannot undo a
+  newer or more complete record.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import stat
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+import threading
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from slurm_gpu.errors import CentralError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_PORT = 3306
 SESSION_SQL_MODE = "ANSI_QUOTES,PIPES_AS_CONCAT,STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION"
 URL_HINT = "central.url looks like mysql://USER@HOST[:PORT]/DATABASE (password in central.password_file)"
@@ -150,6 +157,42 @@ def describe_error(e: BaseException, target: Target, password: str = "") -> Tupl
     return f"central server {where}: {type(e).__name__}: {text}", "see the server's log"
 
 
+class DeadlineExceeded(TimeoutError):
+    """An exchange with the server did not finish in time (a socket's own timeouts bound each read,
+    not the whole answer: a server that trickles a byte a second never trips them)."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Interrupt whatever blocks in this block after `seconds` (SIGALRM: main thread only, and only
+    when no other timer of the process is armed; elsewhere the driver's per-read timeouts remain)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getitimer(signal.ITIMER_REAL)[0] > 0:
+        yield
+        return
+
+    def _expired(signum: int, frame: Any) -> None:
+        raise DeadlineExceeded(f"no complete answer within {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, _expired)
+    signal.setitimer(signal.ITIMER_REAL, max(0.01, seconds))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def check_password(password: str, path: str) -> None:
+    """PyMySQL sends a password as latin-1: say so, instead of an encoding error (never the password)."""
+    try:
+        password.encode("latin-1")
+    except UnicodeEncodeError as e:
+        raise CentralError(f"central.password_file {path}: the password has a character PyMySQL cannot send "
+                           f"(position {e.start + 1}: not latin-1)",
+                           "choose a password of ASCII letters, digits and punctuation, set it with "
+                           "ALTER USER ... IDENTIFIED BY, and write it into the file") from None
+
+
 class Central:
     """One connection to the central server, with ANSI SQL (double-quoted names, || concatenation)."""
 
@@ -158,7 +201,9 @@ class Central:
         answer — a report over millions of records may take minutes (central.query_timeout_s)."""
         self.target = target
         self.timeout_s = timeout_s
+        self.answer_s = read_timeout_s if read_timeout_s is not None else timeout_s
         self._password = password
+        self._expired = 0.0  # the deadline that ran out, for the message
         self.driver = _driver()
         kw: Dict[str, Any] = dict(user=target.user, password=password, database=target.database,
                                   connect_timeout=max(1, int(round(timeout_s))),
@@ -172,9 +217,24 @@ class Central:
         if target.ssl_ca:
             kw["ssl"] = {"ca": target.ssl_ca}
         try:
-            self.conn = self.driver.connect(**kw)
+            with self._deadline(timeout_s):
+                self.conn = self.driver.connect(**kw)
         except Exception as e:  # the driver's errors, socket errors, timeouts
             raise self.error(e) from None
+
+    @contextlib.contextmanager
+    def _deadline(self, seconds: float) -> Iterator[None]:
+        """One exchange within `seconds` in all; remembers that it ran out (for the message)."""
+        try:
+            with deadline(seconds):
+                yield
+        except DeadlineExceeded:
+            self._expired = seconds
+            raise
+        except Exception as e:  # the driver wraps the interrupted read in its own error
+            if isinstance(e.__context__, DeadlineExceeded) or isinstance(e.__cause__, DeadlineExceeded):
+                self._expired = seconds
+            raise
 
     @classmethod
     def from_config(cls, cfg: Any, url: Optional[str] = None, password_file: Optional[str] = None,
@@ -183,19 +243,26 @@ class Central:
         if not url:
             raise CentralError("no central server configured", "set central.url in the config (docs/central.md)")
         target = parse_url(url)
-        return cls(target, read_password(password_file or cfg.get("central", "password_file")),
+        path = password_file or cfg.get("central", "password_file")
+        password = read_password(path)
+        check_password(password, path)
+        return cls(target, password,
                    cfg.get("central", "timeout_s"),
                    cfg.get("central", "query_timeout_s") if long_queries else None)
 
     def error(self, e: BaseException) -> CentralError:
         message, hint = describe_error(e, self.target, self._password)
+        if self._expired:
+            message = (f"central server {self.target.describe()}: not answering: no complete answer within {self._expired:g} s "
+                       "(the server or the network is too slow, or this is not a MariaDB/MySQL server)")
+            self._expired = 0.0
         err = CentralError(message, hint)
         err.driver_code = _code(e)  # type: ignore[attr-defined]
         return err
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> List[Tuple[Any, ...]]:
         try:
-            with self.conn.cursor() as cur:
+            with self._deadline(self.answer_s), self.conn.cursor() as cur:
                 cur.execute(sql, tuple(params) if params else None)
                 return list(cur.fetchall()) if cur.description else []
         except Exception as e:
@@ -203,14 +270,15 @@ class Central:
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         try:
-            with self.conn.cursor() as cur:
+            with self._deadline(self.answer_s), self.conn.cursor() as cur:
                 cur.executemany(sql, [tuple(r) for r in rows])
         except Exception as e:
             raise self.error(e) from None
 
     def commit(self) -> None:
         try:
-            self.conn.commit()
+            with self._deadline(self.answer_s):
+                self.conn.commit()
         except Exception as e:
             raise self.error(e) from None
 
@@ -308,6 +376,13 @@ COLUMNS = {"jobs": JOB_COLUMNS, "job_gpus": JOB_GPU_COLUMNS, "health_events": EV
 KEYS = {"jobs": 4, "job_gpus": 5, "health_events": 3, "drains": 3, "gpu_inventory": 4, "xid_events": 3}
 RECORD_TABLES = tuple(COLUMNS)
 SHIPPED = ("withdrawn", "shipped_at")  # set by push, not by the node's row
+# v3: rows that change on the node carry its version of them (push_version).
+VERSIONED = ("jobs", "job_gpus")
+
+
+def staged_columns(table: str) -> Tuple[str, ...]:
+    """The node's columns of a table as staged and kept (v3: with the row version)."""
+    return COLUMNS[table] + (("row_version",) if table in VERSIONED else ())
 
 _TYPES = {
     "cluster": "VARCHAR(64)", "job_id": "BIGINT", "restart_count": "INT", "node": "VARCHAR(255)", "user": _NAME, "uid": "BIGINT", "account": _NAME, "partition": _NAME,
@@ -323,7 +398,7 @@ _TYPES = {
     "outcome": "VARCHAR(16)", "kept_reason": "TEXT", "withdrawn": "TINYINT NOT NULL DEFAULT 0",
     "shipped_at": "DOUBLE NOT NULL", "serial": "VARCHAR(64)", "model": _NAME, "vbios": "VARCHAR(64)",
     "driver_version": "VARCHAR(64)", "cuda_version": "VARCHAR(32)", "mig_mode": "INT", "pci_bus_id": "VARCHAR(32)",
-    "xid": "INT NOT NULL", "detail": "TEXT",
+    "xid": "INT NOT NULL", "detail": "TEXT", "row_version": "BIGINT NOT NULL DEFAULT 0",
     **{c: "BIGINT" for c in INVENTORY_COUNTERS},
 }
 # Besides the key columns: a record's times may be unknown only in jobs; in job_gpus they are the record.
@@ -377,15 +452,22 @@ def _stage_ddl(table: str) -> str:
     return f"CREATE TABLE IF NOT EXISTS stage_{table} (\n    " + ",\n    ".join(body) + f"\n) {_TAIL}"
 
 
-def _apply_sql(table: str) -> List[str]:
-    cols = COLUMNS[table] + SHIPPED
+def _apply_sql(table: str, version: int = SCHEMA_VERSION) -> List[str]:
+    cols = (staged_columns(table) if version >= 3 else COLUMNS[table]) + SHIPPED
+    key = COLUMNS[table][:KEYS[table]]
     sets = ", ".join(f'"{c}" = VALUES("{c}")' for c in cols[KEYS[table]:])
-    out = [f"INSERT INTO {table} ({_q(cols)}) SELECT {_q(cols)} FROM stage_{table} WHERE batch = b AND withdrawn = 0 "
-           f"ON DUPLICATE KEY UPDATE {sets}"]
+    out = []
+    if version >= 3 and table in VERSIONED:
+        # Older than the server's: a complete row is never replaced by a partial one, nor a row
+        # by an older version of itself (a node restored from a backup ships its old rows again).
+        on = " AND ".join(f's."{k}" = t."{k}"' for k in key)
+        out.append(f"DELETE s FROM stage_{table} AS s JOIN {table} AS t ON {on} WHERE s.batch = b AND s.withdrawn = 0 "
+                   "AND (t.partial < s.partial OR (t.partial = s.partial AND t.row_version > s.row_version))")
+    out.append(f"INSERT INTO {table} ({_q(cols)}) SELECT {_q(cols)} FROM stage_{table} WHERE batch = b AND withdrawn = 0 "
+               f"ON DUPLICATE KEY UPDATE {sets}")
     if table in ("jobs", "job_gpus"):
         # A tombstone: the row the node deleted after shipping it.  Never seen here (a push
         # lost before it): a placeholder row, already withdrawn, that no report reads.
-        key = COLUMNS[table][:KEYS[table]]
         fill = ", 0, 0, 0" if table == "job_gpus" else ""
         fill_cols = ', "start_time", "end_time", "duration_s"' if table == "job_gpus" else ""
         out.append(f"INSERT INTO {table} ({_q(key)}{fill_cols}, withdrawn, shipped_at) "
@@ -395,8 +477,8 @@ def _apply_sql(table: str) -> List[str]:
     return out
 
 
-def _procedure(tables: Sequence[str] = RECORD_TABLES) -> str:
-    body = ";\n  ".join(stmt for t in tables for stmt in _apply_sql(t))
+def _procedure(tables: Sequence[str] = RECORD_TABLES, version: int = SCHEMA_VERSION) -> str:
+    body = ";\n  ".join(stmt for t in tables for stmt in _apply_sql(t, version))
     return ("CREATE OR REPLACE PROCEDURE apply_batch(IN b CHAR(32)) MODIFIES SQL DATA SQL SECURITY DEFINER\n"
             f"BEGIN\n  {body};\nEND")
 
@@ -411,12 +493,17 @@ MIGRATIONS: List[Tuple[str, ...]] = [
         *(_stage_ddl(t) for t in V1_TABLES),
         # What reports read: the same columns as a node's job_gpus, without withdrawn rows.
         "CREATE OR REPLACE VIEW job_gpus_current AS SELECT * FROM job_gpus WHERE withdrawn = 0",
-        _procedure(V1_TABLES),
+        _procedure(V1_TABLES, 1),
     ),
     (   # v2: GPU inventories and XID events for `slurm-gpu fleet`; apply_batch learns them.
         *(_table_ddl(t) for t in ("gpu_inventory", "xid_events")),
         *(_stage_ddl(t) for t in ("gpu_inventory", "xid_events")),
-        _procedure(),
+        _procedure(RECORD_TABLES, 2),
+    ),
+    (   # v3: row versions (an instant ADD COLUMN on MariaDB >= 10.3); apply_batch compares them.
+        *(f'ALTER TABLE {t} ADD COLUMN "row_version" BIGINT NOT NULL DEFAULT 0' for t in VERSIONED),
+        *(f'ALTER TABLE stage_{t} ADD COLUMN "row_version" BIGINT' for t in VERSIONED),
+        _procedure(RECORD_TABLES, 3),
     ),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
@@ -424,13 +511,13 @@ assert len(MIGRATIONS) == SCHEMA_VERSION
 
 def stage_sql(table: str) -> str:
     """One staged row: batch, the node's columns, shipped_at, withdrawn (multi-row with executemany)."""
-    cols = ("batch",) + COLUMNS[table] + ("shipped_at", "withdrawn")
+    cols = ("batch",) + staged_columns(table) + ("shipped_at", "withdrawn")
     return f"INSERT INTO stage_{table} ({_q(cols)}) VALUES ({', '.join(['%s'] * len(cols))})"
 
 
 def withdraw_row(table: str, key: Sequence[Any], shipped_at: float) -> Tuple[Any, ...]:
     """The staged values of a tombstone: the key, nothing else."""
-    return tuple(key) + (None,) * (len(COLUMNS[table]) - KEYS[table]) + (shipped_at, 1)
+    return tuple(key) + (None,) * (len(staged_columns(table)) - KEYS[table]) + (shipped_at, 1)
 
 
 def grants(target: Target, writer: str = "slurm_gpu_writer", reporter: str = "slurm_gpu_reporter",

@@ -10,11 +10,14 @@ by node, GPU UUID and time; XIDs by node and event key), so nothing is doubled, 
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
+import os
 import sqlite3
 import time
 import uuid
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from slurm_gpu.errors import CentralError, StoreError
 from slurm_gpu.store import central as C
@@ -67,6 +70,35 @@ def backlog(conn: sqlite3.Connection) -> Backlog:
     if first is not None:
         oldest.append(first)
     return Backlog(rows, min(oldest) if oldest else None)
+
+
+class PushBusy(Exception):
+    """Another `db push` of the same node database holds its lock."""
+
+    def __init__(self, path: str):
+        super().__init__(path)
+        self.path = path
+
+
+@contextlib.contextmanager
+def push_lock(db_path: str) -> Iterator[None]:
+    """One push per node database at a time: two would ship the same rows (harmless on the server,
+    upserts) and both count them.  The lock is DB.push-lock beside the database, mode 0600, opened
+    without following a symlink; the kernel drops it when the holder dies."""
+    path = f"{db_path}.push-lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except OSError as e:
+        raise StoreError(f"cannot open the push lock {path} ({e.strerror or e})",
+                         "db push needs to write beside the node database (store.database)") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PushBusy(path) from None
+        yield
+    finally:
+        os.close(fd)
 
 
 def _key(*parts: Any) -> str:
@@ -160,7 +192,9 @@ class Pusher:
             if not rows:
                 return True
             now = time.time()
-            batch = [(r[0], r[1], _central_row(table, dict(zip(cols, r[2:])), self.cluster) + (now, 0)) for r in rows]
+            version = table in C.VERSIONED  # the server keeps the newer and the complete row
+            batch = [(r[0], r[1], _central_row(table, dict(zip(cols, r[2:])), self.cluster)
+                      + ((r[1],) if version else ()) + (now, 0)) for r in rows]
             try:
                 self._ship({table: [b[2] for b in batch]})
                 done = [(rid, v) for rid, v, _ in batch]

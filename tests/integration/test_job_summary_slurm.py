@@ -73,9 +73,10 @@ def central(central_server, tmp_path):
     return Central(central_server, tmp_path)
 
 
-def _ctld_testbed(site, central, factory, tmp_path, users_config="", slurmdbd_conf=""):  # noqa: F811
+def _ctld_testbed(site, central, factory, tmp_path, users_config="", slurmdbd_conf="", before=""):  # noqa: F811
     """A testbed whose slurmctld runs `slurm-gpu-epilog-ctld`, through a wrapper naming its config
-    (reporter account, the testbed's slurm.conf, a 15 s wait): slurmctld passes it neither."""
+    (reporter account, the testbed's slurm.conf, a 15 s wait): slurmctld passes it neither.
+    `before`: a shell line the wrapper runs first (another tool's controller epilog; SLURM_CONF set)."""
     site.reset()
     ctld_cfg = tmp_path / "ctld.toml"
     wrapper = tmp_path / "epilog-ctld.sh"
@@ -84,6 +85,9 @@ def _ctld_testbed(site, central, factory, tmp_path, users_config="", slurmdbd_co
     b = factory(prolog=_script("slurm-gpu-prolog"), epilog=_script("slurm-gpu-epilog"),
                 slurm_gpu_config=site.config() + users_config, prolog_epilog_timeout=60,
                 epilog_slurmctld=str(wrapper), extra_slurmdbd_conf=slurmdbd_conf)
+    if before:
+        wrapper.write_text(f"#!/bin/sh\nexport SLURM_CONF={b.slurm_conf}\n{before}\n"
+                           f"SLURM_GPU_CONFIG={ctld_cfg} exec {_script('slurm-gpu-epilog-ctld')}\n")
     ctld_cfg.write_text(central.reporter.read_text().replace(
         "[central]", f'slurm_conf = "{b.slurm_conf}"\n[job_summary]\nwait_s = 15\n'
                      f'[log]\nsyslog = false\nfile = "{tmp_path}/ctld.log"\n[central]'))
@@ -245,3 +249,71 @@ def test_users_see_their_own_jobs_gpu_use_and_advice_and_not_other_users_jobs(pr
     r = user_cli(OTHER_USER, ["job", str(busy)], env)
     assert r.returncode == 7, r.stdout + r.stderr
     assert "not visible to you" in r.stderr and len(r.stderr.strip().splitlines()) == 2
+
+
+# What jobstats' controller epilog does when the job ends (its summary, set through sacctmgr,
+# which slurmctld's `scontrol show job` does not show): run before ours.
+JOBSTATS = ("{sacctmgr} -i modify job where jobid=$SLURM_JOB_ID set "
+            "AdminComment=JS1:eyJncHVzIjogMSwgIm5vZGVzIjogeyJncHUwMSI6IHt9fX0=")
+
+
+@pytest.fixture
+def jobstats_bed(site, central, slurm_testbed_factory, tmp_path):  # noqa: F811
+    import shutil
+    return _ctld_testbed(site, central, slurm_testbed_factory, tmp_path,
+                         before=JOBSTATS.format(sacctmgr=shutil.which("sacctmgr")))
+
+
+def test_a_jobstats_admin_comment_set_through_sacctmgr_is_not_overwritten(jobstats_bed, site, central):  # noqa: F811
+    bed = jobstats_bed
+    with PushTimer(central, site, bed):
+        job = bed.sbatch("sleep 2", args=["-p", "gpu", "-w", "gpu01", "--gres=gpu:1"])
+        assert bed.wait_job(job, timeout=90) == "COMPLETED"
+        first = wait_comment(bed, job)
+        end = time.monotonic() + 40
+        while "summary" not in (bed.ctld_log.read_text() if bed.ctld_log.exists() else "") and time.monotonic() < end:
+            time.sleep(1)
+    # sacctmgr lowercased it (22.05.8): still jobstats' value, not ours.
+    assert first.lower().startswith("js1:") and admin_comment(bed, job)[str(job)] == first
+    assert not S.is_ours(admin_comment(bed, job)[str(job)])
+    assert "AdminComment belongs to another tool (in accounting)" in bed.ctld_log.read_text()
+
+
+def test_a_summary_of_3000_gpus_fits_slurmdbds_column_and_slurm_gpu_job_decodes_it(bed, site, central):  # noqa: F811
+    import json
+    import random
+    from slurm_gpu.config import load
+    from slurm_gpu.slurm.cli_backend import CliBackend
+    job = bed.sbatch("sleep 1", args=["-p", "gpu", "-w", "gpu01", "--gres=gpu:1"])
+    assert bed.wait_job(job, timeout=90) == "COMPLETED"
+    wait_comment(bed, job)  # the controller epilog is done with it
+    rnd = random.Random(3)
+    nodes = [f"gpu{n:04d}" for n in range(375)]
+    rows = [dict(node=n, gpu_index=g, gpu_model="NVIDIA H100 80GB HBM3", start_time=1.79e9, end_time=1.79e9 + 3600,
+                 gpu_util_mean_pct=rnd.uniform(0, 100), mem_util_mean_pct=rnd.uniform(0, 50),
+                 max_memory_bytes=rnd.randrange(1 << 30, 80 << 30), memory_total_bytes=85520809984,
+                 energy_j=rnd.uniform(1e6, 3e6)) for n in nodes for g in range(8)]
+    summary = S.from_records("sgtest", job, 0, nodes, rows)
+    env = dict(bed.env)
+    cfg_path = Path(str(bed.ctld_log).replace("ctld.log", "ctld.toml"))
+    cfg, _ = load(env=dict(env, SLURM_GPU_CONFIG=str(cfg_path)), lenient=True)
+    backend = CliBackend(cfg, env=env)
+    full = S.encode(summary)
+    assert len(full) > S.MAX_BYTES
+    # What happened before: sacctmgr exits 0, slurmdbd keeps the first 65,535 bytes, nobody can decode it.
+    backend.set_admin_comment(job, "sgtest", full)
+    stored = admin_comment(bed, job)[str(job)]
+    assert len(stored) == S.MAX_BYTES and S.decode_safe(stored) is None
+    r = _cli(env, "--config", str(cfg_path), "job", str(job))
+    assert r.returncode == 10 and "damaged" in r.stderr, r.stdout + r.stderr
+    backend.set_admin_comment(job, "sgtest", S.fit(summary))
+    stored = admin_comment(bed, job)[str(job)]
+    assert len(stored) <= S.MAX_BYTES and S.decode(stored).detail == "node"
+    r = _cli(env, "--config", str(cfg_path), "job", str(job), "--format", "json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads(r.stdout)
+    assert len(data["gpus"]) == 375 and sum(g["count"] for g in data["gpus"]) == 3000
+    assert abs(sum(g["energy_wh"] for g in data["gpus"]) - sum(x["energy_j"] for x in rows) / 3600) < 375 * 0.01
+    r = _cli(env, "--config", str(cfg_path), "job", str(job))
+    assert r.returncode == 0 and "8 GPUs" in r.stdout and "Per-GPU figures are on the central server" in r.stdout, r.stdout
+    print(f"3000 GPUs: {len(full)} bytes per GPU, {len(stored)} bytes per node")
