@@ -339,7 +339,9 @@ UNITS = Path(__file__).resolve().parent.parent / "deploy" / "systemd"
 def _installed_units(tmp_path: Path) -> Path:
     """The shipped units with ExecStart pointing at this installation's slurm-gpu."""
     import shutil
-    exe = shutil.which("slurm-gpu") or str(Path(sys.executable).with_name("slurm-gpu"))
+    # The interpreter's own first: another installation on PATH may be an older version.
+    exe = str(Path(sys.executable).with_name("slurm-gpu"))
+    exe = exe if os.access(exe, os.X_OK) else (shutil.which("slurm-gpu") or exe)
     out = tmp_path / "units"
     out.mkdir()
     for unit in UNITS.iterdir():
