@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import os
 import stat
-import sys
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from slurm_gpu.errors import ConfigError
@@ -395,10 +394,7 @@ def resolve_path(explicit: Optional[str] = None, env: Optional[Mapping[str, str]
 
 
 def _toml_loads(text: str) -> Dict[str, Any]:
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - exercised on 3.9/3.10 only
-        import tomli as tomllib
+    import tomllib  # lazily: only a hook that finds a config file pays for it
     return tomllib.loads(text)
 
 
@@ -468,7 +464,7 @@ def _parse(raw: bytes, path: str) -> Dict[str, Any]:
         return _toml_loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text", "save the file as UTF-8") from None
-    except Exception as e:  # tomllib.TOMLDecodeError, tomli's equivalent, int-digit limits
+    except Exception as e:  # tomllib.TOMLDecodeError, int-digit limits
         raise ConfigError(f"{path}: invalid TOML: {e}", "check the syntax at the line named") from None
 
 
