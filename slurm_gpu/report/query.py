@@ -339,6 +339,12 @@ class SourceBase:
     def skipped(self) -> Dict[str, int]:
         return _count_skipped(self.conn, self.table, self.query, self.SPAN, self.PLUS)
 
+    plan = ""  # which plan the last summary ran (`report --explain`)
+
+    def summary_rows(self, by: Sequence[str]) -> Optional[List[Dict[str, Any]]]:
+        """A source's own plan for the summary's raw sums (the central server's rollups); None: none."""
+        return None
+
     def unchanged(self) -> bool:
         return True
 
@@ -1142,9 +1148,14 @@ def _spread_tasks(src: Source, n_tasks: int, work: Callable[[sqlite3.Connection,
 
 def summary_raw(src: Source, by: Sequence[str]) -> List[Dict[str, Any]]:
     """Raw per-group sums; large single files are split by job_id across threads (sqlite releases the GIL)."""
+    own = src.summary_rows(by)
+    if own is not None:
+        return own
     fast = _summary_by_index(src, by)
     if fast is not None:
+        src.plan = f"the covering index of {_covering_key(src, by, with_time=True)}"
         return fast
+    src.plan = src.plan or "records"
     plan = summary_plan(src, by)
     if plan is None:
         return []
