@@ -916,7 +916,9 @@ def summary_plan(src: Source, by: Sequence[str]) -> Optional[SummaryPlan]:
     bucket_of_start = _bucket_tree("start_time", buckets, str)
     end_of_start_bucket = _bucket_tree("start_time", buckets, lambda i: repr(buckets[i][1]))
     plain = [f"{GROUP_KEYS[k]} AS \"{k}\"" for k in by if k not in TIME_KEYS]
-    cols = ", ".join(plain + ["cluster", "job_id", "gpu_util_mean_pct", "mem_util_mean_pct", "max_memory_bytes"])
+    # (cluster once: the server refuses a derived table with two columns of one name)
+    cols = ", ".join(plain + (["cluster"] if "cluster" not in by else [])
+                     + ["job_id", "gpu_util_mean_pct", "mem_util_mean_pct", "max_memory_bytes"])
     t_in = _overlap_sql(q, src=src)
     t_cut = _overlap_sql(q, bucketed=True, src=src)
     # Most records lie inside one bucket: their bucket comes from a CASE on start_time (the

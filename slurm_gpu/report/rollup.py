@@ -115,7 +115,7 @@ def _rollup_parts(by: Sequence[str], unit: Optional[str], buckets: Sequence[Tupl
     return [
         f"SELECT {head}, NULL AS jc, NULL AS jid, {sums}, NULL AS peak FROM {table} r JOIN rollup_days d "
         f"ON d.day = r.day WHERE {' AND '.join(where + ['r.records <> 0'])}",
-        f"SELECT {head}, r.cluster, r.job_id, {nones}, r.peak_bytes FROM rollup_jobs r JOIN rollup_days d "
+        f"SELECT {head}, r.cluster AS jc, r.job_id AS jid, {nones}, r.peak_bytes FROM rollup_jobs r JOIN rollup_days d "
         f"ON d.day = r.day WHERE {' AND '.join(where)}",
     ]
 
@@ -132,7 +132,8 @@ def _edge_part(src: Any, by: Sequence[str], lo: float, hi: float, bucket: int, n
     exprs = {c: e.replace(R._T, t) for c, e in R.SUMS + R.COUNTS}
     keys = [f'{Q.GROUP_KEYS[k]} AS "{k}"' for k in by if k not in Q.TIME_KEYS]
     figs = ", ".join(f'{exprs[c]} AS "{c}"' for c in R.FIGURES)
-    sql = (f"SELECT {', '.join(keys + [f'{bucket} AS \"_bucket\"'])}, cluster, job_id, {figs}, max_memory_bytes "
+    head = ", ".join(keys + [f'{bucket} AS "_bucket"'])
+    sql = (f"SELECT {head}, cluster AS jc, job_id AS jid, {figs}, max_memory_bytes AS peak "
            f"FROM {src.table} WHERE {where}")
     return sql, params
 
