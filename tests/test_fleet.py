@@ -224,15 +224,15 @@ def test_central_init_migrates_a_v1_server_and_check_reports_it(mariadb, tmp_pat
     os.chmod(pwf, 0o600)
     cfg = write_config(tmp_path, f'[central]\nurl = "{mariadb.url("v1adm", db)}"\npassword_file = "{pwf}"\n')
     r = cli("--config", str(cfg), "central", "init", "--check")
-    assert r.returncode == 1 and "schema version 1, this slurm-gpu needs 2" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 1 and f"schema version 1, this slurm-gpu needs {C.SCHEMA_VERSION}" in r.stdout, r.stdout + r.stderr
     r = cli("--config", str(cfg), "fleet", "versions", "--no-slurm")
     assert r.returncode == 5 and "schema version 1 has no GPU inventories" in r.stderr, r.stderr
     r = cli("--config", str(cfg), "central", "init")
-    assert r.returncode == 0 and "schema migrated from 1 at version 2" in r.stderr, r.stderr
+    assert r.returncode == 0 and f"schema migrated from 1 at version {C.SCHEMA_VERSION}" in r.stderr, r.stderr
     assert f"GRANT INSERT ON `{db}`.`stage_gpu_inventory` TO 'slurm_gpu_writer'@'%';" in r.stdout
     assert f"GRANT INSERT ON `{db}`.`stage_xid_events` TO 'slurm_gpu_writer'@'%';" in r.stdout
     r = cli("--config", str(cfg), "central", "init", "--check")
-    assert r.returncode == 0 and "schema version 2, current" in r.stdout
+    assert r.returncode == 0 and f"schema version {C.SCHEMA_VERSION}, current" in r.stdout
     srv.close()
 
 

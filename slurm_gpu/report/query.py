@@ -645,16 +645,18 @@ def _valid_sql() -> str:
             "AND +end_time - start_time <= :maxdur")
 
 
-def _filters(q: Query, params: Dict[str, Any]) -> List[str]:
+def _filters(q: Query, params: Dict[str, Any], column: Callable[[str], str] = lambda c: f'"{c}"',
+             prefix: str = "") -> List[str]:
+    """The query's filters as conditions on column(name), their values in params (prefix, name, i)."""
     conds = []
     for col, vals in (("user", q.users), ("account", q.accounts), ("partition", q.partitions),
                       ("node", q.nodes), ("cluster", q.clusters)):
         if vals:
             names = []
             for i, v in enumerate(vals):
-                params[f"{col}{i}"] = v
-                names.append(f":{col}{i}")
-            conds.append(f'"{col}" IN ({", ".join(names)})')
+                params[f"{prefix}{col}{i}"] = v
+                names.append(f":{prefix}{col}{i}")
+            conds.append(f'{column(col)} IN ({", ".join(names)})')
     if q.job_id is not None:
         conds.append("job_id = :job_id")
         params["job_id"] = q.job_id

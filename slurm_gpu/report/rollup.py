@@ -83,19 +83,6 @@ def _in_one_bucket(used: Sequence[Tuple[Any, ...]], buckets: Sequence[Tuple[floa
     return True
 
 
-def _filters(q: Q.Query, params: Dict[str, Any], has_node: bool) -> List[str]:
-    conds = []
-    for key, vals in (("user", q.users), ("account", q.accounts), ("partition", q.partitions),
-                      ("node", q.nodes), ("cluster", q.clusters)):
-        if vals:
-            names = []
-            for i, v in enumerate(vals):
-                params[f"r_{key}{i}"] = v
-                names.append(f":r_{key}{i}")
-            conds.append(f"{_col(key)} IN ({', '.join(names)})")
-    return conds
-
-
 def _bucket_of(col: str, buckets: Sequence[Tuple[float, float, str]]) -> str:
     return Q._bucket_tree(col, buckets, str) if buckets else "0"
 
@@ -108,7 +95,7 @@ def _rollup_parts(by: Sequence[str], unit: Optional[str], buckets: Sequence[Tupl
     keys = [f'{_col(_KEY_COLUMN[k])} AS "{k}"' for k in plain]
     bucket = _bucket_of("d.d_start", buckets)
     params["r_d0"], params["r_d1"] = days
-    where = ["r.day BETWEEN :r_d0 AND :r_d1"] + _filters(q, params, has_node)
+    where = ["r.day BETWEEN :r_d0 AND :r_d1"] + Q._filters(q, params, _col, "r_")
     sums = ", ".join(f'r."{c}" AS "{c}"' for c in R.FIGURES)
     nones = ", ".join(f'NULL AS "{c}"' for c in R.FIGURES)
     head = ", ".join(keys + [f'{bucket} AS "_bucket"'])
