@@ -33,8 +33,12 @@ def central():
               help="Read-only account in the printed GRANTs.")
 @click.option("--hosts", default="%", show_default=True, metavar="PATTERN",
               help="Host pattern of both accounts in the printed GRANTs (e.g. '10.1.%').")
+@click.option("--rollup-tz", type=click.Choice(["utc", "local"]), default=None,
+              help="Zone whose days the rollups add up (default: report.tz): 'local' is this host's zone, "
+                   "for reports with --tz local on hosts in the same zone.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar of the rollups' build (default: on a terminal).")
 @click.pass_obj
-def init(app, url, password_file, check_only, writer, reporter, hosts):
+def init(app, url, password_file, check_only, writer, reporter, hosts, rollup_tz, progress):
     """Create or migrate the central schema; print the GRANTs for the two accounts.
 
     Run once as an account that may create tables in the database (the database
@@ -52,7 +56,8 @@ def init(app, url, password_file, check_only, writer, reporter, hosts):
             have = "no slurm-gpu schema" if version is None else f"schema version {version}"
             click.echo(f"{srv.target.describe()}: {have}, this slurm-gpu needs {C.SCHEMA_VERSION}: run `slurm-gpu central init`")
             sys.exit(int(ExitCode.UNHEALTHY))
-        before, after = srv.migrate()
+        with _bar(progress, "building rollups") as bar:
+            before, after = srv.migrate(rollup_tz or app.config.get("report", "tz"), bar.step)
         if before == after:
             click.echo(f"{srv.target.describe()}: schema version {after}, already current", err=True)
         else:
@@ -61,6 +66,64 @@ def init(app, url, password_file, check_only, writer, reporter, hosts):
         click.echo("-- Run as the database admin, with real passwords (docs/central.md):", err=True)
         for stmt in C.grants(srv.target, writer, reporter, hosts):
             click.echo(stmt)
+
+
+@central.command("rollup")
+@_url_opt
+@_pw_opt
+@click.option("--rebuild", is_flag=True, required=True, help="Recompute the rollups from the records.")
+@click.option("--since", default=None, metavar="TIME",
+              help="Only the days from the one holding TIME on (default: all days); forms as `report --since`.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: on a terminal).")
+@click.pass_obj
+def rollup(app, url, password_file, rebuild, since, progress):
+    """Recompute the rollups (per-day sums of `report --by`) and say what differed.
+
+    Run as the admin account that ran `central init`.  Exit 0 when the rollups were
+    exact, 1 when rows were corrected (each table's missing, extra and different rows
+    are printed).  Pushes wait while it runs (one serializable transaction).
+    """
+    from slurm_gpu.report.timespec import parse_time
+    from slurm_gpu.store import central as C
+    from slurm_gpu.store import rollups as R
+    since_s = parse_time(since, now_s=time.time(), tz=app.config.get("report", "tz"), option="--since") if since else None
+    with C.Central.from_config(app.config, url, password_file, long_queries=True) as srv:
+        srv.require_current()
+        with _bar(progress, "rebuilding rollups") as bar:
+            diff = R.rebuild(srv, R.first_day_of(srv, since_s), bar.step)
+    corrected = 0
+    for table, (missing, extra, other) in diff.items():
+        corrected += missing + extra + other
+        click.echo(f"{table}: {missing} missing, {extra} extra, {other} different")
+    click.echo(f"{srv.target.describe()}: rollups " + ("exact" if not corrected else f"corrected ({corrected} rows)"), err=True)
+    if corrected:
+        sys.exit(1)
+
+
+class _bar:
+    """click's progress bar over (done, total) steps, on a terminal or when asked; else nothing."""
+
+    def __init__(self, progress: Optional[bool], label: str):
+        self.show = sys.stderr.isatty() if progress is None else progress
+        self.label = label
+        self.bar: Any = None
+        self.done = 0
+
+    def step(self, done: int, total: int) -> None:
+        if not self.show:
+            return
+        if self.bar is None:
+            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr)
+            self.bar.__enter__()
+        self.bar.update(done - self.done)
+        self.done = done
+
+    def __enter__(self) -> "_bar":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
 
 
 def _cluster(app, conn) -> str:

@@ -39,6 +39,9 @@ def _common_options(f: Callable) -> Callable:
                                   "quotes text that a spreadsheet would run as a formula. html: one self-contained page "
                                   "with charts."),
         output_file_option(),
+        click.option("--explain", is_flag=True, default=None,
+                     help="Say on stderr which plan the summary ran: the central server's rollups (whole days) "
+                          "with the records of partial days, or the records, and why (docs/central.md)."),
     ]
     return apply_options(f, opts)
 
@@ -134,6 +137,8 @@ def _produce(ctx: click.Context, o: Dict[str, Any], build: Callable[[Any], Any],
 
     def read(src):
         table = build(src)
+        if o.get("explain") and src.plan:
+            click.echo(f"slurm-gpu: plan: {src.plan}", err=True)
         return table, _render(o, table, src)
 
     from slurm_gpu.report.central import is_central, read_central

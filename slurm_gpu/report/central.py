@@ -118,6 +118,10 @@ class CentralSource(SourceBase):
     def floor(self, expr: str) -> str:
         return f"FLOOR({expr})"
 
+    def summary_rows(self, by: Sequence[str]) -> Optional[List[Dict[str, Any]]]:
+        from slurm_gpu.report.rollup import summary_rows
+        return summary_rows(self, by)
+
     def install_calendar(self, conn: Any, buckets: Sequence[Tuple[float, float, str]]) -> None:
         try:
             conn.execute("DROP TEMPORARY TABLE IF EXISTS cal")

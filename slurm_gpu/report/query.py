@@ -339,6 +339,12 @@ class SourceBase:
     def skipped(self) -> Dict[str, int]:
         return _count_skipped(self.conn, self.table, self.query, self.SPAN, self.PLUS)
 
+    plan = ""  # which plan the last summary ran (`report --explain`)
+
+    def summary_rows(self, by: Sequence[str]) -> Optional[List[Dict[str, Any]]]:
+        """A source's own plan for the summary's raw sums (the central server's rollups); None: none."""
+        return None
+
     def unchanged(self) -> bool:
         return True
 
@@ -639,16 +645,18 @@ def _valid_sql() -> str:
             "AND +end_time - start_time <= :maxdur")
 
 
-def _filters(q: Query, params: Dict[str, Any]) -> List[str]:
+def _filters(q: Query, params: Dict[str, Any], column: Callable[[str], str] = lambda c: f'"{c}"',
+             prefix: str = "") -> List[str]:
+    """The query's filters as conditions on column(name), their values in params (prefix, name, i)."""
     conds = []
     for col, vals in (("user", q.users), ("account", q.accounts), ("partition", q.partitions),
                       ("node", q.nodes), ("cluster", q.clusters)):
         if vals:
             names = []
             for i, v in enumerate(vals):
-                params[f"{col}{i}"] = v
-                names.append(f":{col}{i}")
-            conds.append(f'"{col}" IN ({", ".join(names)})')
+                params[f"{prefix}{col}{i}"] = v
+                names.append(f":{prefix}{col}{i}")
+            conds.append(f'{column(col)} IN ({", ".join(names)})')
     if q.job_id is not None:
         conds.append("job_id = :job_id")
         params["job_id"] = q.job_id
@@ -910,7 +918,9 @@ def summary_plan(src: Source, by: Sequence[str]) -> Optional[SummaryPlan]:
     bucket_of_start = _bucket_tree("start_time", buckets, str)
     end_of_start_bucket = _bucket_tree("start_time", buckets, lambda i: repr(buckets[i][1]))
     plain = [f"{GROUP_KEYS[k]} AS \"{k}\"" for k in by if k not in TIME_KEYS]
-    cols = ", ".join(plain + ["cluster", "job_id", "gpu_util_mean_pct", "mem_util_mean_pct", "max_memory_bytes"])
+    # (cluster once: the server refuses a derived table with two columns of one name)
+    cols = ", ".join(plain + (["cluster"] if "cluster" not in by else [])
+                     + ["job_id", "gpu_util_mean_pct", "mem_util_mean_pct", "max_memory_bytes"])
     t_in = _overlap_sql(q, src=src)
     t_cut = _overlap_sql(q, bucketed=True, src=src)
     # Most records lie inside one bucket: their bucket comes from a CASE on start_time (the
@@ -1142,9 +1152,14 @@ def _spread_tasks(src: Source, n_tasks: int, work: Callable[[sqlite3.Connection,
 
 def summary_raw(src: Source, by: Sequence[str]) -> List[Dict[str, Any]]:
     """Raw per-group sums; large single files are split by job_id across threads (sqlite releases the GIL)."""
+    own = src.summary_rows(by)
+    if own is not None:
+        return own
     fast = _summary_by_index(src, by)
     if fast is not None:
+        src.plan = f"the covering index of {_covering_key(src, by, with_time=True)}"
         return fast
+    src.plan = src.plan or "records"
     plan = summary_plan(src, by)
     if plan is None:
         return []

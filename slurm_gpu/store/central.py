@@ -18,6 +18,8 @@ is imported when a connection is opened, never at module import.
   apply_batch keeps the server's row when it is complete and the staged one partial, or when
   both are alike and the server's is newer: a node restored from an old backup cannot undo a
   newer or more complete record.
+- Schema v4 adds the report's per-day sums ("rollups"), kept by apply_batch in the same
+  transaction (store/rollups.py).
 """
 from __future__ import annotations
 
@@ -26,12 +28,13 @@ import os
 import signal
 import stat
 import threading
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from slurm_gpu.errors import CentralError
+from slurm_gpu.store import rollups
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 DEFAULT_PORT = 3306
 SESSION_SQL_MODE = "ANSI_QUOTES,PIPES_AS_CONCAT,STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION"
 URL_HINT = "central.url looks like mysql://USER@HOST[:PORT]/DATABASE (password in central.password_file)"
@@ -321,15 +324,18 @@ class Central:
                                "run `slurm-gpu central init` as the database admin"
                                + ("" if version is None or version < SCHEMA_VERSION else "; or upgrade slurm-gpu here"))
 
-    def migrate(self) -> Tuple[Optional[int], int]:
-        """Create or upgrade the schema: (version before, version after)."""
+    def migrate(self, rollup_tz: str = "utc", progress: Optional[Callable[[int, int], None]] = None
+                ) -> Tuple[Optional[int], int]:
+        """Create or upgrade the schema: (version before, version after).  `rollup_tz` ('utc' or
+        'local': this host's zone) cuts the rollups' days; `progress(done, total)` follows their build."""
+        self.migrate_options = (rollup_tz, progress)
         before = self.schema_version()
         if before is not None and before > SCHEMA_VERSION:
             raise CentralError(f"central schema version {before} is newer than this slurm-gpu ({SCHEMA_VERSION})",
                                "upgrade slurm-gpu on this host")
         for v in range(before or 0, SCHEMA_VERSION):
             for stmt in MIGRATIONS[v]:
-                self.execute(stmt)
+                stmt(self) if callable(stmt) else self.execute(stmt)
             self.execute("INSERT INTO meta (name, value) VALUES ('schema_version', %s) "
                          "ON DUPLICATE KEY UPDATE value = VALUES(value)", (str(v + 1),))
             self.commit()
@@ -477,13 +483,33 @@ def _apply_sql(table: str, version: int = SCHEMA_VERSION) -> List[str]:
     return out
 
 
-def _procedure(tables: Sequence[str] = RECORD_TABLES, version: int = SCHEMA_VERSION) -> str:
-    body = ";\n  ".join(stmt for t in tables for stmt in _apply_sql(t, version))
+def _procedure(tables: Sequence[str] = RECORD_TABLES, version: int = SCHEMA_VERSION, with_rollups: bool = False) -> str:
+    stmts = [stmt for t in tables for stmt in _apply_sql(t, version)]
+    if with_rollups:
+        # The rollups' block (store/rollups.py), in the same transaction: the job_gpus records'
+        # old versions out before their upsert (after the staged rows older than the server's
+        # are dropped), the new ones in before the staging rows go.
+        upsert = next(i for i, stmt in enumerate(stmts) if stmt.startswith("INSERT INTO job_gpus ("))
+        stmts.insert(upsert, rollups.BEFORE_UPSERT)
+        stmts.insert(stmts.index("DELETE FROM stage_job_gpus WHERE batch = b"), rollups.AFTER_UPSERT)
+    body = ";\n  ".join(stmts)
     return ("CREATE OR REPLACE PROCEDURE apply_batch(IN b CHAR(32)) MODIFIES SQL DATA SQL SECURITY DEFINER\n"
             f"BEGIN\n  {body};\nEND")
 
 
-MIGRATIONS: List[Tuple[str, ...]] = [
+def _rollups_step(srv: "Central") -> None:
+    tz, progress = getattr(srv, "migrate_options", ("utc", None))
+    rollups.migration_step(tz == "utc", _zone_name(tz), progress, [_procedure(with_rollups=True)])(srv)
+
+
+def _zone_name(tz: str) -> str:
+    if tz == "utc":
+        return "utc"
+    import time
+    return "local:" + (os.environ.get("TZ") or "/".join(time.tzname))
+
+
+MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
     (
         f"""CREATE TABLE IF NOT EXISTS meta (
     name VARCHAR(64) NOT NULL PRIMARY KEY,
@@ -504,6 +530,9 @@ MIGRATIONS: List[Tuple[str, ...]] = [
         *(f'ALTER TABLE {t} ADD COLUMN "row_version" BIGINT NOT NULL DEFAULT 0' for t in VERSIONED),
         *(f'ALTER TABLE stage_{t} ADD COLUMN "row_version" BIGINT' for t in VERSIONED),
         _procedure(RECORD_TABLES, 3),
+    ),
+    (   # v4, "rollups" (store/rollups.py): per-day sums kept by apply_batch, built from the records there.
+        _rollups_step,
     ),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION

@@ -1,0 +1,187 @@
+"""`report --by` from the central server's rollups (store/rollups.py): whole days from the per-day
+sums, the partial days at the window's edges from the records, one SQL statement.
+
+The plan applies when the rollups exist, the idle threshold is theirs, no job is named, and the
+window holds at least one whole day of the rollups' zone; for day/week/month groups every
+bucket boundary must also be a rollup day boundary (the rollups' zone cuts days as --tz does).
+Otherwise the caller reads the records (`plan()` says why).  The figures are the raw plan's:
+each record's piece inside a day is the piece the report's calendar cuts, the window's edges
+are clipped as the raw plan clips them, and jobs are counted distinct over both parts.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from slurm_gpu.report import query as Q
+from slurm_gpu.store import rollups as R
+
+_KEY_COLUMN = {"user": "user", "account": "account", "partition": "partition", "gpu-model": "gpu_model",
+               "node": "node", "cluster": "cluster"}
+
+
+def _col(name: str) -> str:
+    """A group column of a rollup table, NULL where the record's was."""
+    if name in R.NULL_BITS:
+        return f'CASE WHEN nulls & {R.NULL_BITS[name]} THEN NULL ELSE "{name}" END'
+    return f'"{name}"'
+
+
+class Plan:
+    """What a summary reads: `sql` and its parameters, or `reason` to read the records instead."""
+
+    def __init__(self, reason: str = "", sql: str = "", params: Optional[Dict[str, Any]] = None,
+                 buckets: Sequence[Tuple[float, float, str]] = (), time_key: Optional[str] = None,
+                 describe: str = ""):
+        self.reason, self.sql, self.params = reason, sql, params or {}
+        self.buckets, self.time_key, self.describe = tuple(buckets), time_key, describe
+
+
+def plan(src: Any, by: Sequence[str]) -> Plan:
+    q = src.query
+    info = R.meta(lambda sql: src.conn.execute(sql).fetchall())
+    if info is None:
+        return Plan("the server has no rollups")
+    if float(info["rollup_idle_threshold_pct"]) != q.idle_threshold_pct:
+        return Plan(f"--idle-threshold {q.idle_threshold_pct:g} is not the rollups' {info['rollup_idle_threshold_pct']}")
+    if q.job_id is not None:
+        return Plan("one job")
+    ex = src.conn.execute
+    first = ex("SELECT MIN(day), MAX(day) FROM rollup_day").fetchone()
+    if first is None or first[0] is None:
+        return Plan("the rollups are empty")
+    d_lo = ex("SELECT MIN(day) FROM rollup_days WHERE d_start >= ?", (q.since_s,)).fetchone()[0] \
+        if q.since_s is not None else 0
+    d_hi = ex("SELECT MAX(day) FROM rollup_days WHERE d_end <= ?", (q.until_s,)).fetchone()[0] \
+        if q.until_s is not None else 10 ** 9
+    if d_lo is None or d_hi is None or d_lo > d_hi:
+        return Plan("no whole day of the rollups' zone in the window")
+    used = ex("SELECT day, d_start, d_end FROM rollup_days WHERE day BETWEEN ? AND ? ORDER BY day",
+              (max(d_lo, first[0]), min(d_hi, first[1]))).fetchall()
+    whole_lo = ex("SELECT d_start FROM rollup_days WHERE day = ?", (d_lo,)).fetchone()[0] if q.since_s is not None else None
+    whole_hi = ex("SELECT d_end FROM rollup_days WHERE day = ?", (d_hi,)).fetchone()[0] if q.until_s is not None else None
+    unit = next((k for k in by if k in Q.TIME_KEYS), None)
+    buckets: List[Tuple[float, float, str]] = []
+    if not used:
+        return Plan("no rollup rows in the window's whole days")
+    if unit is not None:
+        lo = q.since_s if q.since_s is not None else used[0][1]
+        hi = q.until_s if q.until_s is not None else used[-1][2]
+        buckets = Q.calendar(lo, hi, unit, q.tz)
+        if not _in_one_bucket(used, buckets):
+            return Plan(f"the rollups' days ({info['rollup_zone']}) are not the {unit}s of --tz {q.tz}")
+    return _build(src, by, unit, buckets, (d_lo, d_hi), (whole_lo, whole_hi), used, info)
+
+
+def _in_one_bucket(used: Sequence[Tuple[Any, ...]], buckets: Sequence[Tuple[float, float, str]]) -> bool:
+    """Every used day lies inside one bucket: no bucket boundary of --tz cuts a rollup day."""
+    from bisect import bisect_right
+    starts = [b[0] for b in buckets]
+    for _day, start, end in used:
+        i = bisect_right(starts, start) - 1
+        if i < 0 or end > buckets[i][1]:
+            return False
+    return True
+
+
+def _bucket_of(col: str, buckets: Sequence[Tuple[float, float, str]]) -> str:
+    return Q._bucket_tree(col, buckets, str) if buckets else "0"
+
+
+def _rollup_parts(by: Sequence[str], unit: Optional[str], buckets: Sequence[Tuple[float, float, str]],
+                  q: Q.Query, params: Dict[str, Any], days: Tuple[int, int]) -> List[str]:
+    has_node = "node" in by or bool(q.nodes)
+    table = "rollup_day_node" if has_node else "rollup_day"
+    plain = [k for k in by if k not in Q.TIME_KEYS]
+    keys = [f'{_col(_KEY_COLUMN[k])} AS "{k}"' for k in plain]
+    bucket = _bucket_of("d.d_start", buckets)
+    params["r_d0"], params["r_d1"] = days
+    where = ["r.day BETWEEN :r_d0 AND :r_d1"] + Q._filters(q, params, _col, "r_")
+    sums = ", ".join(f'r."{c}" AS "{c}"' for c in R.FIGURES)
+    nones = ", ".join(f'NULL AS "{c}"' for c in R.FIGURES)
+    head = ", ".join(keys + [f'{bucket} AS "_bucket"'])
+    return [
+        f"SELECT {head}, NULL AS jc, NULL AS jid, {sums}, NULL AS peak FROM {table} r JOIN rollup_days d "
+        f"ON d.day = r.day WHERE {' AND '.join(where + ['r.records <> 0'])}",
+        f"SELECT {head}, r.cluster AS jc, r.job_id AS jid, {nones}, r.peak_bytes FROM rollup_jobs r JOIN rollup_days d "
+        f"ON d.day = r.day WHERE {' AND '.join(where)}",
+    ]
+
+
+def _edge_part(src: Any, by: Sequence[str], lo: float, hi: float, bucket: int, n: int) -> Tuple[str, Dict[str, Any]]:
+    """The records' pieces in [lo, hi), a part of one day, as the raw plan computes them."""
+    q = src.query
+    edge = Q.Query(since_s=lo, until_s=hi, users=q.users, accounts=q.accounts, partitions=q.partitions,
+                   nodes=q.nodes, clusters=q.clusters, idle_threshold_pct=q.idle_threshold_pct, tz=q.tz)
+    where, params = Q._where(edge)
+    params = {f"{k}_e{n}": v for k, v in params.items()}
+    where = _rename(where, n)
+    t = f"(LEAST(end_time, :until_e{n}) - GREATEST(start_time, :since_e{n}))"
+    exprs = {c: e.replace(R._T, t) for c, e in R.SUMS + R.COUNTS}
+    keys = [f'{Q.GROUP_KEYS[k]} AS "{k}"' for k in by if k not in Q.TIME_KEYS]
+    figs = ", ".join(f'{exprs[c]} AS "{c}"' for c in R.FIGURES)
+    head = ", ".join(keys + [f'{bucket} AS "_bucket"'])
+    sql = (f"SELECT {head}, cluster AS jc, job_id AS jid, {figs}, max_memory_bytes AS peak "
+           f"FROM {src.table} WHERE {where}")
+    return sql, params
+
+
+def _rename(where: str, n: int) -> str:
+    import re
+    return re.sub(r":([A-Za-z_]\w*)", lambda m: f":{m.group(1)}_e{n}", where)
+
+
+def _outer(by: Sequence[str], unit: Optional[str], parts: Sequence[str]) -> str:
+    names = [k if k not in Q.TIME_KEYS else "_bucket" for k in by]
+    group = ", ".join(f'"{k}"' for k in names)
+    if unit is None:
+        group_sel = group
+    else:
+        group_sel = ", ".join(f'"{k}"' + (f' AS "{unit}"' if k == "_bucket" else "") for k in names)
+    figs = ["SUM(alloc_s) AS alloc_s",
+            "CASE WHEN SUM(util_n) > 0 THEN SUM(util_pct_s) END AS util_pct_s",
+            "CASE WHEN SUM(util_n) > 0 THEN SUM(util_known_s) END AS util_known_s",
+            "CASE WHEN SUM(mem_n) > 0 THEN SUM(mem_pct_s) END AS mem_pct_s",
+            "CASE WHEN SUM(mem_n) > 0 THEN SUM(mem_known_s) END AS mem_known_s",
+            "MAX(peak) AS peak_bytes",
+            "CASE WHEN SUM(energy_n) > 0 THEN SUM(energy_j) END AS energy_j",
+            "SUM(idle_s) AS idle_s", "SUM(clamped_s) AS clamped_s"]
+    body = "\n  UNION ALL\n  ".join(parts)
+    return (f"SELECT {group_sel},\n  COUNT(DISTINCT jc, jid) AS jobs,\n  " + ",\n  ".join(figs)
+            + f"\nFROM (\n  {body}\n) AS pieces\nGROUP BY {group}\nORDER BY {group}")
+
+
+def _build(src: Any, by: Sequence[str], unit: Optional[str], buckets: List[Tuple[float, float, str]],
+           days: Tuple[int, int], whole: Tuple[Optional[float], Optional[float]], used: Sequence[Any],
+           info: Dict[str, str]) -> Plan:
+    q = src.query
+    params: Dict[str, Any] = {}
+    parts = _rollup_parts(by, unit, buckets, q, params, days)
+    edges = []
+    if q.since_s is not None and whole[0] is not None and q.since_s < whole[0]:
+        edges.append((q.since_s, whole[0], 0))
+    if q.until_s is not None and whole[1] is not None and whole[1] < q.until_s:
+        edges.append((whole[1], q.until_s, len(buckets) - 1 if buckets else 0))
+    for n, (lo, hi, b) in enumerate(edges):
+        sql, p = _edge_part(src, by, lo, hi, b, n)
+        parts.append(sql)
+        params.update(p)
+    table = "rollup_day_node" if ("node" in by or q.nodes) else "rollup_day"
+    span = f"{len(used)} day(s) of {table} and rollup_jobs ({info['rollup_zone']})"
+    describe = f"rollups: {span}" + (f" + records of {len(edges)} partial day(s) at the window's edges" if edges else "")
+    return Plan("", _outer(by, unit, parts), params, buckets, unit, describe)
+
+
+def summary_rows(src: Any, by: Sequence[str]) -> Optional[List[Dict[str, Any]]]:
+    """The raw sums of `report --by` from the rollups; None (and src.plan saying why) otherwise."""
+    p = plan(src, by)
+    if p.reason:
+        src.plan = f"records (not the rollups: {p.reason})"
+        return None
+    src.plan = p.describe
+    cur = src.conn.execute(p.sql, p.params)
+    names = [d[0] for d in cur.description]
+    rows = [dict(zip(names, r)) for r in cur]
+    if p.time_key:
+        for row in rows:
+            row[p.time_key] = p.buckets[int(row[p.time_key])][2]
+    return rows

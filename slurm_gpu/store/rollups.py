@@ -1,0 +1,324 @@
+"""Rollups on the central server: a report's sums per day, kept by `apply_batch` (docs/central.md).
+
+Three tables, all derived from `job_gpus` (never written by a node):
+
+- `rollup_day`: per (cluster, day, user, account, partition, gpu_model) the sums a summary report
+  adds up (GPU-seconds allocated, utilisation- and memory-utilisation-weighted seconds and the
+  seconds they are known for, energy, idle and clamped seconds, record counts), as exact
+  DECIMALs: a record taken out again (withdrawn, or replaced by a more complete version) leaves
+  the sums exactly as if it had never been there.
+- `rollup_day_node`: the same with the node, for node views and --node filters.
+- `rollup_jobs`: one row per (cluster, job, day, node, user, account, partition, gpu_model) with
+  the peak memory: distinct job counts and the maximum are not sums, so they are counted from
+  here (and a job's rows are recomputed from its records whenever any of them changes).
+
+A record contributes to each day of `rollup_days` it overlaps the part inside that day, cut
+exactly as the report's calendar cuts a day bucket (report/query.py).  The days are those of one
+zone, chosen when the rollups are built (`central init --rollup-tz`) and kept in `meta`.
+
+Names in the key columns may be NULL in job_gpus but not in a primary key: they are stored as ''
+with a bit in `nulls` (1 user, 2 account, 4 partition, 8 gpu_model) saying which were NULL.
+
+This migration step is "rollups": its DDL is all here; store/central.py appends it to MIGRATIONS.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from slurm_gpu.timefmt import wall_clock_to_unix
+
+TAIL = "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+NAME = "VARCHAR(255)"
+SUM = "DECIMAL(65,20)"  # exact: adding and taking out a contribution is reversible
+IDLE_THRESHOLD_PCT = 5.0  # the rollups' idle threshold (report.idle_threshold_pct's default)
+FIRST_YEAR, END_YEAR = 1990, 2100  # valid records end in 2000-2099 and last at most ten years
+
+# The report's rules for a record (report/query.py: _valid_sql, UTIL, MEM_UTIL, IDLE, _OUT_OF_RANGE);
+# tests/test_rollups.py checks they stay the same.
+VALID = ("end_time > start_time AND end_time >= 946684800.0 AND end_time < 4102444800.0 "
+         "AND end_time - start_time <= 315619200.0")
+UTIL = "CASE WHEN gpu_util_mean_pct > 100 THEN 100.0 WHEN gpu_util_mean_pct < 0 THEN 0.0 ELSE gpu_util_mean_pct END"
+MEM_UTIL = "CASE WHEN mem_util_mean_pct > 100 THEN 100.0 WHEN mem_util_mean_pct < 0 THEN 0.0 ELSE mem_util_mean_pct END"
+IDLE = f"(gpu_util_mean_pct < {IDLE_THRESHOLD_PCT!r} AND gpu_util_mean_pct >= 0)"
+OUT_OF_RANGE = "(gpu_util_mean_pct NOT BETWEEN 0 AND 100 OR mem_util_mean_pct NOT BETWEEN 0 AND 100)"
+
+GROUP_COLUMNS = ("user", "account", "partition", "gpu_model")
+NULL_BITS = {c: 1 << i for i, c in enumerate(GROUP_COLUMNS)}
+# (column, the contribution of one record's piece of t seconds inside a day)
+_T = "(LEAST(end_time, d_end) - GREATEST(start_time, d_start))"
+SUMS: Tuple[Tuple[str, str], ...] = (
+    ("alloc_s", _T),
+    ("util_pct_s", f"COALESCE({_T} * {UTIL}, 0)"),
+    ("util_known_s", f"CASE WHEN gpu_util_mean_pct IS NOT NULL THEN {_T} ELSE 0 END"),
+    ("mem_pct_s", f"COALESCE({_T} * {MEM_UTIL}, 0)"),
+    ("mem_known_s", f"CASE WHEN mem_util_mean_pct IS NOT NULL THEN {_T} ELSE 0 END"),
+    ("energy_j", f"COALESCE(energy_j * {_T} / (end_time - start_time), 0)"),
+    ("idle_s", f"CASE WHEN {IDLE} THEN {_T} ELSE 0 END"),
+    ("clamped_s", f"CASE WHEN {OUT_OF_RANGE} THEN {_T} ELSE 0 END"),
+)
+COUNTS: Tuple[Tuple[str, str], ...] = (
+    ("records", "1"),
+    ("util_n", "gpu_util_mean_pct IS NOT NULL"),
+    ("mem_n", "mem_util_mean_pct IS NOT NULL"),
+    ("energy_n", "energy_j IS NOT NULL"),
+)
+FIGURES = tuple(c for c, _ in SUMS) + tuple(c for c, _ in COUNTS)
+SUM_TABLES = {"rollup_day": (), "rollup_day_node": ("node",)}  # table -> key columns besides the groups
+TABLES = ("rollup_days", "rollup_day", "rollup_day_node", "rollup_jobs")
+
+
+def _keys(extra: Sequence[str]) -> List[str]:
+    return ["cluster", "day", *extra, "gkey"]
+
+
+def _group_ddl() -> List[str]:
+    # Four names of 255 characters are past InnoDB's 3072 bytes of key: the key holds their hash.
+    return [f'"{c}" {NAME} NOT NULL' for c in GROUP_COLUMNS] + ["nulls TINYINT NOT NULL", "gkey BINARY(32) NOT NULL"]
+
+
+def sum_table_ddl(table: str, temporary: bool = False) -> str:
+    extra = SUM_TABLES[table]
+    cols = ['cluster VARCHAR(64) NOT NULL', 'day INT NOT NULL', *(f'"{c}" VARCHAR(255) NOT NULL' for c in extra),
+            *_group_ddl(), *(f'"{c}" {SUM} NOT NULL' for c, _ in SUMS), *(f'"{c}" BIGINT NOT NULL' for c, _ in COUNTS),
+            f"PRIMARY KEY ({_q(_keys(extra))})", f"KEY {table}_day (day)"]
+    return (f"CREATE {'TEMPORARY ' if temporary else ''}TABLE IF NOT EXISTS {_name(table, temporary)} (\n    "
+            + ",\n    ".join(cols) + f"\n) {TAIL}")
+
+
+def jobs_table_ddl(temporary: bool = False) -> str:
+    cols = ["cluster VARCHAR(64) NOT NULL", "job_id BIGINT NOT NULL", "day INT NOT NULL", f'"node" {NAME} NOT NULL',
+            *_group_ddl(), "peak_bytes BIGINT",
+            f"PRIMARY KEY ({_q(['cluster', 'job_id', 'day', 'node', 'gkey'])})",
+            "KEY rollup_jobs_day (day)"]
+    return (f"CREATE {'TEMPORARY ' if temporary else ''}TABLE IF NOT EXISTS {_name('rollup_jobs', temporary)} (\n    "
+            + ",\n    ".join(cols) + f"\n) {TAIL}")
+
+
+DAYS_DDL = (f"CREATE TABLE IF NOT EXISTS rollup_days (\n    day INT NOT NULL PRIMARY KEY,\n    label CHAR(10) NOT NULL,\n"
+            f"    d_start DOUBLE NOT NULL,\n    d_end DOUBLE NOT NULL,\n    KEY rollup_days_start (d_start)\n) {TAIL}")
+
+
+def _q(cols: Sequence[str]) -> str:
+    return ", ".join(f'"{c}"' for c in cols)
+
+
+def _name(table: str, temporary: bool) -> str:
+    return f"tmp_{table}" if temporary else table
+
+
+def day_rows(utc: bool) -> List[Tuple[int, str, float, float]]:
+    """(day number, YYYY-MM-DD, start, end) for every calendar day FIRST_YEAR..END_YEAR, midnight to
+    midnight in UTC or the host's local zone (as report/query.py's calendar cuts days)."""
+    from datetime import date, timedelta
+    out = []
+    d, end = date(FIRST_YEAR, 1, 1), date(END_YEAR, 1, 1)
+    start = wall_clock_to_unix(d.year, d.month, d.day, utc=utc)
+    while d < end:
+        n = d + timedelta(days=1)
+        nxt = wall_clock_to_unix(n.year, n.month, n.day, utc=utc)
+        out.append((len(out), d.isoformat(), start, nxt))
+        d, start = n, nxt
+    return out
+
+
+# --------------------------------------------------------------------------- SQL
+
+_DAY_JOIN = ("JOIN rollup_days d ON d.d_start < r.end_time AND d.d_start > r.start_time - 90000 "
+             "AND d.d_end > r.start_time")  # days are at most 25 hours long
+
+
+def _group_select() -> List[str]:
+    """The group columns, `nulls` and `gkey`: SHA-256 of the names, each length-prefixed, and `nulls`."""
+    nulls = " + ".join(f'{bit} * (r."{c}" IS NULL)' for c, bit in NULL_BITS.items())
+    names = [f'COALESCE(r."{c}", \'\')' for c in GROUP_COLUMNS]
+    parts = ", ':', ".join(f"CHAR_LENGTH({n}), '/', {n}" for n in names)
+    return names + [f"({nulls})", f"UNHEX(SHA2(CONCAT(({nulls}), ':', {parts}), 256))"]
+
+
+def _sums_insert(table: str, target: str, records_sql: str, sign: int) -> str:
+    """Add (sign 1) or take out (sign -1) the pieces of the records `records_sql` selects."""
+    extra = SUM_TABLES[table]
+    cols = ["cluster", "day", *extra, *GROUP_COLUMNS, "nulls", "gkey"] + list(FIGURES)
+    sel = ["r.cluster", "d.day", *(f'r."{c}"' for c in extra), *_group_select(),
+           *(f"{sign} * SUM(CAST({expr} AS {SUM}))" for _, expr in SUMS),
+           *(f"{sign} * SUM({expr})" for _, expr in COUNTS)]
+    n_keys = len(cols) - len(FIGURES)
+    upd = ", ".join(f'"{c}" = "{c}" + VALUES("{c}")' for c in FIGURES)
+    return (f"INSERT INTO {target} ({_q(cols)})\nSELECT {', '.join(sel)}\nFROM ({records_sql}) AS r {_DAY_JOIN}\n"
+            f"GROUP BY {', '.join(str(i) for i in range(1, n_keys + 1))}\nON DUPLICATE KEY UPDATE {upd}")
+
+
+def _jobs_insert(target: str, records_sql: str) -> str:
+    cols = ["cluster", "job_id", "day", "node", *GROUP_COLUMNS, "nulls", "gkey", "peak_bytes"]
+    sel = ["r.cluster", "r.job_id", "d.day", "r.node", *_group_select(), "MAX(r.max_memory_bytes)"]
+    return (f"INSERT INTO {target} ({_q(cols)})\nSELECT {', '.join(sel)}\nFROM ({records_sql}) AS r {_DAY_JOIN}\n"
+            f"GROUP BY {', '.join(str(i) for i in range(1, len(cols)))}")
+
+
+_STAGED = ("SELECT g.* FROM job_gpus g JOIN stage_job_gpus s ON s.cluster = g.cluster AND s.job_id = g.job_id "
+           "AND s.restart_count = g.restart_count AND s.node = g.node AND s.gpu_uuid = g.gpu_uuid "
+           f"WHERE s.batch = b AND g.withdrawn = 0 AND {VALID.replace('end_time', 'g.end_time').replace('start_time', 'g.start_time')}")
+_STAGED_JOBS = ("SELECT g.* FROM job_gpus g JOIN (SELECT DISTINCT cluster, job_id FROM stage_job_gpus WHERE batch = b) s "
+                "ON s.cluster = g.cluster AND s.job_id = g.job_id "
+                f"WHERE g.withdrawn = 0 AND {VALID.replace('end_time', 'g.end_time').replace('start_time', 'g.start_time')}")
+
+
+def procedures() -> List[str]:
+    """rollups_before(b) / rollups_after(b): what apply_batch calls around its job_gpus upsert,
+    in the same transaction: take the batch's records' current versions out, put the new ones in."""
+    before = [_sums_insert(t, t, _STAGED, -1) for t in SUM_TABLES]
+    after = [_sums_insert(t, t, _STAGED, 1) for t in SUM_TABLES]
+    after += ["DELETE j FROM rollup_jobs j JOIN (SELECT DISTINCT cluster, job_id FROM stage_job_gpus WHERE batch = b) s "
+              "ON s.cluster = j.cluster AND s.job_id = j.job_id",
+              _jobs_insert("rollup_jobs", _STAGED_JOBS)]
+    out = []
+    for name, body in (("rollups_before", before), ("rollups_after", after)):
+        out.append(f"CREATE OR REPLACE PROCEDURE {name}(IN b CHAR(32)) MODIFIES SQL DATA SQL SECURITY DEFINER\n"
+                   "BEGIN\n  " + ";\n  ".join(body) + ";\nEND")
+    return out
+
+
+BEFORE_UPSERT = "CALL rollups_before(b)"  # apply_batch: before job_gpus' upsert
+AFTER_UPSERT = "CALL rollups_after(b)"  # apply_batch: after it, before the staging rows go
+
+
+# --------------------------------------------------------------------------- build and rebuild
+
+MONTH_DAYS = 31  # days per chunk of a build: one progress step
+
+
+def _chunk_records(lo: float, hi: float, longest: float) -> str:
+    """The valid current records with a piece in [lo, hi)."""
+    return (f"SELECT * FROM job_gpus WHERE withdrawn = 0 AND {VALID} AND end_time > {lo!r} "
+            f"AND end_time < {hi + longest + 1!r} AND start_time < {hi!r}")
+
+
+def _chunks(srv: Any, first_day: int) -> List[Tuple[int, int, float, float]]:
+    """(day from, day to, start, end) chunks of MONTH_DAYS days covering the records' days."""
+    row = srv.execute(f"SELECT MIN(start_time), MAX(end_time), MAX(span_s) FROM job_gpus WHERE withdrawn = 0 AND {VALID}")
+    if not row or row[0][0] is None:
+        return []
+    lo, hi = float(row[0][0]), float(row[0][1])
+    days = srv.execute("SELECT day, d_start, d_end FROM rollup_days WHERE day >= %s AND d_end > %s AND d_start < %s "
+                       "ORDER BY day", (first_day, lo, hi))
+    out = []
+    for i in range(0, len(days), MONTH_DAYS):
+        part = days[i:i + MONTH_DAYS]
+        out.append((int(part[0][0]), int(part[-1][0]), float(part[0][1]), float(part[-1][2])))
+    return out
+
+
+def build(srv: Any, first_day: int = 0, temporary: bool = False,
+          progress: Optional[Callable[[int, int], None]] = None) -> None:
+    """Fill the rollup tables (or their temporary twins) from the records, for days >= first_day.
+
+    The caller holds the transaction; with `temporary` the tables are created empty first."""
+    if temporary:
+        for t in SUM_TABLES:
+            srv.execute(f"DROP TEMPORARY TABLE IF EXISTS tmp_{t}")
+            srv.execute(sum_table_ddl(t, True))
+        srv.execute("DROP TEMPORARY TABLE IF EXISTS tmp_rollup_jobs")
+        srv.execute(jobs_table_ddl(True))
+    longest = srv.execute(f"SELECT MAX(span_s) FROM job_gpus WHERE {VALID}")[0][0] or 0.0
+    chunks = _chunks(srv, first_day)
+    for i, (d0, d1, lo, hi) in enumerate(chunks):
+        records = _chunk_records(lo, hi, float(longest))
+        for t in SUM_TABLES:
+            srv.execute(_sums_insert(t, _name(t, temporary), records, 1).replace(
+                f"{_DAY_JOIN}", f"{_DAY_JOIN} AND d.day BETWEEN {d0} AND {d1}"))
+        srv.execute(_jobs_insert(_name("rollup_jobs", temporary), records).replace(
+            f"{_DAY_JOIN}", f"{_DAY_JOIN} AND d.day BETWEEN {d0} AND {d1}"))
+        if progress is not None:
+            progress(i + 1, len(chunks))
+
+
+def fill_days(srv: Any, utc: bool, zone_name: str) -> None:
+    srv.execute("DELETE FROM rollup_days")
+    rows = day_rows(utc)
+    for i in range(0, len(rows), 5000):
+        srv.executemany("INSERT INTO rollup_days (day, label, d_start, d_end) VALUES (%s, %s, %s, %s)", rows[i:i + 5000])
+    for name, value in (("rollup_zone", zone_name), ("rollup_idle_threshold_pct", repr(IDLE_THRESHOLD_PCT))):
+        srv.execute("INSERT INTO meta (name, value) VALUES (%s, %s) ON DUPLICATE KEY UPDATE value = VALUES(value)",
+                    (name, value))
+
+
+def migration_step(utc: bool, zone_name: str, progress: Optional[Callable[[int, int], None]] = None,
+                   apply_batch: Sequence[str] = ()) -> Callable[[Any], None]:
+    """The schema step "rollups" as a callable of the migration: tables, days, procedures (and
+    `apply_batch`, the DDL of the one that calls them), then the rollups of the records already
+    there in one serializable transaction that pushes wait for; the caller commits it."""
+    def step(srv: Any) -> None:
+        for ddl in (DAYS_DDL, *(sum_table_ddl(t) for t in SUM_TABLES), jobs_table_ddl(), *procedures(), *apply_batch):
+            srv.execute(ddl)
+        srv.commit()  # (the reads before): the next transaction is the serializable one
+        srv.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+        srv.execute("START TRANSACTION")
+        fill_days(srv, utc, zone_name)
+        for t in ("rollup_day", "rollup_day_node", "rollup_jobs"):
+            srv.execute(f"DELETE FROM {t}")
+        build(srv, progress=progress)
+    return step
+
+
+def _null_safe_join(table: str) -> Tuple[str, str]:
+    keys = _keys(SUM_TABLES[table]) if table != "rollup_jobs" else \
+        ["cluster", "job_id", "day", "node", "gkey"]
+    vals = list(FIGURES) if table != "rollup_jobs" else ["peak_bytes"]
+    on = " AND ".join(f'a."{k}" = b."{k}"' for k in keys)
+    same = " AND ".join(f'a."{v}" <=> b."{v}"' for v in vals)
+    return on, same
+
+
+def _live(table: str, first_day: int) -> str:
+    """The table's rows from first_day on (rows whose records all left count as absent)."""
+    extra = " AND records <> 0" if table != "rollup_jobs" else ""
+    return f"(SELECT * FROM {table} WHERE day >= {int(first_day)}{extra})"
+
+
+def differences(srv: Any, first_day: int) -> Dict[str, Tuple[int, int, int]]:
+    """Per table: (rows missing, rows that should not be there, rows with other figures) of the
+    rollups against their rebuilt temporary twins."""
+    out = {}
+    for t in ("rollup_day", "rollup_day_node", "rollup_jobs"):
+        on, same = _null_safe_join(t)
+        live, fresh = _live(t, first_day), f"tmp_{t}"
+        missing = srv.execute(f"SELECT COUNT(*) FROM {fresh} a LEFT JOIN {live} b ON {on} WHERE b.day IS NULL")[0][0]
+        extra = srv.execute(f"SELECT COUNT(*) FROM {live} a LEFT JOIN {fresh} b ON {on} WHERE b.day IS NULL")[0][0]
+        other = srv.execute(f"SELECT COUNT(*) FROM {fresh} a JOIN {live} b ON {on} WHERE NOT ({same})")[0][0]
+        out[t] = (int(missing), int(extra), int(other))
+    return out
+
+
+def rebuild(srv: Any, first_day: int = 0, progress: Optional[Callable[[int, int], None]] = None
+            ) -> Dict[str, Tuple[int, int, int]]:
+    """Recompute the rollups from the records for days >= first_day, replace them, and say what
+    differed.  One serializable transaction: pushes wait for it (and retry on their timeout)."""
+    srv.commit()  # (the reads before): the next transaction is the serializable one
+    srv.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+    srv.execute("START TRANSACTION")
+    try:
+        build(srv, first_day, temporary=True, progress=progress)
+        diff = differences(srv, first_day)
+        for t in ("rollup_day", "rollup_day_node", "rollup_jobs"):
+            srv.execute(f"DELETE FROM {t} WHERE day >= %s", (first_day,))
+            srv.execute(f"INSERT INTO {t} SELECT * FROM tmp_{t}")
+        srv.commit()
+    except BaseException:
+        srv.rollback()
+        raise
+    return diff
+
+
+def first_day_of(srv: Any, since_s: Optional[float]) -> int:
+    """The number of the rollup day holding `since_s` (0: from the first day)."""
+    if since_s is None:
+        return 0
+    row = srv.execute("SELECT MAX(day) FROM rollup_days WHERE d_start <= %s", (since_s,))
+    return int(row[0][0]) if row and row[0][0] is not None else 0
+
+
+def meta(conn_execute: Callable[[str], List[Tuple[Any, ...]]]) -> Optional[Dict[str, str]]:
+    """The rollups' zone and idle threshold from meta; None where the schema has no rollups."""
+    rows = conn_execute("SELECT name, value FROM meta WHERE name IN ('rollup_zone', 'rollup_idle_threshold_pct')")
+    got = {str(n): str(v) for n, v in rows}
+    return got if len(got) == 2 else None

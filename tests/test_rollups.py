@@ -1,0 +1,281 @@
+"""Rollups on the central server (store/rollups.py, report/rollup.py): a report from them equals the
+report from the records, byte for byte, against a real MariaDB; apply_batch keeps them exact
+through updates and withdrawals; a migration builds them from the records there; a rebuild
+finds nothing to correct, or says what it corrected.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import time
+
+import pytest
+
+import mariadb as testdb
+from test_central import Site, cli, cli_env
+from slurm_gpu.report import query as Q
+from slurm_gpu.report.central import CentralSource
+from slurm_gpu.store import central as C
+from slurm_gpu.store import rollups as R
+from slurm_gpu.store.node import Store
+
+pytestmark = pytest.mark.central
+
+BERLIN = {"TZ": "Europe/Berlin"}
+T0 = 1_767_225_600  # 2026-01-01T00:00:00Z
+NODES = ("n1", "n2", "n3")
+
+
+@pytest.fixture(scope="module")
+def server():
+    yield from testdb.running()
+
+
+def _job(rnd: random.Random, j: int, partial: int = 0, shift: float = 0.0):
+    node = NODES[j % 3]
+    start = float(T0 + rnd.randrange(0, 365 * 86400 - 7 * 86400))
+    if rnd.random() < 0.15:  # just before a midnight (UTC or Berlin), so it crosses it
+        start = float(T0 + rnd.randrange(1, 364) * 86400 - rnd.choice((600, 3600 + 300, 7200 + 60)))
+    dur = float(rnd.choice((30, 601, 3600, 5 * 3600, 26 * 3600, 3 * 86400 + 17))) + rnd.choice((0.0, 0.25))
+    gpus = rnd.choice((1, 2, 4))
+    user = rnd.choice(("alice", "bob", "Carol", "dave\u00e9", None))
+    job = {"cluster": rnd.choice(("c", "c", "d")), "job_id": 5000 + j, "restart_count": rnd.choice((0, 0, 1)),
+           "node": node, "user": user, "uid": 1, "account": rnd.choice(("physics", "chem", None)),
+           "partition": rnd.choice(("gpu", "long")), "gpu_count": gpus, "start_time": start - shift,
+           "end_time": start + dur, "exit_code": "0"}
+    rows = []
+    for i in range(gpus):
+        util = rnd.choice((None, 0.0, 3.0, 47.0, 99.5, 100.0, 131.0))
+        rows.append({k: job[k] for k in ("cluster", "job_id", "restart_count", "node", "user", "account",
+                                         "partition", "start_time", "end_time")} | {
+            "gpu_uuid": f"GPU-{node}-{i}", "gpu_index": i,
+            "gpu_model": rnd.choice(("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB", None)),
+            "duration_s": job["end_time"] - job["start_time"],
+            "energy_j": None if util is None else rnd.uniform(1e3, 3e6),  # NVML: mJ, fractional J
+            "gpu_util_mean_pct": util, "mem_util_mean_pct": None if util is None else util / 4,
+            "max_memory_bytes": rnd.choice((None, 1 << 30, 80 << 30)), "process_count": 1, "partial": partial})
+    return {"kind": "job_end", "job": dict(job, partial=partial), "gpus": rows}
+
+
+def _drain(rec):
+    j = rec["job"]
+    return {"kind": "drain", "drain": {"time": j["end_time"], "node": j["node"], "source": "prolog",
+                                       "cluster": j["cluster"], "job_id": j["job_id"],
+                                       "restart_count": j["restart_count"], "reason": "slurm-gpu: x", "ok": 1,
+                                       "outcome": "drained"}}
+
+
+def _year(seed: int = 11, n: int = 900):
+    """A year of jobs on three nodes: (first push, what changes after it: completions, withdrawals)."""
+    rnd = random.Random(seed)
+    first, later = {n_: [] for n_ in NODES}, {n_: [] for n_ in NODES}
+    for j in range(n):
+        kind = rnd.random()
+        if kind < 0.06:  # partial, completed later by a record that starts earlier (peak memory may drop)
+            state = rnd.getstate()
+            rec = _job(rnd, j, partial=1)
+            rnd.setstate(state)
+            done = _job(rnd, j, shift=float(60 + j * 37 % 20000))
+            for g in done["gpus"]:
+                g["max_memory_bytes"] = 1 << 20
+            first[rec["job"]["node"]].append(rec)
+            later[rec["job"]["node"]].append(done)
+        elif kind < 0.10:  # partial, withdrawn later (the prolog had failed: the job never ran there)
+            rec = _job(rnd, j, partial=1)
+            first[rec["job"]["node"]].append(rec)
+            later[rec["job"]["node"]].append(_drain(rec))
+        else:
+            rec = _job(rnd, j)
+            first[rec["job"]["node"]].append(rec)
+    return first, later
+
+
+@pytest.fixture(scope="module")
+def year(server, tmp_path_factory):
+    """The year in three node files and on a server whose rollups cut Berlin's days."""
+    tmp = tmp_path_factory.mktemp("year")
+    s = Site(server, tmp)
+    r = cli_env(BERLIN, "--config", str(s.config), "central", "init", "--rollup-tz", "local",
+                "--writer", s.writer, "--reporter", s.reporter)
+    assert r.returncode == 0, r.stderr
+    _accounts(s, r.stdout)
+    first, later = _year()
+    files = []
+    for node in NODES:
+        st = Store(str(tmp / f"{node}.db"), str(tmp / f"spool-{node}"))
+        for batch in (first[node], later[node]):
+            for rec in batch:
+                st.write(rec)
+            r = s.push("--db", str(tmp / f"{node}.db"), "--batch-size", "97")
+            assert r.returncode == 0, r.stderr
+        st.close()
+        files.append(str(tmp / f"{node}.db"))
+    return s, files
+
+
+def _accounts(s: Site, printed: str) -> None:
+    grants = [line for line in printed.splitlines() if line.startswith("GRANT")]
+    s.writer_pw = s.server.new_user(s.writer, [g for g in grants if f"'{s.writer}'" in g])
+    s.reporter_pw = s.server.new_user(s.reporter, [g for g in grants if f"'{s.reporter}'" in g])
+    s.writer_config = s.write_config(s.writer, s.writer_pw, name="writer.toml")
+    s.reporter_config = s.write_config(s.reporter, s.reporter_pw, name="reporter.toml")
+
+
+def _render(table, src, fmt):
+    from slurm_gpu.cli.report import _render as render
+    return render({"fmt": fmt}, table, src)
+
+
+def _both(s, files, query, by):
+    """Every format of the summary from the node files and from the server: (node texts, server texts, plan)."""
+    with Q.Source(files, query) as src:
+        table = Q.summary(src, by)
+        a = [_render(table, src, f) for f in ("table", "csv", "json", "markdown")] + [table.notes]
+    central = C.Central(C.parse_url(s.server.url(s.reporter, s.db)), s.reporter_pw, 30)
+    with CentralSource(central, query) as src:
+        table = Q.summary(src, by)
+        b = [_render(table, src, f) for f in ("table", "csv", "json", "markdown")] + [table.notes]
+        return a, b, src.plan
+
+
+def _diff(a: str, b: str) -> str:
+    import difflib
+    return "\n".join(difflib.unified_diff(a.splitlines(), b.splitlines(), "records", "rollups", n=0, lineterm=""))
+
+
+PLAIN = ("user", "account", "partition", "node", "gpu-model", "cluster")
+COMBOS = [c for n in range(1, 3) for c in itertools.combinations(PLAIN, n)] + [PLAIN[:3], ("node", "gpu-model", "user")]
+WINDOWS = {
+    "open": (None, None),
+    "edges": (T0 + 78 * 86400 + 5 * 3600 + 1800.5, T0 + 305 * 86400 + 17 * 3600),  # over both DST changes
+}
+
+
+@pytest.fixture
+def berlin():
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = "Europe/Berlin"
+    time.tzset()
+    yield
+    if old is None:
+        os.environ.pop("TZ", None)
+    else:
+        os.environ["TZ"] = old
+    time.tzset()
+
+
+@pytest.mark.parametrize("window", sorted(WINDOWS))
+@pytest.mark.parametrize("unit", [None, "day", "week", "month"])
+def test_a_report_from_the_rollups_equals_the_report_from_the_records_byte_for_byte(year, berlin, window, unit):
+    s, files = year
+    since, until = WINDOWS[window]
+    for by in COMBOS:
+        keys = by + ((unit,) if unit else ())
+        for tz in ("local", "utc"):
+            a, b, plan = _both(s, files, Q.Query(since_s=since, until_s=until, tz=tz), keys)
+            assert b == a, (keys, tz, plan, _diff(a[1], b[1]))
+            # The rollups cut Berlin's days: only a --tz utc calendar must read the records.
+            assert plan.startswith("rollups") == (tz == "local" or unit is None), (keys, tz, plan)
+            if window == "edges" and plan.startswith("rollups"):
+                assert "2 partial day(s)" in plan
+
+
+def test_filters_and_a_narrow_window_use_the_rollups_and_equal_the_records(year, berlin):
+    s, files = year
+    day = T0 + 100 * 86400 - 7200  # Berlin's midnight (summer time)
+    for q, by in ((Q.Query(users=("alice", "Carol"), tz="local"), ("account", "month")),
+                  (Q.Query(nodes=("n2",), accounts=("chem",), tz="local"), ("user", "day")),
+                  (Q.Query(since_s=day, until_s=day + 3 * 86400, clusters=("d",), tz="local"), ("partition", "day")),
+                  (Q.Query(since_s=day + 3600, until_s=day + 7200, tz="local"), ("user",)),
+                  (Q.Query(idle_threshold_pct=10.0, tz="local"), ("user",))):
+        a, b, plan = _both(s, files, q, by)
+        assert b == a, (q, by, plan)
+        rolled = q.idle_threshold_pct == R.IDLE_THRESHOLD_PCT and q.until_s != day + 7200
+        assert plan.startswith("rollups") == rolled, (q, plan)
+
+
+def test_report_explain_says_which_plan_ran(year):
+    s, files = year
+    url = s.server.url(s.reporter, s.db)
+    cfg = str(s.reporter_config)
+    r = cli_env(BERLIN, "--config", cfg, "report", "--by", "user", "--db", url, "--explain", "--format", "csv")
+    assert r.returncode == 0 and "slurm-gpu: plan: rollups: " in r.stderr, r.stderr
+    r = cli_env(BERLIN, "--config", cfg, "report", "--by", "user", "--db", url, "--explain", "--idle-threshold", "9")
+    assert "slurm-gpu: plan: records (not the rollups: --idle-threshold 9 is not the rollups' 5.0)" in r.stderr
+    r = cli_env(BERLIN, "--config", cfg, "report", "--by", "user", "--db", files[0], "--explain")
+    assert "slurm-gpu: plan: " in r.stderr and "rollups" not in r.stderr
+
+
+def test_pushes_with_updates_and_withdrawals_leave_rollups_a_rebuild_finds_exact(year):
+    s, _files = year
+    assert s.rows("SELECT COUNT(*) FROM job_gpus WHERE withdrawn = 1") != [["0"]]
+    r = cli("--config", str(s.config), "central", "rollup", "--rebuild")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "rollup_day: 0 missing, 0 extra, 0 different" in r.stdout
+    assert "rollups exact" in r.stderr
+
+
+def test_a_rebuild_corrects_rollups_that_drifted_and_says_so(server, tmp_path):
+    s = Site(server, tmp_path)
+    s.init()
+    first, _later = _year(seed=3, n=60)
+    for rec in first["n1"]:
+        s.store.write(rec)
+    assert s.push().returncode == 0
+    s.server.sql("UPDATE rollup_day SET alloc_s = alloc_s + 1 LIMIT 2; DELETE FROM rollup_jobs LIMIT 1;", s.db)
+    since = time.strftime("%Y-%m-%d", time.gmtime(T0))
+    r = cli("--config", str(s.config), "central", "rollup", "--rebuild", "--since", since)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "rollup_day: 0 missing, 0 extra, 2 different" in r.stdout
+    assert "rollup_jobs: 1 missing, 0 extra, 0 different" in r.stdout
+    r = cli("--config", str(s.config), "central", "rollup", "--rebuild")
+    assert r.returncode == 0 and "rollups exact" in r.stderr
+
+
+def test_migrating_a_server_with_records_builds_its_rollups(server, tmp_path):
+    s = Site(server, tmp_path)
+    srv = C.Central(C.parse_url(s.server.url(s.admin, s.db)), s.admin_pw, 30)
+    for v in range(2):  # the schema before the rollups, as an older slurm-gpu left it
+        for stmt in C.MIGRATIONS[v]:
+            srv.execute(stmt)
+    srv.execute("INSERT INTO meta VALUES ('schema_version', '2')")
+    srv.commit()
+    srv.close()
+    r = cli("--config", str(s.config), "central", "init", "--writer", s.writer, "--reporter", s.reporter)
+    _accounts(s, r.stdout)
+    # Records pushed to the old schema: apply_batch without rollups.
+    first, _later = _year(seed=5, n=80)
+    admin = C.Central(C.parse_url(s.server.url(s.admin, s.db)), s.admin_pw, 30)
+    admin.execute(C._procedure())
+    admin.close()
+    for rec in first["n2"]:
+        s.store.write(rec)
+    assert s.push().returncode == 0
+    s.server.sql("DELETE FROM rollup_day; DELETE FROM rollup_day_node; DELETE FROM rollup_jobs; "
+                 "DELETE FROM meta WHERE name LIKE 'rollup%'; UPDATE meta SET value = '2' "
+                 "WHERE name = 'schema_version'; DROP TABLE rollup_days;", s.db)
+    r = cli("--config", str(s.config), "central", "init", "--progress", "--writer", s.writer, "--reporter", s.reporter)
+    assert r.returncode == 0, r.stderr
+    assert f"schema migrated from 2 at version {C.SCHEMA_VERSION}" in r.stderr
+    assert "building rollups" in r.stderr  # the progress bar, asked for
+    assert s.rows("SELECT COUNT(*) > 0 FROM rollup_day") == [["1"]]
+    r = cli("--config", str(s.config), "central", "rollup", "--rebuild")
+    assert r.returncode == 0 and "rollups exact" in r.stderr, r.stdout + r.stderr
+
+
+def test_the_rollups_rules_are_the_reports(monkeypatch):
+    assert (R.UTIL, R.MEM_UTIL, R.OUT_OF_RANGE) == (Q.UTIL, Q.MEM_UTIL, Q._OUT_OF_RANGE)
+    assert R.VALID == (Q._valid_sql().replace("+", "").replace(":tmin", repr(Q.TIME_MIN_S))
+                       .replace(":tmax", repr(Q.TIME_MAX_S)).replace(":maxdur", repr(Q.MAX_RECORD_S)))
+    # The rollups' days are the report calendar's days, in Berlin across both DST changes.
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    try:
+        days = [d for d in R.day_rows(utc=False) if d[1].startswith("2026")]
+        cal = Q.calendar(days[0][2], days[-1][3], "day", "local")
+        assert [(a, b, c) for _, c, a, b in days] == cal
+        assert sorted({b - a for _, _, a, b in days}) == [82800.0, 86400.0, 90000.0]
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
