@@ -236,10 +236,11 @@ def test_a_rebuild_corrects_rollups_that_drifted_and_says_so(server, tmp_path):
 def test_migrating_a_server_with_records_builds_its_rollups(server, tmp_path):
     s = Site(server, tmp_path)
     srv = C.Central(C.parse_url(s.server.url(s.admin, s.db)), s.admin_pw, 30)
-    for v in range(2):  # the schema before the rollups, as an older slurm-gpu left it
+    before = C.SCHEMA_VERSION - 1  # the schema before the rollups, as an older slurm-gpu left it
+    for v in range(before):
         for stmt in C.MIGRATIONS[v]:
             srv.execute(stmt)
-    srv.execute("INSERT INTO meta VALUES ('schema_version', '2')")
+    srv.execute("INSERT INTO meta VALUES ('schema_version', %s)", (str(before),))
     srv.commit()
     srv.close()
     r = cli("--config", str(s.config), "central", "init", "--writer", s.writer, "--reporter", s.reporter)
@@ -253,11 +254,11 @@ def test_migrating_a_server_with_records_builds_its_rollups(server, tmp_path):
         s.store.write(rec)
     assert s.push().returncode == 0
     s.server.sql("DELETE FROM rollup_day; DELETE FROM rollup_day_node; DELETE FROM rollup_jobs; "
-                 "DELETE FROM meta WHERE name LIKE 'rollup%'; UPDATE meta SET value = '2' "
+                 f"DELETE FROM meta WHERE name LIKE 'rollup%'; UPDATE meta SET value = '{before}' "
                  "WHERE name = 'schema_version'; DROP TABLE rollup_days;", s.db)
     r = cli("--config", str(s.config), "central", "init", "--progress", "--writer", s.writer, "--reporter", s.reporter)
     assert r.returncode == 0, r.stderr
-    assert f"schema migrated from 2 at version {C.SCHEMA_VERSION}" in r.stderr
+    assert f"schema migrated from {before} at version {C.SCHEMA_VERSION}" in r.stderr
     assert "building rollups" in r.stderr  # the progress bar, asked for
     assert s.rows("SELECT COUNT(*) > 0 FROM rollup_day") == [["1"]]
     r = cli("--config", str(s.config), "central", "rollup", "--rebuild")
