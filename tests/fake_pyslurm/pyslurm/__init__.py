@@ -96,7 +96,7 @@ def _clear_calls() -> None:
 
 def _add_node(name: str, base: str = "IDLE", flags: Optional[List[str]] = None, reason: Optional[str] = None,
               reason_user: str = "root", reason_time: Optional[int] = None, gres: Optional[Dict[str, int]] = None,
-              cpus: int = 4) -> None:
+              cpus: int = 2) -> None:
     rec = {"base": base, "flags": list(flags or []), "reason": reason,
            "reason_user": reason_user if reason else None,
            "reason_time": reason_time if reason_time is not None else (int(_time.time()) if reason else None),
@@ -149,7 +149,7 @@ def _live(st: Dict[str, Any], name: str) -> Dict[str, Any]:
         base = "IDLE" if not cpus else ("ALLOCATED" if cpus >= rec["cpus"] else "MIXED")
     tres: Dict[str, Any] = {}
     if cpus:
-        tres = {"cpu": cpus, "mem": f"{100 * cpus}M"}
+        tres = {"cpu": cpus}  # (mem=...M too when jobs ask for memory; the recorded ones did not)
         gpus: Dict[str, int] = {}
         for j in jobs:
             for _ in j.get("gpus", []):
@@ -403,7 +403,7 @@ class _DbJob(_JobBase):
             st["calls"].append(f"db.Job.load {job_id}")
             facts = st["db_jobs"].get(str(int(job_id)))
         if facts is None:
-            raise RPCError(msg=f"Job {job_id} does not exist")
+            raise RPCError(msg=f"Job {job_id} does not exist on Cluster sgtest")
         return _DbJob(int(job_id), facts)
 
 
