@@ -444,6 +444,14 @@ def test_pyslurm_job_gives_the_fields_the_cli_backend_gives(fake_pyslurm):
         b.job(9)
 
 
+def test_pyslurm_job_without_accounting_is_an_unknown_job_like_the_cli_says(fake_pyslurm):
+    from slurm_gpu.slurm.pyslurm_backend import PyslurmBackend
+    fake_pyslurm._set_controller(slurmdbd=False)
+    with pytest.raises(SlurmError, match="^unknown job 9: slurmctld no longer knows it and Failed to open") as e:
+        PyslurmBackend(fake_pyslurm, timeout_s=5).job(9)
+    assert "AccountingStorageType=accounting_storage/slurmdbd" in e.value.hint
+
+
 # ------------------------------------------------------------------ healthcheck decisions
 
 class MemBackend(slurm.SlurmBackend):

@@ -272,7 +272,15 @@ class PyslurmBackend(SlurmBackend):
                 "start_time": _t(j.start_time), "end_time": end, "source": "slurmctld"}
 
     def _db_job(self, job_id: int) -> Dict[str, Any]:
-        d = self.ps.db.Job.load(job_id)
+        try:
+            d = self.ps.db.Job.load(job_id)
+        except self.ps.RPCError as e:  # pyslurm 25.11.2 without slurmdbd: "Failed to open onnection to slurmdbd"
+            text = str(getattr(e, "msg", None) or e)
+            if "slurmdbd" not in text.lower():
+                raise
+            raise SlurmError(f"unknown job {job_id}: slurmctld no longer knows it and {text}",
+                             "job facts after the job ends need accounting "
+                             "(AccountingStorageType=accounting_storage/slurmdbd)") from None
         tres = tres_text(getattr(d, "allocated_tres", None))
         n = tres_gpu_count(tres)
         return {"job_id": job_id, "user": d.user_name or "", "account": d.account or "",

@@ -402,6 +402,8 @@ class _DbJob(_JobBase):
         with _state(True) as st:
             st["calls"].append(f"db.Job.load {job_id}")
             facts = st["db_jobs"].get(str(int(job_id)))
+            if not st["ctl"].get("slurmdbd", True):  # recorded without accounting, typo included
+                raise RPCError(msg="Failed to open onnection to slurmdbd")
         if facts is None:
             raise RPCError(msg=f"Job {job_id} does not exist on Cluster sgtest")
         return _DbJob(int(job_id), facts)
