@@ -113,7 +113,7 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "nvml_library": Key(str, "", "Absolute path of libnvidia-ml.so.1 for non-standard driver installs; empty: the system loader finds it."),
         "nvidia_version_file": Key(str, "/proc/driver/nvidia/version", "Where the loaded kernel module states its version; a driver/library mismatch (nvmlInit: LIB_RM_VERSION_MISMATCH) names the version read here."),
         "nvml_timeout_s": Key(float, 5.0, "Deadline for each NVML call made for a check; a call that takes longer makes that GPU FAIL.", _rng(0.1, 300)),
-        "slurm_backend": Key(str, "auto", "How to talk to Slurm: 'cli' (scontrol/sinfo/sacct), 'pyslurm', or 'auto' (pyslurm when importable and matching, else cli).", _choice("auto", "cli", "pyslurm")),
+        "slurm_backend": Key(str, "auto", "How to talk to Slurm: 'cli' (scontrol/sinfo/sacct), 'pyslurm', or 'auto' (pyslurm when importable, built for the running Slurm and a verified pair, else cli).", _choice("auto", "cli", "pyslurm")),
         "slurm_conf": Key(str, "/etc/slurm/slurm.conf", "slurm.conf (with gres.conf beside it) that maps Slurm's GPU indices to devices when SLURM_CONF is not set; slurmd always sets it for the hooks."),
         "slurm_bin_dir": Key(str, "", "Directory holding scontrol/sinfo/sacct; empty: search PATH, /usr/bin, /usr/local/bin, /opt/slurm/bin (hooks run without PATH)."),
         "slurm_timeout_s": Key(float, 10.0, "Timeout for every Slurm command or RPC.", _rng(1, 600)),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 
 class ExitCode(enum.IntEnum):
@@ -33,6 +34,10 @@ class SlurmGpuError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+    def __reduce__(self) -> Any:
+        # Pickled with its hint: a call run in a child process (gpu/deadline.py) hands it back.
+        return (type(self), (self.message, self.hint))
 
 
 class ConfigError(SlurmGpuError):

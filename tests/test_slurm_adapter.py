@@ -243,8 +243,9 @@ JOB_LINE = ("JobId=42 JobName=wrap UserId=alice(1001) GroupId=alice(1001) MCS_la
             "AllocTRES=cpu=1,node=1,gres/gpu=2 TresPerNode=gres:gpu:2")
 
 
-def test_job_facts_from_slurmctld_while_the_job_lives(tmp_path):
-    make_tool(tmp_path, "scontrol", stdout=JOB_LINE + "\n")
+@pytest.mark.parametrize("tres_per_node", ["gres:gpu:2", "gres/gpu:2"], ids=["22.05", "25.11"])
+def test_job_facts_from_slurmctld_while_the_job_lives(tmp_path, tres_per_node):
+    make_tool(tmp_path, "scontrol", stdout=JOB_LINE.replace("gres:gpu:2", tres_per_node) + "\n")
     j = CliBackend(bin_dir=str(tmp_path), timeout_s=5).job(42)
     assert j["user"] == "alice" and j["account"] == "physics" and j["partition"] == "gpu"
     assert j["state"] == "RUNNING" and j["nodes"] == "gpu02" and j["gres"] == "gpu:2"
@@ -276,11 +277,11 @@ def test_job_facts_fall_back_to_sacct_json_then_parseable(tmp_path):
 # ------------------------------------------------------------------ backend selection
 
 @pytest.fixture
-def fake_pyslurm(monkeypatch):
+def fake_pyslurm(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(FAKE_PYSLURM))
     sys.modules.pop("pyslurm", None)
     import pyslurm
-    pyslurm._reset()
+    pyslurm._reset(str(tmp_path / "fake-slurmctld.json"))
     yield pyslurm
     sys.modules.pop("pyslurm", None)
 
@@ -293,6 +294,15 @@ def _cfg(tmp_path, backend: str, version_line: str):
 def test_auto_uses_pyslurm_when_it_matches_the_running_slurm(tmp_path, fake_pyslurm):
     b = slurm_backend.get_backend(_cfg(tmp_path, "auto", "slurm 25.11.2"))
     assert b.name == "pyslurm" and "matches Slurm 25.11" in b.why
+
+
+@pytest.mark.parametrize("pyslurm_version,slurm_version", [("25.11.1", "slurm 25.11.7"), ("26.5.0", "slurm 26.05.1")])
+def test_auto_keeps_cli_where_pyslurm_is_not_verified_against_it(tmp_path, fake_pyslurm, monkeypatch,
+                                                                 pyslurm_version, slurm_version):
+    monkeypatch.setattr(fake_pyslurm, "__version__", pyslurm_version)
+    b = slurm_backend.get_backend(_cfg(tmp_path, "auto", slurm_version))
+    assert b.name == "cli" and "is not verified against the command-line tools" in b.why
+    assert slurm_backend.get_backend(_cfg(tmp_path, "pyslurm", slurm_version)).name == "pyslurm"
 
 
 def test_auto_falls_back_to_cli_on_version_mismatch(tmp_path, fake_pyslurm):
@@ -310,7 +320,7 @@ def test_auto_falls_back_to_cli_when_pyslurm_is_missing(tmp_path, monkeypatch):
 def test_explicit_pyslurm_mismatch_is_an_error_not_a_silent_switch(tmp_path, fake_pyslurm):
     with pytest.raises(SlurmError) as e:
         slurm_backend.get_backend(_cfg(tmp_path, "pyslurm", "slurm 24.11.1"))
-    assert "pyslurm 25.11.0 is for Slurm 25.11, running Slurm is 24.11" in e.value.message
+    assert "pyslurm 25.11.2 is for Slurm 25.11, running Slurm is 24.11" in e.value.message
 
 
 def test_explicit_pyslurm_missing_is_an_error(tmp_path, monkeypatch):
@@ -336,15 +346,45 @@ def test_version_text_parsing():
 
 def test_pyslurm_backend_reads_nodes_like_the_cli_backend(fake_pyslurm):
     from slurm_gpu.slurm.pyslurm_backend import PyslurmBackend
-    fake_pyslurm._add_node("gpu01", gres={"gpu:h100": 4}, gres_used={"gpu:h100": {"count": "2", "indexes": "0-1"}},
-                           base="MIXED")
+    fake_pyslurm._add_node("gpu01", gres={"gpu:h100": 4})
+    fake_pyslurm._add_job(7, node="gpu01", gpus=[0, 1], start_time=1700000000)
     fake_pyslurm._add_node("gpu02", flags=["DRAIN"], reason="maintenance", reason_user="alice", reason_time=1700000000)
     b = PyslurmBackend(fake_pyslurm, timeout_s=5)
     n1, n2 = b.nodes(["gpu01", "gpu02"])
     assert (n1.state, n1.gres, n1.gres_used, n1.gpus_configured, n1.gpus_allocated) == \
         ("MIXED", "gpu:h100:4", "gpu:h100:2(IDX:0-1)", 4, 2)
     assert n2.drained and not n2.drained_by_us and n2.reason_user == "alice" and n2.reason_time == 1700000000.0
+    assert n2.gres_used == "gpu:h100:0(IDX:N/A)" and n2.partitions == ("gpu",)
     assert [n.name for n in b.nodes()] == ["gpu01", "gpu02"]
+
+
+def test_pyslurm_node_allocation_is_current_while_a_job_runs_and_after_it_ends(fake_pyslurm):
+    # Slurm 25.11 does not refresh a node's allocation for a single-node load (pyslurm.Node.load):
+    # read from it, a busy node looked idle and an idle one busy (issue 22, item 1).
+    from slurm_gpu.slurm.pyslurm_backend import PyslurmBackend
+    fake_pyslurm._add_node("gpu01", gres={"gpu:h100": 2})
+    b = PyslurmBackend(fake_pyslurm, timeout_s=5)
+    fake_pyslurm._add_job(7, node="gpu01", gpus=[0], start_time=1700000000)
+    n = b.node("gpu01")
+    assert (n.state, n.gpus_allocated, n.gres_used) == ("MIXED", 1, "gpu:h100:1(IDX:0)")
+    fake_pyslurm._end_job(7)
+    n = b.node("gpu01")
+    assert (n.state, n.gpus_allocated, n.gres_used) == ("IDLE", 0, "gpu:h100:0(IDX:N/A)")
+
+
+@pytest.mark.parametrize("tres_gres", [True, False], ids=["AccountingStorageTRES=gres/gpu,gres/gpu:h100", "no gres TRES"])
+def test_pyslurm_gpus_allocated_are_counted_once_from_gres_with_indices(fake_pyslurm, tres_gres):
+    # Real pyslurm's Node.allocated_gres is the node's allocated TRES: {"gpu": 1, "gpu:h100": 1} for ONE
+    # GPU (counted twice), or {} without gres/gpu in AccountingStorageTRES (issue 22, item 2).
+    from slurm_gpu.slurm.pyslurm_backend import PyslurmBackend
+    fake_pyslurm._set_controller(tres_gres=tres_gres)
+    for name in ("gpu01", "gpu02"):
+        fake_pyslurm._add_node(name, gres={"gpu:h100": 2})
+    fake_pyslurm._add_job(7, node="gpu01", gpus=[1], start_time=1700000000)
+    b = PyslurmBackend(fake_pyslurm, timeout_s=5)
+    n1, n2 = b.nodes(["gpu01", "gpu02"])
+    assert (n1.gpus_allocated, n1.gres_used) == (1, "gpu:h100:1(IDX:1)")
+    assert (n2.gpus_allocated, n2.gres_used) == (0, "gpu:h100:0(IDX:N/A)")
 
 
 def test_pyslurm_backend_drains_and_resumes(fake_pyslurm):
@@ -365,33 +405,51 @@ def test_pyslurm_backend_errors_are_slurm_errors(fake_pyslurm):
     with pytest.raises(SlurmError, match="unknown node 'nope': Node 'nope' does not exist"):
         b.node("nope")
     fake_pyslurm._add_node("gpu01")
-    fake_pyslurm._CONTROLLER["up"] = False
+    fake_pyslurm._set_controller(up=False)
     with pytest.raises(SlurmError, match="^slurmctld not reachable: Unable to contact slurm controller"):
         b.drain("gpu01", "slurm-gpu: x")
 
 
-def test_pyslurm_backend_gives_up_on_a_hanging_rpc(fake_pyslurm):
+def test_pyslurm_deadline_holds_while_the_hung_rpc_holds_the_interpreter_lock(fake_pyslurm):
+    # pyslurm's RPCs keep the interpreter lock for the whole C call: a deadline thread never ran
+    # before the call returned (slurmctld SIGSTOPped: 5.1 s for a 2 s deadline; issue 22, item 3).
     from slurm_gpu.slurm.pyslurm_backend import PyslurmBackend
     fake_pyslurm._add_node("gpu01")
-    fake_pyslurm._CONTROLLER["hang_s"] = 5
+    fake_pyslurm._set_controller(hang_s=5)
     t0 = time.monotonic()
     with pytest.raises(SlurmError, match="did not answer within 0.5 s"):
         PyslurmBackend(fake_pyslurm, timeout_s=0.5).node("gpu01")
     assert time.monotonic() - t0 < 2
 
 
-def test_pyslurm_backend_job_from_slurmctld_then_slurmdbd(fake_pyslurm):
+def test_pyslurm_job_gives_the_fields_the_cli_backend_gives(fake_pyslurm):
+    # Before: tres always '', gres '' from slurmdbd, end_time = start + 365 days for a running job
+    # without a time limit (slurmctld's placeholder; scontrol says EndTime=Unknown), no 'final'.
     from slurm_gpu.slurm.pyslurm_backend import PyslurmBackend
-    fake_pyslurm._add_job(7, user_name="alice", account="physics", partition="gpu", state="RUNNING",
-                          allocated_nodes="gpu01", gres_per_node={"gpu": 2}, start_time=1700000000, end_time=None)
-    fake_pyslurm._add_job(8, live=False, user_name="bob", account="chem", partition="gpu", state="COMPLETED",
-                          nodelist="gpu02", start_time=1700000000, end_time=1700000100)
+    now = int(time.time())
+    fake_pyslurm._add_node("gpu01")
+    fake_pyslurm._add_job(7, node="gpu01", gpus=[0], user_name="alice", account="physics", partition="gpu",
+                          start_time=now - 60)
+    fake_pyslurm._add_job(8, live=False, node="gpu02", gpus=[0, 1], user_name="bob", account="chem", partition="gpu",
+                          state="COMPLETED", start_time=1700000000, end_time=1700000100)
     b = PyslurmBackend(fake_pyslurm, timeout_s=5)
     j7, j8 = b.job(7), b.job(8)
-    assert (j7["user"], j7["gres"], j7["source"], j7["end_time"]) == ("alice", "gpu:2", "slurmctld", None)
-    assert (j8["user"], j8["nodes"], j8["source"], j8["end_time"]) == ("bob", "gpu02", "slurmdbd", 1700000100.0)
+    assert j7 == {"job_id": 7, "user": "alice", "account": "physics", "partition": "gpu", "state": "RUNNING",
+                  "nodes": "gpu01", "gres": "gpu:1", "tres": "cpu=1,node=1,billing=1,gres/gpu=1,gres/gpu:h100=1",
+                  "start_time": float(now - 60), "end_time": None, "source": "slurmctld", "final": False}
+    assert j8 == {"job_id": 8, "user": "bob", "account": "chem", "partition": "gpu", "state": "COMPLETED",
+                  "nodes": "gpu02", "gres": "gpu:2", "tres": "cpu=1,node=1,billing=1,gres/gpu=2,gres/gpu:h100=2",
+                  "start_time": 1700000000.0, "end_time": 1700000100.0, "source": "slurmdbd", "final": True}
     with pytest.raises(SlurmError, match="unknown job 9"):
         b.job(9)
+
+
+def test_pyslurm_job_without_accounting_is_an_unknown_job_like_the_cli_says(fake_pyslurm):
+    from slurm_gpu.slurm.pyslurm_backend import PyslurmBackend
+    fake_pyslurm._set_controller(slurmdbd=False)
+    with pytest.raises(SlurmError, match="^unknown job 9: slurmctld no longer knows it and Failed to open") as e:
+        PyslurmBackend(fake_pyslurm, timeout_s=5).job(9)
+    assert "AccountingStorageType=accounting_storage/slurmdbd" in e.value.hint
 
 
 # ------------------------------------------------------------------ healthcheck decisions
@@ -816,14 +874,14 @@ def test_pyslurm_backend_drains_and_resumes_many_nodes_in_one_rpc(fake_pyslurm):
     look = b.lookup_nodes(names + ["nope"])
     assert list(look.found) == names and list(look.failed) == ["nope"]
     assert "Node 'nope' does not exist" in look.failed["nope"].message
-    fake_pyslurm._CALLS.clear()
+    fake_pyslurm._clear_calls()
     res = b.drain_many(names, OURS)
     assert res.done == names and not res.failed and res.requests == 1
-    assert [c.split(" ")[0] for c in fake_pyslurm._CALLS] == ["Nodes.modify"]
+    assert [c.split(" ")[0] for c in fake_pyslurm._calls()] == ["Nodes.modify"]
     assert all(i.drained_by_us for i in b.nodes(names))
-    fake_pyslurm._CALLS.clear()
+    fake_pyslurm._clear_calls()
     res = b.resume_many(names)
-    assert res.done == names and [c.split(" ")[0] for c in fake_pyslurm._CALLS] == ["Nodes.modify"]
+    assert res.done == names and [c.split(" ")[0] for c in fake_pyslurm._calls()] == ["Nodes.modify"]
     assert not any(i.drained for i in b.nodes(names))
 
 

@@ -271,10 +271,11 @@ def _enterable_by_others(path: Path) -> bool:
     return True
 
 
-def _slurmd_cpus() -> int:
+def _slurmd_cpus(path: str = SBIN_PATH) -> int:
     """CPUs as slurmd itself counts them (`slurmd -C`), falling back to os.cpu_count()."""
     try:
-        out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, timeout=10).stdout
+        slurmd = shutil.which("slurmd", path=path) or "slurmd"
+        out = subprocess.run([slurmd, "-C"], capture_output=True, text=True, timeout=10).stdout
         m = re.search(r"\bCPUs=(\d+)", out)
         if m:
             return int(m.group(1))
@@ -484,6 +485,7 @@ class SlurmTestbed:
         extra_node_env: Optional[dict] = None,
         gres_conf: Optional[str] = None,
         node_gres: Optional[Mapping[str, str]] = None,
+        slurm_prefix: Optional[str] = None,
     ):
         self.workdir = Path(workdir).resolve()
         self.nodes = tuple(nodes)
@@ -501,6 +503,10 @@ class SlurmTestbed:
         self.gres_conf = gres_conf  # verbatim gres.conf instead of the generated one
         # slurm.conf Gres= per node (e.g. {"gpu01": "gpu:a100:1,gpu:v100:2"}) instead of gpu:<type>:<n>
         self.node_gres = dict(node_gres or {})
+        # Another Slurm build than Debian's, e.g. /opt/slurm-25.11 (./configure --prefix): its
+        # sbin/ and bin/ come first on the daemons' and the clients' PATH (munged and MariaDB
+        # still come from the system).  docs/testbed.md#another-slurm-build
+        self.sbin_path = (f"{slurm_prefix}/sbin:{slurm_prefix}/bin:" if slurm_prefix else "") + SBIN_PATH
         for hook in (prolog, epilog, health_check_program, epilog_slurmctld):
             if hook is not None and not os.path.isabs(hook):
                 raise ValueError(f"hook path must be absolute (slurmd runs it without PATH): {hook!r}")
@@ -547,7 +553,7 @@ class SlurmTestbed:
         """Environment for Slurm client commands: SLURM_CONF, a PATH with the sbin dirs, no inherited SLURM_*."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SQUEUE_", "SINFO_", "SACCT_"))}
         env["SLURM_CONF"] = str(self.slurm_conf)
-        env["PATH"] = SBIN_PATH + (":" + env["PATH"] if env.get("PATH") else "")
+        env["PATH"] = self.sbin_path + (":" + env["PATH"] if env.get("PATH") else "")
         return env
 
     @property
@@ -661,7 +667,7 @@ class SlurmTestbed:
 
     def slurm_conf_text(self) -> str:
         host = socket.gethostname().split(".")[0]
-        cpus = max(_slurmd_cpus(), self.gpus_per_node)
+        cpus = max(_slurmd_cpus(self.sbin_path), self.gpus_per_node)
         w = self.workdir
         settings: List[Tuple[str, str]] = [
             ("ClusterName", CLUSTER),
@@ -729,6 +735,10 @@ class SlurmTestbed:
         if self.extra_slurm_conf.strip():
             lines += ["# extra_slurm_conf", self.extra_slurm_conf.strip()]
         for node in self.nodes:
+            # 25.11 refuses one NodeHostname for two nodes ("Duplicated NodeHostName", the second
+            # never answers): there each node is its own host name (NodeAddr is what connects).
+            if self.sbin_path != SBIN_PATH:
+                host = node
             lines.append(f"NodeName={node} NodeAddr=127.0.0.1 NodeHostname={host} Port={self.ports[node]} "
                          f"CPUs={cpus} RealMemory=1000 Gres={self.node_gres.get(node, f'gpu:{self.gpu_type}:{self.gpus_per_node}')} "
                          "State=UNKNOWN")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from slurm_gpu.errors import SlurmError
 from slurm_gpu.slurm.model import SlurmBackend
@@ -14,11 +14,23 @@ def slurm_major_minor(version_text: str) -> Optional[Tuple[int, int]]:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+# Slurm major.minor -> the oldest pyslurm release proven to give what the cli backend gives on
+# that Slurm (every backend call compared on a real cluster: docs/admin-guide.md#pyslurm).
+# `auto` picks pyslurm only for these pairs.
+PYSLURM_VERIFIED: Dict[Tuple[int, int], Tuple[int, ...]] = {(25, 11): (25, 11, 2)}
+
+
+def _release(version_text: str) -> Tuple[int, ...]:
+    m = re.match(r"\s*(\d+(?:\.\d+)*)", version_text or "")
+    return tuple(int(x) for x in m.group(1).split(".")) if m else ()
+
+
 def get_backend(cfg: Any) -> SlurmBackend:
     """The backend ``cfg.slurm_backend`` asks for: 'cli', 'pyslurm' or 'auto'.
 
-    auto: pyslurm when it imports AND its version's major.minor equals the running Slurm's
-    (``scontrol --version``); otherwise the command-line tools.  pyslurm is only imported
+    auto: pyslurm when it imports, its version's major.minor equals the running Slurm's
+    (``scontrol --version``) AND that pair is in PYSLURM_VERIFIED; otherwise the command-line
+    tools.  'pyslurm' takes any pyslurm built for the running Slurm.  pyslurm is only imported
     when the site has it installed, so the common path costs nothing.
     """
     from slurm_gpu.slurm.cli_backend import CliBackend
@@ -44,6 +56,12 @@ def get_backend(cfg: Any) -> SlurmBackend:
         slurm_ver, verr = None, e.message
     else:
         verr = ""
+    verified = PYSLURM_VERIFIED.get(slurm_ver) if slurm_ver else None
+    release = _release(str(getattr(mod, "__version__", "")))
+    if py_ver is not None and py_ver == slurm_ver and choice == "auto" and (verified is None or release < verified):
+        cli.why = (f"auto: pyslurm {getattr(mod, '__version__', '?')} on Slurm {slurm_ver[0]}.{slurm_ver[1]:02d} is not "
+                   "verified against the command-line tools; using them")
+        return cli
     if py_ver is not None and py_ver == slurm_ver:
         backend = pb.PyslurmBackend(mod, timeout_s=float(getattr(cfg, "slurm_timeout_s", 10.0)))
         backend.why = f"{choice}: pyslurm {getattr(mod, '__version__', '?')} matches Slurm {slurm_ver[0]}.{slurm_ver[1]:02d}"

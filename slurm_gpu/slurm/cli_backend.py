@@ -28,7 +28,8 @@ from slurm_gpu.errors import SlurmError
 from slurm_gpu.timefmt import SLURM_ISO, slurm_to_unix
 from slurm_gpu.slurm import hostlist
 from slurm_gpu.slurm.hostlist import compress
-from slurm_gpu.slurm.model import NodeInfo, NodeLookup, SlurmBackend, gpu_count, hostlist_batches, select_nodes, split_state, tres_gpu_count
+from slurm_gpu.slurm.model import (TERMINAL_JOB_STATES, NodeInfo, NodeLookup, SlurmBackend, final_job_facts, gpu_count,
+                                    hostlist_batches, select_nodes, split_state, tres_gpu_count)
 
 FALLBACK_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin")
 PING_HINT = "check that slurmctld is running and reachable: `scontrol ping` (SLURM_CONF={conf})"
@@ -384,7 +385,7 @@ class CliBackend(SlurmBackend):
         if rc == 0 and out.strip():
             recs = [_kv(r) for r in split_records(out)]
             recs = [r for r in recs if r.get("JobId") == str(job_id)] or recs
-            return _final(_job_from_scontrol(recs[0], job_id))
+            return final_job_facts(_job_from_scontrol(recs[0], job_id))
         low = (err + out).lower()
         if rc != 0 and "invalid job id" not in low:
             self._raise(rc, out, err, f"scontrol show job {job_id}", job=job_id)
@@ -398,7 +399,7 @@ class CliBackend(SlurmBackend):
                     facts = _job_from_sacct_json(json.loads(out), job_id)
                     self._sacct_json = True
                     if facts is not None:
-                        return _final(facts)
+                        return final_job_facts(facts)
                     raise SlurmError(f"unknown job {job_id}: not in slurmctld nor in accounting (sacct)",
                                      "the job id may be mistyped, or accounting (slurmdbd) is not enabled")
                 except (ValueError, KeyError, TypeError, AttributeError, IndexError):
@@ -416,26 +417,12 @@ class CliBackend(SlurmBackend):
             if len(vals) >= len(fields) and vals[0] == str(job_id):
                 d = dict(zip(fields, vals))
                 tres = d["AllocTRES"]
-                return _final({"job_id": job_id, "user": d["User"], "account": d["Account"], "partition": d["Partition"],
+                return final_job_facts({"job_id": job_id, "user": d["User"], "account": d["Account"], "partition": d["Partition"],
                                "state": d["State"].split()[0] if d["State"] else "", "nodes": d["NodeList"],
                                "gres": _gres_from_tres(tres), "tres": tres, "start_time": slurm_to_unix(d["Start"]),
                                "end_time": slurm_to_unix(d["End"]), "source": "slurmdbd"})
         raise SlurmError(f"unknown job {job_id}: not in slurmctld nor in accounting (sacct)",
                          "the job id may be mistyped, or accounting (slurmdbd) is not enabled")
-
-
-# A job's accounting record is complete only in one of these states and with an end time:
-# slurmdbd gets the job's start and its end in separate messages, and sacct can be read in
-# between (then the state is still RUNNING and fields may be missing).
-TERMINAL_JOB_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
-                                 "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "SPECIAL_EXIT", "REVOKED"})
-
-
-def _final(facts: Dict[str, Any]) -> Dict[str, Any]:
-    """Mark whether the record is the job's final one (terminal state and an end time)."""
-    state = (str(facts.get("state") or "").split() or [""])[0].split("+")[0]
-    facts["final"] = state in TERMINAL_JOB_STATES and bool(facts.get("end_time"))
-    return facts
 
 
 def _gres_from_tres(tres: str) -> str:
@@ -450,8 +437,8 @@ def _none(v: Optional[str]) -> str:
 def _job_from_scontrol(f: Dict[str, str], job_id: int) -> Dict[str, Any]:
     user = re.sub(r"\(\d+\)$", "", f.get("UserId", ""))
     gres = _none(f.get("TresPerNode")) or _none(f.get("Gres"))
-    if gres.startswith("gres:"):
-        gres = gres[len("gres:"):]
+    # 22.05 spells it gres:gpu:1, 25.11 gres/gpu:1 (observed): 'gpu:1' either way
+    gres = ",".join(re.sub(r"^gres[:/]", "", item) for item in gres.split(",")) if gres else ""
     return {"job_id": job_id, "user": user, "account": _none(f.get("Account")), "partition": _none(f.get("Partition")),
             "state": f.get("JobState", ""), "nodes": _none(f.get("NodeList")), "gres": gres,
             "tres": _none(f.get("AllocTRES")) or _none(f.get("TRES")), "start_time": slurm_to_unix(f.get("StartTime")),

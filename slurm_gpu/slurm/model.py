@@ -163,6 +163,21 @@ def tres_gpu_count(tres: Optional[str]) -> Optional[int]:
     return typed if typed else None
 
 
+# A job's accounting record is complete only in one of these states and with an end time:
+# slurmdbd gets the job's start and its end in separate messages, and sacct can be read in
+# between (then the state is still RUNNING and fields may be missing).
+TERMINAL_JOB_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                                 "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "SPECIAL_EXIT", "REVOKED"})
+
+
+def final_job_facts(facts: Dict[str, Any]) -> Dict[str, Any]:
+    """Mark whether the record is the job's final one (terminal state and an end time)."""
+    state = (str(facts.get("state") or "").split() or [""])[0].split("+")[0]
+    facts["final"] = state in TERMINAL_JOB_STATES and bool(facts.get("end_time"))
+    return facts
+
+
+
 # ---------------------------------------------------------------- the interface
 
 def select_nodes(infos: List["NodeInfo"], names: Optional[List[str]], source: str = "") -> List["NodeInfo"]:
