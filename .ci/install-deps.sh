@@ -13,11 +13,12 @@ SGTEST_UID=2501
 # systemd: `systemd-analyze verify` checks the shipped units (deploy/systemd, tests/test_central.py).
 # prometheus (with promtool), prometheus-node-exporter: the alert rules and dashboards are checked
 # against a real Prometheus scraping node_exporter's textfile collector (tests/test_monitoring.py).
+# debootstrap: the root filesystems of the Slurm version axis (.ci/rootfs.sh).
 # ansible-core (2.14), ansible-lint (6.13, has --profile production), python3-venv: the Ansible role
 # runs against this machine and is linted (tests/integration/test_ansible_slurm.py); the release
 # wheel installs into fresh virtual environments (tests/test_release.py).
 APT_PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server build-essential procps make chromium systemd
-              prometheus prometheus-node-exporter ansible-core ansible-lint python3-venv)
+              prometheus prometheus-node-exporter ansible-core ansible-lint python3-venv debootstrap)
 
 cd "$(dirname "$0")/.."
 

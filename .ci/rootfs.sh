@@ -130,6 +130,16 @@ build() {
     echo "$root"
 }
 
+# Testbed ports of each suite's own (tests/testbed.py): the host's suite and the root filesystems'
+# share one network and may run at the same time.
+ports() {
+    case "$1" in
+        trixie) echo 17000-17199 ;;
+        sid) echo 17200-17399 ;;
+        *) echo 17400-17599 ;;
+    esac
+}
+
 run() {
     local suite=$1; shift
     local root
@@ -166,7 +176,7 @@ EOF2
         exec chroot "$ROOT" "$@"' sh - \
         /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
         HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" CI="${CI:-}" SLURM_GPU_ROOTFS="$suite" \
-        SLURM_GPU_VENV=/opt/slurm-gpu-venv \
+        SLURM_GPU_VENV=/opt/slurm-gpu-venv SLURM_TESTBED_PORTS="$(ports "$suite")" \
         sh -c 'cd /src && exec "$@"' sh "$@"
 }
 

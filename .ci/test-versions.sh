@@ -14,11 +14,25 @@ if [ $# -gt 0 ] && [[ "$1" != -* ]]; then
     suites=("$1"); shift
 fi
 
+# Build (or find) every root filesystem first, at the same time: mostly downloads and dpkg.
+start=$(date +%s)
+pids=()
+for suite in "${suites[@]}"; do
+    bash .ci/rootfs.sh build "$suite" > "/tmp/rootfs-build-$suite.log" 2>&1 &
+    pids+=($!)
+done
+for i in "${!suites[@]}"; do
+    if ! wait "${pids[$i]}"; then
+        echo "test-versions: ${suites[$i]}: building the root filesystem failed:"
+        tail -n 40 "/tmp/rootfs-build-${suites[$i]}.log"
+        exit 1
+    fi
+done
+echo "test-versions: root filesystems ready in $(( $(date +%s) - start )) s"
+
 rc=0
 for suite in "${suites[@]}"; do
     start=$(date +%s)
-    echo "test-versions: $suite: root filesystem"
-    bash .ci/rootfs.sh build "$suite" >/dev/null
     echo "test-versions: $suite: tests"
     if bash .ci/rootfs.sh run "$suite" bash .ci/rootfs-tests.sh "$@"; then
         echo "test-versions: $suite: passed in $(( $(date +%s) - start )) s"

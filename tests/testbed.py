@@ -30,7 +30,15 @@ from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence
 # Fixed, root-owned directory that outlives a work directory: the registry of live daemons.
 RUN_DIR = Path("/run/slurm-gpu-testbed")
 REGISTRY = RUN_DIR / "daemons"
-PORT_RANGE = (16817, 16999)
+def _port_range() -> Tuple[int, int]:
+    """16817-16999, or SLURM_TESTBED_PORTS=LO-HI: each suite run at the same time on one machine
+    (this one's and a root filesystem's, .ci/rootfs.sh) takes its clusters' ports from its own range."""
+    raw = os.environ.get("SLURM_TESTBED_PORTS", "")
+    m = re.fullmatch(r"(\d+)-(\d+)", raw.strip())
+    return (int(m.group(1)), int(m.group(2))) if m else (16817, 16999)
+
+
+PORT_RANGE = _port_range()
 JOB_USER = "sgtest"
 OTHER_USER = "sgtest2"  # a second job user (created by .ci/install-deps.sh), account chem
 CLUSTER = "sgtest"
