@@ -8,16 +8,18 @@ this machine's Slurm (22.05 on Debian 12, 24.11 and 26.05 in the root filesystem
 from __future__ import annotations
 
 import os
+import shutil
 import textwrap
 import time
 from pathlib import Path
-from typing import Dict, NamedTuple, Tuple
+from typing import Any, Dict, NamedTuple, Tuple
 
 import pytest
 
 import simgpu
 from testbed import SlurmTestbed, run_slurmd_G, slurm_version
 
+from .test_hooks_slurm import Site, _script
 from .test_testbed import parse_env_file, wait_for_file
 
 pytestmark = pytest.mark.slurm
@@ -106,21 +108,24 @@ def _wait_state(tb: SlurmTestbed, job: int, state: str, timeout: float = 60) -> 
 
 # --------------------------------------------------------------------------- GPU variables
 
-def _gpu_state(node: str, first_minor: int) -> Dict:
-    prof = simgpu.h100_sxm(4, seed=node)
-    for i, g in enumerate(prof["gpus"]):
-        g["minor"] = first_minor + i
-    return prof
+@pytest.fixture(scope="module")
+def site():
+    root = Path("/tmp") / f"slurm-gpu-facts-{os.getpid()}"
+    s = Site(root)
+    yield s
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory) -> Path:
+    """Prolog and epilog: dump the environment, then run our own hook, as slurmd would."""
     d = tmp_path_factory.mktemp("gpu-vars")
     os.chmod(d, 0o755)
     for hook in ("prolog", "epilog"):
         (d / hook).write_text(textwrap.dedent(f"""\
             #!/bin/bash
             /usr/bin/env > {d}/{hook}-$SLURM_JOB_ID-$SLURMD_NODENAME
+            exec {_script(f"slurm-gpu-{hook}")}
             """))
         os.chmod(d / hook, 0o755)
     return d
@@ -131,19 +136,28 @@ JOB_DUMP = "echo SLURM_JOB_GPUS=$SLURM_JOB_GPUS; echo CUDA_VISIBLE_DEVICES=$CUDA
            "echo GPU_DEVICE_ORDINAL=$GPU_DEVICE_ORDINAL"
 
 
-def _observe(tb: SlurmTestbed, d: Path) -> Dict[str, Dict[str, str]]:
-    """GPU variables a 2-GPU job on gpu02 sees in its prolog, its epilog and itself."""
+def _observe(tb: SlurmTestbed, d: Path, site: Site) -> Dict[str, Dict[str, str]]:
+    """GPU variables a 2-GPU job on gpu02 sees in its prolog, its epilog and itself, and the GPUs
+    our hooks recorded for it."""
     job = tb.sbatch(JOB_DUMP, args=["--gres=gpu:2", "-w", "gpu02"])
     assert tb.wait_job(job) == "COMPLETED", tb.job_output(job)
     seen = {"job": dict(line.split("=", 1) for line in tb.job_output(job).splitlines() if "=" in line)}
     for hook in ("prolog", "epilog"):
         env = parse_env_file(wait_for_file(d / f"{hook}-{job}-gpu02"))
         seen[hook] = {k: env.get(k, "") for k in GPU_VARS}
+    end = time.monotonic() + 30
+    while not site.rows("gpu02", "SELECT 1 FROM job_gpus WHERE job_id = ? AND end_time IS NOT NULL", job):
+        assert time.monotonic() < end, site.log("gpu02")
+        time.sleep(0.2)
+    rows = site.rows("gpu02", "SELECT gpu_uuid FROM job_gpus WHERE job_id = ? ORDER BY gpu_index", job)
+    seen["recorded"] = {"uuids": ",".join(r["gpu_uuid"] for r in rows)}
     return seen
 
 
-def _uuids(state: Dict) -> list:
-    return [g["uuid"] for g in state["gpus"]]
+def _uuids(node: str) -> list:
+    """The node's GPU UUIDs in device-minor order (Site.reset's GPUs): Slurm GPU k on gpu02 is
+    /dev/nvidia(4+k) both with the testbed's gres.conf and under AutoDetect."""
+    return [g["uuid"] for g in simgpu.h100_sxm(4, seed=node)["gpus"]]
 
 
 def _expect(seen: Dict[str, Dict[str, str]], facts: Facts, uuids: list) -> None:
@@ -158,25 +172,24 @@ def _expect(seen: Dict[str, Dict[str, str]], facts: Facts, uuids: list) -> None:
         want = as_uuids if hook and facts.hook_cuda_uuids and facts.nvml_plugin else idx
         assert seen[where]["CUDA_VISIBLE_DEVICES"] == want, seen
         assert seen[where]["GPU_DEVICE_ORDINAL"] == (idx if facts.ordinal else ""), seen
+    # And our hooks judged and recorded exactly those GPUs.
+    assert seen["recorded"]["uuids"] == as_uuids, seen
 
 
-def test_gpu_variables_in_prolog_epilog_and_job(slurm_testbed_factory, dumps, facts, sim_lib, tmp_path_factory):
-    # With AutoDetect where the version has it (the GPUs then carry their UUIDs into Slurm), else
-    # the gres.conf the testbed writes. gpu02's GPUs are /dev/nvidia4-7: index != minor.
-    states = {"gpu01": _gpu_state("gpu01", 0), "gpu02": _gpu_state("gpu02", 4)}
-    work = tmp_path_factory.mktemp("gpu-vars-state")
-    os.chmod(work, 0o755)
-    node_env: Dict[str, Dict[str, str]] = {}
-    for node, state in states.items():
-        simgpu.write_state(work / f"{node}.state", state)
-        node_env[node] = {"LD_LIBRARY_PATH": str(sim_lib.parent), "SIMNVML_STATE": str(work / f"{node}.state")}
-    kwargs = dict(prolog=str(dumps / "prolog"), epilog=str(dumps / "epilog"), extra_node_env=node_env)
+def test_gpu_variables_in_prolog_epilog_and_job(slurm_testbed_factory, dumps, facts, site):
+    # With AutoDetect where the version has it (slurmd then names the GPUs by NVML, UUIDs
+    # included), else the gres.conf the testbed writes. gpu02's GPUs are /dev/nvidia4-7.
+    site.reset()
+    node_env = {n: {"LD_LIBRARY_PATH": str(site.lib.parent), "SIMNVML_STATE": str(site.state(n))}
+                for n in ("gpu01", "gpu02")}
+    kwargs: Dict[str, Any] = dict(prolog=str(dumps / "prolog"), epilog=str(dumps / "epilog"),
+                                  extra_node_env=node_env, slurm_gpu_config=site.config())
     if facts.nvml_plugin:
         kwargs["gres_conf"] = "AutoDetect=nvml\n"
-    uuids = _uuids(states["gpu02"])
-    _expect(_observe(slurm_testbed_factory(**kwargs), dumps), facts, uuids)
+    uuids = _uuids("gpu02")
+    _expect(_observe(slurm_testbed_factory(**kwargs), dumps, site), facts, uuids)
     if facts.env_uuid:
         # 26.05's Flags=env_uuid (gres.conf(5): UUIDs in CUDA_VISIBLE_DEVICES): observed with
         # task/none, the job itself still sees indices and the hooks see what they saw without it.
         kwargs["gres_conf"] = "AutoDetect=nvml\nName=gpu Flags=env_uuid\n"
-        _expect(_observe(slurm_testbed_factory(**kwargs), dumps), facts, uuids)
+        _expect(_observe(slurm_testbed_factory(**kwargs), dumps, site), facts, uuids)
