@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 
 bash .ci/install-deps.sh
 py="$SLURM_GPU_VENV/bin/python"
-echo "rootfs-tests.sh: $SLURM_GPU_ROOTFS: $(sinfo --version), $("$py" -V), $(mariadbd --version 2>/dev/null | awk '{print $3}')"
+echo "rootfs-tests.sh: $SLURM_GPU_ROOTFS: $(slurmd -V), $("$py" -V), $(mariadbd --version 2>/dev/null | awk '{print $3}')"
 exec "$py" -m pytest -q -p no:cacheprovider \
     --ignore=tests/test_report_html.py --ignore=tests/test_monitoring.py --ignore=tests/test_central.py \
     "$@"
