@@ -192,9 +192,10 @@ def process_identity(pid: int) -> Tuple[Optional[int], Optional[int]]:
     The job id comes from the process's cgroup (task/cgroup puts it under .../job_<id>/) or,
     without one, from its SLURM_JOB_ID (root may read every environment). An environment that
     cannot be read, or reads empty, gives UNKNOWN_JOB: a process in the middle of execve()
-    shows an empty one to a reader that comes too soon (seen under Python 3.14, whose
-    subprocess lets the parent run on before the child's new stack is set up), and so does one
-    started with no environment at all - neither can be told to be the job's."""
+    shows an empty one to a reader that comes too soon (a parent that started it with vfork(),
+    as Python's subprocess does, runs on once the old memory is released, before the new stack
+    is set up: seen every time under Python 3.14, now and then under load on 3.11), and so does
+    one started with no environment at all - neither can be told to be the job's."""
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
             uid = next((int(line.split()[1]) for line in f if line.startswith(b"Uid:")), None)
