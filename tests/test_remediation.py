@@ -328,3 +328,31 @@ def test_healthcheck_during_a_reset_does_not_resume_the_node(sim_node, tmp_path)
     backend = MemSlurm(reason="slurm-gpu: GPU 1 pending row remap [remediate: reset]")
     out = node_health_cycle(backend, "gpu01", lambda info: [CheckResult("pending_reset", "PASS", 1, "u", "ok")])
     assert out.action == "kept-drained" and backend.actions == []
+
+
+def _cli(monkeypatch, node, backend, *args):
+    from click.testing import CliRunner
+    from slurm_gpu.cli import main
+    from slurm_gpu.slurm import backend as slurm_backend
+    monkeypatch.setattr(slurm_backend, "get_backend", lambda cfg: backend)
+    return CliRunner().invoke(main, ["--config", str(node.config), *args, "--node", "gpu01"])
+
+
+def test_healthcheck_with_remediation_enabled_resets_and_resumes_the_node_it_found_drained(sim_node, tmp_path,
+                                                                                         monkeypatch):
+    node = _node(sim_node, tmp_path, "enabled = true\n")
+    simgpu.set_gpu(node.state, 1, remapped_pending=1)
+    backend = MemSlurm(reason=PROLOG_REASON)
+    r = _cli(monkeypatch, node, backend, "healthcheck")
+    assert r.exit_code == 0 and "reset and verified; resumed" in r.output, r.output
+    assert backend.flags == {"IDLE"}
+
+
+def test_healthcheck_without_remediation_keeps_the_drain_and_remediate_command_acts(sim_node, tmp_path, monkeypatch):
+    node = _node(sim_node, tmp_path)
+    simgpu.set_gpu(node.state, 1, remapped_pending=1)
+    backend = MemSlurm(reason=PROLOG_REASON)
+    r = _cli(monkeypatch, node, backend, "healthcheck")
+    assert r.exit_code == 1 and "DRAIN" in backend.flags and "gpu.1.resets" not in simgpu.read_state(node.state)
+    r = _cli(monkeypatch, node, backend, "remediate")
+    assert r.exit_code == 0 and "resumed" in r.output, r.output
