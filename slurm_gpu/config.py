@@ -211,7 +211,7 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
     },
     "remediation": {
         "enabled": Key(bool, False, "`healthcheck` (HealthCheckProgram) also runs `slurm-gpu remediate` on this node after its check: a node drained by slurm-gpu, idle, is reset, rebooted through Slurm or marked for RMA by the fault -> remedy map (docs/remediation.md). Off: only `slurm-gpu remediate` run by an admin or a timer acts."),
-        "reset_command": Key(list, ["nvidia-smi", "--gpu-reset", "-i", "{pci_bus_id}"], "The GPU reset, as an argument list run without a shell; {pci_bus_id} and {index} become the GPU's. Exit 0 is a done reset.", _command),
+        "reset_command": Key(list, ["nvidia-smi", "--gpu-reset", "-i", "{pci_bus_id}"], "The GPU reset, as an argument list run without a shell; {pci_bus_id} and {index} become the GPU's, %n the node name. Exit 0 is a done reset.", _command),
         "reset_timeout_s": Key(float, 120.0, "Deadline of one reset command; one that overruns is killed and counts as a failed reset.", _rng(1, 3600)),
         "verify_passes": Key(int, 2, "How many full healthchecks in a row must pass after a reset (or the reboot) before the node is resumed.", _rng(1, 20)),
         "verify_interval_s": Key(float, 10.0, "Seconds between the verification passes.", _rng(0, 3600)),

@@ -225,7 +225,8 @@ def _command(env: Env, run: Any, index: int) -> List[str]:
     for g in run.snapshot.gpus:
         if g.index == index:
             bus = str(g.pci_bus_id.get(""))
-    return [a.replace("{pci_bus_id}", bus).replace("{index}", str(index)) for a in env.get("reset_command")]
+    return [a.replace("{pci_bus_id}", bus).replace("{index}", str(index)).replace("%n", env.node)
+            for a in env.get("reset_command")]
 
 
 def _reset_gpus(env: Env, run: Any, targets: List[R.Remedy]) -> str:
@@ -303,7 +304,11 @@ def _reboot(env: Env, run: Any, found: Sequence[R.Remedy], fault: str, because: 
         return Outcome(env.node, "reboot", "would-reboot", f"{env.node}: would ask Slurm to reboot: {because or fault}")
     row = _row(env, run, first, "reboot", "started", because)
     text = _reason.format_reason(fault, "remediate: reboot")
-    env.backend.reboot(env.node, text)
+    try:
+        env.backend.reboot(env.node, text)
+    except Exception as e:  # the intent stays on record with why it did not happen
+        _finish(env, [row], "failed", f"scontrol reboot: {getattr(e, 'message', e)}")
+        raise
     _finish(env, [row], "requested", because or fault)
     return Outcome(env.node, "reboot", "requested", f"{env.node}: reboot requested through Slurm: {text}")
 
