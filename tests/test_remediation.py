@@ -356,3 +356,7 @@ def test_healthcheck_without_remediation_keeps_the_drain_and_remediate_command_a
     assert r.exit_code == 1 and "DRAIN" in backend.flags and "gpu.1.resets" not in simgpu.read_state(node.state)
     r = _cli(monkeypatch, node, backend, "remediate")
     assert r.exit_code == 0 and "resumed" in r.output, r.output
+
+
+def test_docs_remediation_shows_the_same_remedy_map():
+    assert R.markdown_table() in (DOCS / "remediation.md").read_text()
