@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import simgpu
-from tests.integration.test_hooks_slurm import Site, _reasons, _script
+from tests.integration.test_hooks_slurm import Site, _reasons, _script, cluster  # noqa: F401  (cluster: the fixture, on this module's site)
 
 pytestmark = pytest.mark.slurm
 
@@ -33,13 +33,6 @@ def site(tmp_path_factory):
     s = RemediationSite(Path("/tmp") / f"slurm-gpu-remediate-{os.getpid()}")
     yield s
     shutil.rmtree(s.root, ignore_errors=True)
-
-
-@pytest.fixture
-def cluster(site, slurm_testbed_factory):
-    site.reset()
-    return slurm_testbed_factory(prolog=_script("slurm-gpu-prolog"), epilog=_script("slurm-gpu-epilog"),
-                                 slurm_gpu_config=site.config(), prolog_epilog_timeout=60)
 
 
 def _remediate(cluster, node: str) -> "subprocess.CompletedProcess[str]":
