@@ -100,6 +100,12 @@ def _abs_path_or_empty(v):
     return None
 
 
+def _command(v):
+    if not v or not all(isinstance(x, str) and x for x in v):
+        return "must be a non-empty list of non-empty strings (the program first)"
+    return None
+
+
 def _one_line(v):
     if len(v) > 500 or any(ord(c) < 32 or ord(c) == 127 for c in v):
         return "must be one line of at most 500 characters"
@@ -201,6 +207,18 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "small_memory_fraction": Key(float, 0.25, "`slurm-gpu job`: a peak memory below this fraction of the GPU's memory gets the note that a smaller GPU or a MIG slice would do; 0: never.", _rng(0, 1)),
         "min_runtime_s": Key(int, 300, "`slurm-gpu job`: a job that ran shorter than this is too short to judge: no utilisation or memory advice.", _rng(0, 30 * 86400)),
         "site_note": Key(str, "", "`slurm-gpu job`: a line of the site's own shown under every job's notes, e.g. 'GPU efficiency guide: https://...'; empty: none.", _one_line),
+    },
+    "remediation": {
+        "enabled": Key(bool, False, "`healthcheck` (HealthCheckProgram) also runs `slurm-gpu remediate` on this node after its check: a node drained by slurm-gpu, idle, is reset, rebooted through Slurm or marked for RMA by the fault -> remedy map (docs/remediation.md). Off: only `slurm-gpu remediate` run by an admin or a timer acts."),
+        "reset_command": Key(list, ["nvidia-smi", "--gpu-reset", "-i", "{pci_bus_id}"], "The GPU reset, as an argument list run without a shell; {pci_bus_id} and {index} become the GPU's, %n the node name. Exit 0 is a done reset.", _command),
+        "reset_timeout_s": Key(float, 120.0, "Deadline of one reset command; one that overruns is killed and counts as a failed reset.", _rng(1, 3600)),
+        "verify_passes": Key(int, 2, "How many full healthchecks in a row must pass after a reset (or the reboot) before the node is resumed.", _rng(1, 20)),
+        "verify_interval_s": Key(float, 10.0, "Seconds between the verification passes.", _rng(0, 3600)),
+        "max_resets_per_gpu_per_day": Key(int, 2, "Resets one GPU (by serial) may get in 24 hours; one more is escalated to a reboot.", _rng(0, 100)),
+        "max_reboots_per_node_per_day": Key(int, 1, "Reboots `remediate` may ask Slurm for per node in 24 hours; past it the node stays drained for a human.", _rng(0, 100)),
+        "lemon_window_days": Key(float, 30.0, "A GPU (by serial) that faults again within this many days after lemon_remedies remedies is an RMA case (a lemon).", _rng(0, 3650)),
+        "lemon_remedies": Key(int, 3, "Remedies (resets and reboots that were verified) within lemon_window_days after which the next fault of the GPU is an RMA.", _rng(1, 100)),
+        "lock_file": Key(str, "/run/slurm-gpu/remediate-%n.lock", "Per-node lock held while `remediate` acts (%n: node name): a second run on the node finds it held and leaves."),
     },
     "fleet": {
         "reserve_pct": Key(float, 20.0, "`fleet capacity`: share of each partition's GPUs (per GPU model) that should stay healthy and idle to absorb failures; the reserve holds when at least ceil(total x reserve_pct / 100) GPUs are idle and not drained or down.", _rng(0, 100)),

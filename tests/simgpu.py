@@ -16,6 +16,7 @@ import platform
 import pathlib
 import subprocess
 import tempfile
+import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -548,3 +549,63 @@ def dead_pid() -> int:
         pass
     return 2**31 - 2  # > any pid_max, so kill() reports ESRCH
 
+
+
+# --- what a GPU reset does (the stand-in nvidia-smi, tests/simnvml/nvidia-smi) ------------------
+
+# NVIDIA, "GPU Memory Error Management": a pending row remap / page retirement takes effect at the
+# next GPU reset, and the volatile ECC counters start again from zero; the remapping-failure flag,
+# the aggregate counters and the remapped rows stay (they live in the InfoROM).  The driver's
+# recovery action returns to NONE once the action it asked for was done.
+RESET_CLEARS = ("remapped_pending", "retired_pages_pending", "ecc_volatile_corrected", "ecc_volatile_uncorrected",
+                "sram_volatile_corrected", "sram_volatile_uncorrected", f"field.{FIELD_GPU_RECOVERY_ACTION}")
+STAND_IN_NVIDIA_SMI = pathlib.Path(__file__).resolve().parent / "simnvml" / "nvidia-smi"
+
+
+def gpu_by_bus_id(state: Dict[str, str], bus_id: str) -> Optional[int]:
+    """The index of the GPU with this PCI bus id ('00000000:18:00.0' or '0000:18:00.0', any case)."""
+    def norm(b: str) -> str:
+        dom, _, rest = b.strip().lower().partition(":")
+        return f"{int(dom, 16):08x}:{rest}" if dom else b.lower()
+    want = norm(bus_id)
+    for i in range(int(state.get("gpu_count", "0"), 0)):
+        have = state.get(f"gpu.{i}.pci_bus_id", f"00000000:{0x18 + 16 * i:02X}:00.0")
+        if norm(have) == want:
+            return i
+    return None
+
+
+def _live_procs(value: str) -> List[int]:
+    pids = []
+    for entry in filter(None, (value or "").split(",")):
+        pid = int(entry.split(":")[0])
+        try:
+            os.kill(pid, 0)
+            pids.append(pid)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            pids.append(pid)
+    return pids
+
+
+def reset_gpu(path: Union[str, os.PathLike], index: int) -> Optional[str]:
+    """Do to GPU `index` of state file `path` what `nvidia-smi --gpu-reset` does; returns why it refused
+    (a process holds the GPU, the GPU is lost) or None.  `gpu.<i>.reset_sticky=1` makes the fault
+    survive the reset (a GPU a reset does not cure: escalation tests); `gpu.<i>.resets` counts them."""
+    state = read_state(path)
+    key = f"gpu.{index}."
+    if state.get(key + "lost", "0") != "0":
+        return f"GPU {index}: Unable to determine the device handle for GPU: GPU is lost"
+    holders = _live_procs(state.get(key + "procs", ""))
+    if holders:
+        return (f"GPU {index}: Unable to reset this GPU because it's being used by some other process "
+                f"(pids {','.join(map(str, holders))})")
+    lines = [f"{key}resets={int(state.get(key + 'resets', '0'), 0) + 1}"]
+    if state.get(key + "reset_sticky", "0") == "0":
+        lines += [f"{key}{k}=0" for k in RESET_CLEARS]
+    append_lines(path, lines)
+    log = action_log_path(path)
+    with open(log, "a") as f:
+        f.write(f"{time.time():.6f} gpu={index} uuid={state.get(key + 'uuid', '-')} nvidia-smi--gpu-reset\n")
+    return None

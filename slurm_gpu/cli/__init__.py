@@ -34,6 +34,7 @@ COMMANDS: Dict[str, str] = {
     "resume": "slurm_gpu.cli.admin:resume",
     "status": "slurm_gpu.cli.admin:status",
     "healthcheck": "slurm_gpu.cli.admin:healthcheck",
+    "remediate": "slurm_gpu.cli.remediate:remediate",
     "job": "slurm_gpu.cli.job:job",
     "exporter": "slurm_gpu.cli.metrics:exporter",
     "fleet": "slurm_gpu.cli.fleet:fleet",

@@ -483,7 +483,20 @@ def _run_health(app, node_name: Optional[str], *, allow_resume: bool, dry_run: b
     if outcome.action == "timeout":
         # A check thread may still sit inside the driver: do not let it hold up (or crash) the exit.
         os._exit(outcome.exit_code)
+    if allow_resume and _remediates(cfg, outcome, dry_run, checker):
+        from slurm_gpu.hooks.remediate import run_on_node
+        done = run_on_node(cfg, backend, name, default_checker(cfg), log=log)
+        log.info("remediate", node=name, action=done.action, outcome=done.outcome, message=done.message)
+        click.echo(done.message)
+        if done.outcome == "resumed":
+            sys.exit(0)
     sys.exit(outcome.exit_code)
+
+
+def _remediates(cfg: Any, outcome: Any, dry_run: bool, checker: Any) -> bool:
+    """healthcheck runs `remediate` after its own cycle when remediation.enabled, on a node it left drained by us."""
+    return (not dry_run and checker is None and cfg.get("remediation", "enabled")
+            and outcome.action in ("drained", "kept-drained", "left-alone") and bool(outcome.reason))
 
 
 def _config_broken(app: Any, e: Any, name: str, *, dry_run: bool, deadline_s: float, reason_context: str) -> None:

@@ -17,6 +17,7 @@ SOURCES = ("prolog", "epilog", "healthcheck")
 # The files of the textfile directory, one per concern, so that separate processes never fight.
 NODE_FILE = "slurm_gpu_node.prom"
 USAGE_FILE = "slurm_gpu_usage.prom"
+REMEDIATION_FILE = "slurm_gpu_remediation.prom"
 JOB_FILE_PREFIX = "slurm_gpu_job_"  # + <job id> + ".prom"
 
 # NVML clock event reason bits (nvmlClocksEventReason*) -> label value.
@@ -99,6 +100,10 @@ FAMILIES: Tuple[Family, ...] = (
     Family("slurm_gpu_node_drained", "gauge", ("reason",),
            "1 when slurm-gpu drained this node (reason: the failing check's name, or other), else 0 with reason=\"\".",
            "prolog and epilog when they drain, healthcheck always (node file)"),
+    Family("slurm_gpu_remediation_total", "counter", ("action", "outcome"),
+           "Remediation attempts on this node by action (reset, reboot, rma) and outcome (resumed, failed, escalated, "
+           "requested, refused, rma, started), counted from the node database's remediations table.",
+           "remediate and healthcheck with remediation.enabled (`slurm_gpu_remediation.prom`)"),
     Family("slurm_gpu_spool_records", "gauge", (), "Records waiting in the spool directory for the node database.", _STORE),
     Family("slurm_gpu_unpushed_records", "gauge", (),
            "Records of the node database not yet shipped to the central server (db push).", _STORE),

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from slurm_gpu.metrics import jobs as J
 from slurm_gpu.metrics import node as N
-from slurm_gpu.metrics.catalog import NODE_FILE, USAGE_FILE
+from slurm_gpu.metrics.catalog import NODE_FILE, REMEDIATION_FILE, USAGE_FILE
 from slurm_gpu.metrics.textfile import ensure_dir, merge, remove
 
 
@@ -150,6 +150,14 @@ def write_usage(cfg: Any, directory: str, conn: Any) -> None:
     sums = account_sums(conn)
     merge(directory, USAGE_FILE,
           lambda old: usage_samples(sums, old, cfg.get("metrics", "by_account"), cfg.get("metrics", "max_accounts")))
+
+
+def write_remediation(directory: str, conn: Any) -> None:
+    """slurm_gpu_remediation_total{action,outcome}: the node database's attempts, counted (rows are never
+    deleted, so the sums only grow)."""
+    counts = {(("action", str(a)), ("outcome", str(o))): float(n)
+              for a, o, n in conn.execute("SELECT action, outcome, COUNT(*) FROM remediations GROUP BY 1, 2")}
+    merge(directory, REMEDIATION_FILE, lambda old: {"slurm_gpu_remediation_total": counts})
 
 
 def cleanup(w: _Writer, live: J.Liveness) -> None:

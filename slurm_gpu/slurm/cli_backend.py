@@ -257,6 +257,14 @@ class CliBackend(SlurmBackend):
         if rc != 0:
             self._raise(rc, out, err, f"resume {name}", node=name)
 
+    def reboot(self, name: str, reason: str) -> None:
+        self._check_name(name)
+        if not reason or not reason.strip():
+            raise SlurmError("a reboot needs a reason", "pass the text formatted by slurm_gpu.slurm.reason.format_reason")
+        rc, out, err = self.run("scontrol", ["reboot", "ASAP", "nextstate=DOWN", f"reason={reason}", name])
+        if rc != 0:
+            self._raise(rc, out, err, f"reboot {name}", node=name)
+
     def lookup_nodes(self, names: Sequence[str]) -> NodeLookup:
         """One ``scontrol -d -o show node <hostlist>`` per hostlist batch (one for up to 64k
         nodes with short names).  scontrol prints every known node, a ``Node X not found`` line

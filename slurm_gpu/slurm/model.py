@@ -278,6 +278,11 @@ class SlurmBackend(abc.ABC):
     def resume(self, name: str) -> None:
         """State=RESUME: clears DRAIN (and DOWN)."""
 
+    def reboot(self, name: str, reason: str) -> None:
+        """`scontrol reboot ASAP nextstate=DOWN reason=<reason> <name>`: Slurm runs the site's RebootProgram once
+        the node is idle and brings it back DOWN with the reason (remediation verifies, then resumes)."""
+        raise SlurmError(f"the {self.name} backend cannot ask Slurm for a reboot", "set slurm_backend = \"cli\"")
+
     @abc.abstractmethod
     def job(self, job_id: int) -> Dict[str, Any]:
         """Job facts: job_id, user, account, partition, state, nodes, gres, tres,

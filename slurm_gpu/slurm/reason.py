@@ -23,6 +23,7 @@ PREFIX = "slurm-gpu:"
 ELLIPSIS = "\u2026"
 MANUAL = "manual"  # context of drains an admin asked for: never auto-resumed by healthcheck
 HEALTHCHECK = "healthcheck"
+REMEDIATE = "remediate"  # context of the drains `slurm-gpu remediate` sets while it acts (docs/remediation.md)
 
 _WS = re.compile(r"\s+")
 _CONTEXT_AT_END = re.compile(r"\[([^\[\]]*)\]\s*$")
@@ -125,6 +126,13 @@ def auto_resumable(reason: Optional[str]) -> bool:
     """A drain that ``healthcheck`` may lift once the GPUs are healthy again.
 
     Only our own automatic drains (healthcheck, prolog, epilog): an admin's manual
-    ``slurm-gpu drain --reason ...`` stays until the admin runs ``slurm-gpu resume``.
+    ``slurm-gpu drain --reason ...`` stays until the admin runs ``slurm-gpu resume``, and
+    so do remediate's own (a step under way, an RMA).
     """
-    return is_ours(reason) and not is_manual(reason)
+    if not is_ours(reason) or is_manual(reason):
+        return False
+    # `slurm-gpu remediate` owns these: mid-step (context "remediate: reset") only its verification may
+    # resume the node, and an RMA (fault "RMA: ...") waits for the board's replacement.
+    context = reason_context(reason)
+    fault = (reason or "").split(":", 1)[1].lstrip()
+    return not (context.startswith(REMEDIATE) or fault.startswith("RMA:"))

@@ -39,7 +39,7 @@ from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Se
 
 from slurm_gpu.errors import StoreError
 from slurm_gpu.store.schema import (INVENTORY_COLUMNS, JOB_GPU_WRITE_COLUMNS, MIGRATIONS, SCHEMA_VERSION, XID_COLUMNS,
-                                    XID_SAME_S)
+                                    XID_SAME_S, REMEDIATION_COLUMNS)
 from slurm_gpu.store.spool import CLAIM, NAME, QUARANTINE, STALE_CLAIM_S, TMP, Untrusted, age_s, exists, open_dir, pid_gone, quarantine_reason, read_json, reclaim, refuse_unsafe, waiting, write_file
 
 KINDS = ("job_start", "job_end", "health", "drain")
@@ -584,6 +584,35 @@ class Store:
                                                              r["time"] - XID_SAME_S, r["time"] + XID_SAME_S)
                                     for r in rows])
         return conn.total_changes - before
+
+    # -- remediation attempts (`slurm-gpu remediate`; schema v7) --------------------------------
+    def record_remediation(self, row: Dict[str, Any]) -> int:
+        """Write one attempt (REMEDIATION_COLUMNS; missing ones NULL) in its own transaction; its id."""
+        conn = self.connect()
+        cur = conn.execute(_insert("remediations", REMEDIATION_COLUMNS),
+                           tuple(row.get(c) for c in REMEDIATION_COLUMNS))
+        return int(cur.lastrowid)
+
+    def finish_remediation(self, row_id: int, outcome: str, detail: str, now: float) -> None:
+        """The outcome of attempt row_id, once known."""
+        self.connect().execute("UPDATE remediations SET outcome = ?, detail = ?, finished = ? WHERE id = ?",
+                               (outcome, detail, now, row_id))
+
+    def remediations(self, *, node: Optional[str] = None, serial: Optional[str] = None,
+                     since: float = 0.0) -> List[Dict[str, Any]]:
+        """Attempts of a node or a GPU serial at or after since, oldest first."""
+        where, args = ["time >= ?"], [since]
+        if node is not None:
+            where.append("node = ?")
+            args.append(node)
+        if serial is not None:
+            where.append("serial = ?")
+            args.append(serial)
+        conn = self.connect()
+        cur = conn.execute("SELECT id, " + ", ".join(REMEDIATION_COLUMNS) + " FROM remediations WHERE "
+                           + " AND ".join(where) + " ORDER BY time, id", args)
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, r)) for r in cur.fetchall()]
 
     # -- reading (for the epilog) --------------------------------------------------------------
     def find_start(self, cluster: str, job_id: int, restart_count: int, node: str,

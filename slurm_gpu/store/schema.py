@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # Group-by columns of `slurm-gpu report` with a covering index (v2), and the columns the index
 # carries after the key: everything report.summary reads, so the table itself is never touched.
@@ -37,6 +37,10 @@ XID_COLUMNS = ("event_key", "time", "node", "gpu_index", "gpu_uuid", "pci_bus_id
 # the boot time is read again each run (/proc/uptime, 10 ms steps): an event the node has with the
 # same GPU bus, XID and text within this many seconds is the same event.
 XID_SAME_S = 2.0
+# v7 (`slurm-gpu remediate`, docs/remediation.md): every remediation attempt of a node, its intent
+# written before the act and its outcome after; budgets and lemons are counted from it by GPU serial.
+REMEDIATION_COLUMNS = ("time", "node", "gpu_index", "gpu_uuid", "serial", "fault_check", "fault", "action",
+                       "outcome", "detail", "drain_time", "finished")
 # Their columns at v5: a write that leaves all of them as they were (a re-run epilog whose
 # record loses to the first) is no change and does not ship the row again.
 _V5_COLUMNS = {
@@ -280,6 +284,29 @@ MIGRATIONS: List[Tuple[str, ...]] = [
         "CREATE INDEX IF NOT EXISTS xid_events_time ON xid_events (time)",
         *_outbox("gpu_inventory", "time"),
         *_outbox("xid_events", "time"),
+    ),
+    # v7: remediation attempts (docs/remediation.md).  One row per attempt and GPU (gpu_uuid ''
+    # for a node-wide step such as a reboot): outcome 'started' is the intent, written before the
+    # reset or reboot is issued; the row is updated to its outcome (resumed, failed, escalated,
+    # rma, requested, refused) once known.  Node-local: not shipped by `db push` yet.
+    (
+        """CREATE TABLE IF NOT EXISTS remediations (
+            id INTEGER PRIMARY KEY,
+            time REAL NOT NULL,
+            node TEXT NOT NULL,
+            gpu_index INTEGER,
+            gpu_uuid TEXT NOT NULL DEFAULT '',
+            serial TEXT,
+            fault_check TEXT,
+            fault TEXT,
+            action TEXT NOT NULL,
+            outcome TEXT NOT NULL,
+            detail TEXT,
+            drain_time REAL,
+            finished REAL
+        )""",
+        "CREATE INDEX IF NOT EXISTS remediations_serial ON remediations (serial, time)",
+        "CREATE INDEX IF NOT EXISTS remediations_node ON remediations (node, time)",
     ),
 ]
 

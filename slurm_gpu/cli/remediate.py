@@ -1,0 +1,45 @@
+"""`slurm-gpu remediate`: reset, reboot or RMA a node slurm-gpu drained (docs/remediation.md)."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from slurm_gpu.cli import dry_run_option, node_name_option, nvml_lib_option
+
+# Exit codes (docs/exit-codes.md): 0 resumed, healthy or nothing to do; 1 the node stays drained
+# (RMA, budget spent, manual fault, failed verification, reboot requested and under way).
+_STAYS_DRAINED = ("rma", "refused", "failed", "requested", "waiting")
+
+
+@click.command()
+@node_name_option("This node's Slurm name (default: $SLURMD_NODENAME, else the short host name).")
+@dry_run_option("Say which step would be taken; change nothing.")
+@nvml_lib_option
+@click.pass_obj
+def remediate(app, node_name, dry_run):
+    """Close the loop on this node when slurm-gpu drained it: reset, reboot or RMA.
+
+    Acts only when the drain reason is slurm-gpu's own automatic one and the node is idle (no
+    job per Slurm, no process on any GPU), under a per-node lock. The step comes from the fault
+    -> remedy map (docs/hooks.md): a reset runs remediation.reset_command, re-applies
+    persistence, accounting and clocks, then verifies (remediation.verify_passes healthchecks in
+    a row) and resumes; a failed reset or verification escalates to a reboot through Slurm
+    (`scontrol reboot ASAP nextstate=DOWN`), and a fault a reboot did not cure to an RMA drain
+    (`slurm-gpu: RMA: GPU <serial> ...`). Budgets: remediation.max_resets_per_gpu_per_day,
+    max_reboots_per_node_per_day, lemon_window_days. Every attempt is a row in the node
+    database (`slurm-gpu fleet remediation`).
+
+    \b
+    Exit codes: 0 resumed, healthy or nothing for us to do; 1 the node stays drained (RMA,
+    budget spent, failed verification, reboot requested); 2 usage/config error; 4 Slurm error.
+    """
+    from slurm_gpu.cli.admin import _backend, _log, default_checker, this_node
+    from slurm_gpu.hooks.remediate import run_on_node
+    name = this_node(node_name)
+    cfg = app.config
+    log = _log(app, "remediate")
+    outcome = run_on_node(cfg, _backend(app), name, default_checker(cfg), log=log, dry_run=dry_run)
+    log.info("remediate", node=name, action=outcome.action, outcome=outcome.outcome, message=outcome.message)
+    click.echo(outcome.message)
+    sys.exit(1 if outcome.outcome in _STAYS_DRAINED else 0)

@@ -1,0 +1,366 @@
+"""`slurm-gpu remediate`: close the loop on a node slurm-gpu drained (docs/remediation.md).
+
+Acts only on a node whose drain reason is ours (not an admin's manual one, not an RMA), only when
+it is idle (Slurm: no job on it; NVML: no process on any GPU), under a per-node lock, and writes
+its intent to the node database before each step.  The step comes from the fault -> remedy map
+(policy/remedy.py), its cost from the budgets (policy/budget.py):
+
+  reset  -> re-apply persistence, accounting, clocks -> verify (N full healthchecks in a row,
+            spaced) -> resume (our reason only).  A failed reset or verification escalates:
+  reboot -> `scontrol reboot ASAP nextstate=DOWN reason="slurm-gpu: ..."` (the site's RebootProgram;
+            never a reboot of our own); the first run after the boot verifies, then resumes.
+  rma    -> the drain stays as `slurm-gpu: RMA: GPU <serial> ...`; `fleet memory` lists the GPU.
+
+While a step is under way the reason's context is `remediate: <step>`, which healthcheck never
+resumes (slurm/reason.py auto_resumable), so only a verified node comes back.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import time as _time
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence
+
+from slurm_gpu.policy import budget as B
+from slurm_gpu.policy import remedy as R
+from slurm_gpu.policy.judge import drain_fault, failures
+from slurm_gpu.slurm import reason as _reason
+
+BUSY_STATES = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
+REBOOTING_STATES = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
+
+
+class Outcome(NamedTuple):
+    node: str
+    action: str  # none | reset | reboot | rma | manual
+    outcome: str  # resumed | requested | rma | left-alone | busy | waiting | refused | failed | healthy
+    message: str
+
+
+class Env:
+    """What one remediation run works with; everything injected (tests pass fakes at these seams)."""
+
+    def __init__(self, cfg: Any, backend: Any, store: Any, node: str, *, checker: Callable[[Any], Any],
+                 reader_factory: Optional[Callable[[], Any]] = None, run: Optional[Callable[..., Any]] = None,
+                 sleep: Callable[[float], None] = _time.sleep, now: Callable[[], float] = _time.time,
+                 log: Any = None, dry_run: bool = False):
+        self.cfg, self.backend, self.store, self.node = cfg, backend, store, node
+        self.checker, self.reader_factory = checker, reader_factory
+        self.run = run or subprocess.run
+        self.sleep, self.now, self.log, self.dry_run = sleep, now, log, dry_run
+        self.budget = B.Budget.from_config(cfg)
+
+    def get(self, key: str) -> Any:
+        return self.cfg.get("remediation", key)
+
+    def say(self, event: str, **kw: Any) -> None:
+        if self.log is not None:
+            self.log.info(event, node=self.node, **kw)
+
+
+@contextmanager
+def node_lock(path: str) -> Iterator[bool]:
+    """The per-node lock (flock, released when the process dies): yields False when another run holds it."""
+    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def remediate(env: Env) -> Outcome:
+    """One remediation run on env.node (the `remediate` command and healthcheck with remediation.enabled)."""
+    with node_lock(env.cfg.path_value("remediation", "lock_file")) as held:
+        if not held:
+            return Outcome(env.node, "none", "busy", f"{env.node}: another remediate run holds the node's lock")
+        return _remediate(env)
+
+
+def _remediate(env: Env) -> Outcome:
+    info = env.backend.node(env.node)
+    why = _not_ours(info)
+    if why:
+        return Outcome(env.node, "none", "left-alone", f"{env.node}: {why}")
+    if info.states & REBOOTING_STATES:
+        return Outcome(env.node, "reboot", "waiting", f"{env.node}: reboot under way ({info.state})")
+    busy = _slurm_busy(info)
+    if busy:
+        return Outcome(env.node, "none", "busy", f"{env.node}: {busy}; nothing done")
+    run = env.checker(info)
+    held = _gpu_processes(run)
+    if held:
+        return Outcome(env.node, "none", "busy", f"{env.node}: {held}; nothing done")
+    rebooted = _pending_reboot(env)
+    if rebooted is not None:
+        return _after_reboot(env, info, run, rebooted)
+    found = R.remedies(run, getattr(run, "snapshot", None), getattr(run, "xid_events", ()))
+    if not found:
+        return _verify_and_resume(env, info, "none", [], "no fault found now")
+    return _act(env, info, run, found)
+
+
+def _not_ours(info: Any) -> str:
+    if not (info.drained or info.down):
+        return f"not drained ({info.state}): nothing to remediate"
+    if not _reason.is_ours(info.reason):
+        return f"drained by someone else ({info.reason or 'no reason'}): left alone"
+    if _reason.is_manual(info.reason):
+        return f"drained manually through slurm-gpu ({info.reason}): left for the admin"
+    if is_rma(info.reason):
+        return f"waiting for RMA ({info.reason}): left alone"
+    return ""
+
+
+def is_rma(reason: Optional[str]) -> bool:
+    return _reason.is_ours(reason) and (reason or "").split(":", 1)[1].lstrip().startswith("RMA:")
+
+
+def _slurm_busy(info: Any) -> str:
+    if info.states & BUSY_STATES or info.gpus_allocated:
+        return f"Slurm has a job on it ({info.state}, {info.gpus_allocated} GPUs allocated)"
+    return ""
+
+
+def _gpu_processes(run: Any) -> str:
+    snap = getattr(run, "snapshot", None)
+    for g in getattr(snap, "gpus", ()):
+        procs = g.processes.get(()) if g.processes.ok else ()
+        if procs:
+            return f"GPU {g.index} has {len(procs)} process{'es' if len(procs) != 1 else ''} (pid {procs[0].pid})"
+    return ""
+
+
+def _pending_reboot(env: Env) -> Optional[Dict[str, Any]]:
+    rows = env.store.remediations(node=env.node, since=env.now() - B.DAY_S)
+    last = [r for r in rows if r["action"] == "reboot"]
+    return last[-1] if last and last[-1]["outcome"] == "requested" else None
+
+
+def _serial(run: Any, index: Optional[int]) -> str:
+    for g in getattr(getattr(run, "snapshot", None), "gpus", ()):
+        if g.index == index:
+            return str(g.serial.get("") or "")
+    return ""
+
+
+def _act(env: Env, info: Any, run: Any, found: List[R.Remedy]) -> Outcome:
+    action = R.node_action(found)
+    fault = drain_fault(failures(run))
+    if action == R.MANUAL:
+        manual = next(r for r in found if r.action == R.MANUAL)
+        return Outcome(env.node, "manual", "left-alone", f"{env.node}: {manual.check}: {manual.source}; drain left "
+                                                         f"for a human ({info.reason})")
+    gpus = [r for r in found if r.gpu_index is not None]
+    for r in gpus:
+        lemon, why = B.is_lemon(env.budget, env.store.remediations(serial=_serial(run, r.gpu_index)), env.now())
+        if lemon:
+            return _rma(env, run, r, why)
+    if action == R.RMA:
+        return _rma(env, run, next(r for r in found if r.action == R.RMA), "")
+    if action == R.RESET:
+        return _try_reset(env, info, run, [r for r in gpus if r.action == R.RESET] or gpus, fault)
+    return _reboot(env, run, found, fault)
+
+
+def _row(env: Env, run: Any, r: Optional[R.Remedy], action: str, outcome: str, detail: str = "") -> int:
+    if env.dry_run:
+        return 0
+    row = {"time": env.now(), "node": env.node, "gpu_index": None if r is None else r.gpu_index,
+           "gpu_uuid": "" if r is None else r.gpu_uuid, "serial": _serial(run, None if r is None else r.gpu_index),
+           "fault_check": None if r is None else r.check, "fault": None if r is None else r.fault,
+           "action": action, "outcome": outcome, "detail": detail, "drain_time": None}
+    return env.store.record_remediation(row)
+
+
+def _finish(env: Env, ids: Sequence[int], outcome: str, detail: str) -> None:
+    for i in ids:
+        if i:
+            env.store.finish_remediation(i, outcome, detail, env.now())
+
+
+def _redrain(env: Env, fault: str, step: str) -> str:
+    text = _reason.format_reason(fault, f"remediate: {step}")
+    if not env.dry_run:
+        env.backend.drain(env.node, text)
+    return text
+
+
+def _try_reset(env: Env, info: Any, run: Any, targets: List[R.Remedy], fault: str) -> Outcome:
+    for r in targets:
+        ok, why = B.may_reset(env.budget, env.store.remediations(serial=_serial(run, r.gpu_index)), env.now())
+        if not ok:
+            _row(env, run, r, "reset", "refused", why)
+            return _reboot(env, run, targets, fault, because=f"reset budget spent: {why}")
+    if env.dry_run:
+        return Outcome(env.node, "reset", "would-reset", f"{env.node}: would reset GPU "
+                                                         f"{','.join(str(r.gpu_index) for r in targets)}: {fault}")
+    _redrain(env, fault, "reset")
+    again = env.backend.node(env.node)  # a job Slurm placed before our drain took effect
+    if _slurm_busy(again):
+        return Outcome(env.node, "reset", "busy", f"{env.node}: {_slurm_busy(again)} after the drain; no reset")
+    ids = [_row(env, run, r, "reset", "started") for r in targets]
+    failed = _reset_gpus(env, run, targets)
+    if failed:
+        _finish(env, ids, "escalated", failed)
+        return _reboot(env, run, targets, fault, because=failed)
+    _reapply(env, run)
+    verdict = _verify(env, info)
+    if verdict:
+        _finish(env, ids, "escalated", verdict)
+        return _reboot(env, run, targets, fault, because=f"verification after the reset failed: {verdict}")
+    _finish(env, ids, "resumed", "verified")
+    return _resume(env, "reset", f"GPU {','.join(str(r.gpu_index) for r in targets)} reset and verified")
+
+
+def _command(env: Env, run: Any, index: int) -> List[str]:
+    bus = ""
+    for g in run.snapshot.gpus:
+        if g.index == index:
+            bus = str(g.pci_bus_id.get(""))
+    return [a.replace("{pci_bus_id}", bus).replace("{index}", str(index)).replace("%n", env.node)
+            for a in env.get("reset_command")]
+
+
+def _reset_gpus(env: Env, run: Any, targets: List[R.Remedy]) -> str:
+    """Run the reset command per GPU (argv, no shell, a deadline); '' when all succeeded, else why not."""
+    for r in targets:
+        argv = _command(env, run, r.gpu_index)
+        env.say("remediate-reset", gpu=r.gpu_index, command=" ".join(argv))
+        try:
+            done = env.run(argv, capture_output=True, text=True, timeout=float(env.get("reset_timeout_s")), check=False)
+        except subprocess.TimeoutExpired:
+            return f"reset of GPU {r.gpu_index} did not finish within {env.get('reset_timeout_s'):g} s"
+        except OSError as e:
+            return f"reset of GPU {r.gpu_index}: cannot run {argv[0]}: {e.strerror or e}"
+        if done.returncode != 0:
+            text = (done.stderr or done.stdout or "").strip().splitlines()
+            return f"reset of GPU {r.gpu_index} failed (exit {done.returncode}): {text[-1] if text else 'no output'}"
+    return ""
+
+
+def _reapply(env: Env, run: Any) -> None:
+    """Persistence, accounting mode and clocks, as the prolog sets them (a reset puts them back to defaults)."""
+    if env.reader_factory is None:
+        return
+    hooks = env.cfg.get("hooks", "persistence_mode"), env.cfg.get("hooks", "accounting_mode"), \
+        env.cfg.get("hooks", "reset_clocks")
+    reader = env.reader_factory()
+    try:
+        indices = [g.index for g in run.snapshot.gpus if not g.unreachable]
+        reader.prepare(indices, persistence=hooks[0], accounting=hooks[1], reset_clocks=hooks[2])
+    finally:
+        reader.close()
+
+
+def _verify(env: Env, info: Any) -> str:
+    """'' when the full healthcheck set passes verify_passes times in a row, spaced; else the first failure."""
+    passes = int(env.get("verify_passes"))
+    for n in range(passes):
+        if n:
+            env.sleep(float(env.get("verify_interval_s")))
+        found = failures(env.checker(info))
+        if found:
+            return f"pass {n + 1} of {passes}: {drain_fault(found)}"
+    return ""
+
+
+def _resume(env: Env, action: str, what: str) -> Outcome:
+    """Resume only while the reason is still ours (an admin who drained it meanwhile keeps it)."""
+    now = env.backend.node(env.node)
+    if not _reason.is_ours(now.reason) or _reason.is_manual(now.reason):
+        return Outcome(env.node, action, "left-alone", f"{env.node}: {what}; reason changed meanwhile "
+                                                       f"({now.reason or 'none'}), not resumed")
+    env.backend.resume(env.node)
+    return Outcome(env.node, action, "resumed", f"{env.node}: {what}; resumed (was: {now.reason})")
+
+
+def _verify_and_resume(env: Env, info: Any, action: str, ids: Sequence[int], what: str) -> Outcome:
+    if env.dry_run:
+        return Outcome(env.node, action, "would-verify", f"{env.node}: {what}: would verify and resume")
+    verdict = _verify(env, info)
+    if verdict:
+        _finish(env, ids, "failed", verdict)
+        return Outcome(env.node, action, "failed", f"{env.node}: {what}, but verification failed: {verdict}")
+    _finish(env, ids, "resumed", "verified")
+    return _resume(env, action, f"{what}; verified")
+
+
+def _reboot(env: Env, run: Any, found: Sequence[R.Remedy], fault: str, because: str = "") -> Outcome:
+    ok, why = B.may_reboot(env.budget, env.store.remediations(node=env.node, since=env.now() - B.DAY_S), env.now())
+    first = found[0] if found else None
+    if not ok:
+        _row(env, run, first, "reboot", "refused", why)
+        return Outcome(env.node, "reboot", "refused", f"{env.node}: needs a reboot ({because or fault}) but {why}: "
+                                                      "left drained for a human")
+    if env.dry_run:
+        return Outcome(env.node, "reboot", "would-reboot", f"{env.node}: would ask Slurm to reboot: {because or fault}")
+    row = _row(env, run, first, "reboot", "started", because)
+    text = _reason.format_reason(fault, "remediate: reboot")
+    try:
+        env.backend.reboot(env.node, text)
+    except Exception as e:  # the intent stays on record with why it did not happen
+        _finish(env, [row], "failed", f"scontrol reboot: {getattr(e, 'message', e)}")
+        raise
+    _finish(env, [row], "requested", because or fault)
+    return Outcome(env.node, "reboot", "requested", f"{env.node}: reboot requested through Slurm: {text}")
+
+
+def _after_reboot(env: Env, info: Any, run: Any, row: Dict[str, Any]) -> Outcome:
+    """The first run after the reboot Slurm did for us: verify, then resume; a fault that survived it is an RMA."""
+    if not failures(run):
+        return _verify_and_resume(env, info, "reboot", [row["id"]], "rebooted")
+    _finish(env, [row["id"]], "escalated", drain_fault(failures(run)))
+    found = R.remedies(run, run.snapshot, getattr(run, "xid_events", ()))
+    gpu = next((r for r in found if r.gpu_index is not None), found[0])
+    return _rma(env, run, gpu, "the fault survived the reboot")
+
+
+def _rma(env: Env, run: Any, r: R.Remedy, why: str) -> Outcome:
+    serial = _serial(run, r.gpu_index) or r.gpu_uuid or "?"
+    fault = r.fault + (f"; {why}" if why else "")
+    text = _reason.format_reason(f"RMA: GPU {serial} {fault}", "remediate")
+    if env.dry_run:
+        return Outcome(env.node, "rma", "would-rma", f"{env.node}: would mark for RMA: {text}")
+    _row(env, run, r, "rma", "rma", why or r.source)
+    env.backend.drain(env.node, text)
+    return Outcome(env.node, "rma", "rma", f"{env.node}: {text}")
+
+
+def run_on_node(cfg: Any, backend: Any, node: str, checker: Callable[[Any], Any], *, log: Any = None,
+                dry_run: bool = False) -> Outcome:
+    """remediate() with the node database, the NVML reader for re-applying settings, and afterwards the
+    slurm_gpu_remediation_total counters (when metrics are on; they never change the outcome)."""
+    from slurm_gpu.hooks.flows import make_reader
+    from slurm_gpu.store.node import Store
+    store = Store.from_config(cfg)
+    try:
+        env = Env(cfg, backend, store, node, checker=checker, reader_factory=lambda: make_reader(cfg), log=log,
+                  dry_run=dry_run)
+        outcome = remediate(env)
+        if not dry_run:
+            _write_counters(cfg, store, log)
+        return outcome
+    finally:
+        store.close()
+
+
+def _write_counters(cfg: Any, store: Any, log: Any) -> None:
+    directory = cfg.path_value("metrics", "textfile_dir")
+    if not directory:
+        return
+    try:
+        from slurm_gpu.metrics.hookwrite import write_remediation
+        from slurm_gpu.metrics.textfile import ensure_dir
+        ensure_dir(directory)
+        write_remediation(directory, store.connect())
+    except Exception as e:  # metrics never change what remediate did
+        if log is not None:
+            log.warning("metrics-write-failed", directory=directory, error=f"{type(e).__name__}: {e}")

@@ -1,0 +1,362 @@
+"""Issue 26: a drained GPU is reset, rebooted or sent for RMA without a human, within budgets.
+
+The simulated driver learns what a reset does through a stand-in nvidia-smi (tests/simnvml/nvidia-smi)
+that tests put first in remediation.reset_command; Slurm is an in-memory backend that keeps the
+node's state and reason as scontrol would."""
+from __future__ import annotations
+
+import os
+import pathlib
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+import simgpu
+from slurm_gpu import config
+from slurm_gpu.errors import SlurmError
+from slurm_gpu.gpu.snapshot import NodeSnapshot
+from slurm_gpu.gpu.xid import XidEvent
+from slurm_gpu.hooks import remediate as REM
+from slurm_gpu.hooks.healthcheck import node_health_cycle
+from slurm_gpu.policy import remedy as R
+from slurm_gpu.policy.judge import CheckResult
+from slurm_gpu.slurm import model as slurm
+from slurm_gpu.slurm import reason as _reason
+
+DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
+NIDX = "nvidia-smi"
+
+
+# ------------------------------------------------------------------ 1. the fault -> remedy map
+
+def _fail(check, gpu=0):
+    return CheckResult(check, "FAIL", gpu, f"GPU-{gpu}", f"GPU {gpu} {check} fault")
+
+
+@pytest.mark.parametrize("check,want", [("pending_reset", R.RESET), ("ecc_uncorrectable", R.RESET),
+                                        ("row_remap_failure", R.RMA), ("retired_pages", R.RMA),
+                                        ("responsive", R.REBOOT), ("temperature", R.MANUAL), ("pcie_link", R.MANUAL)])
+def test_remedy_map_gives_each_memory_rule_and_lost_gpu_its_step(check, want):
+    assert R.remedy_for(_fail(check)).action == want
+
+
+def test_recovery_action_and_xid_154_follow_the_driver_and_the_catalog_follows_its_bucket():
+    from slurm_gpu.gpu.snapshot import GpuSnapshot, value
+    bus = "00000000:18:00.0"
+    g = GpuSnapshot(index=0, pci_bus_id=value(bus), recovery_action=value(2))
+    snap = NodeSnapshot(hostname="gpu01", taken_at=1.0, gpus=(g,))
+    assert R.remedy_for(_fail("recovery_action"), snap).action == R.REBOOT
+    ev154 = XidEvent(1.0, (0, 0x18, 0), 154, "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)")
+    ev79 = XidEvent(1.0, (0, 0x18, 0), 79, "GPU has fallen off the bus.")
+    ev13 = XidEvent(1.0, (0, 0x18, 0), 13, "Graphics Exception")
+    assert R.remedy_for(_fail("xid"), snap, [ev154]).action == R.RESET
+    assert R.remedy_for(_fail("xid"), snap, [ev154, ev79]).action == R.REBOOT
+    assert R.remedy_for(_fail("xid"), snap, [ev13]).action == R.NONE
+
+
+def test_node_action_leaves_a_manual_fault_to_a_human_else_takes_the_strongest_step():
+    reset, rma, manual = (R.remedy_for(_fail(c)) for c in ("pending_reset", "row_remap_failure", "temperature"))
+    assert R.node_action([reset]) == R.RESET
+    assert R.node_action([reset, rma]) == R.RMA
+    assert R.node_action([reset, manual]) == R.MANUAL
+    assert R.node_action([]) == R.NONE
+
+
+def test_docs_hooks_shows_the_remedy_map_as_generated():
+    assert R.markdown_table() in (DOCS / "hooks.md").read_text(), "regenerate the table from policy/remedy.py"
+
+
+def test_healthcheck_never_resumes_a_drain_remediate_owns():
+    assert _reason.auto_resumable("slurm-gpu: GPU 0 pending row remap [prolog job 7]")
+    assert not _reason.auto_resumable("slurm-gpu: GPU 0 pending row remap [remediate: reset]")
+    assert not _reason.auto_resumable("slurm-gpu: RMA: GPU 1654 row remapping failed [remediate]")
+
+
+# ------------------------------------------------------------------ 2. what a reset does to the simulated GPU
+
+def _smi(node, bus, *extra):
+    return subprocess.run([sys.executable, str(simgpu.STAND_IN_NVIDIA_SMI), "--state", str(node.state),
+                           "--gpu-reset", "-i", bus, *extra], capture_output=True, text=True)
+
+
+def test_simulated_reset_applies_a_pending_remap_clears_volatile_ecc_and_the_recovery_action(sim_node):
+    node = sim_node(simgpu.h100_sxm(2))
+    simgpu.set_gpu(node.state, 1, remapped_pending=1, remapped_uncorrected=3, remapped_failure=0,
+                   ecc_volatile_uncorrected=2, ecc_aggregate_uncorrected=2, **{"field.230": 1})
+    bus = simgpu.read_state(node.state)["gpu.1.pci_bus_id"]
+    r = _smi(node, bus)
+    assert r.returncode == 0, r.stderr
+    s = simgpu.read_state(node.state)
+    assert (s["gpu.1.remapped_pending"], s["gpu.1.ecc_volatile_uncorrected"], s["gpu.1.field.230"]) == ("0", "0", "0")
+    assert (s["gpu.1.remapped_uncorrected"], s["gpu.1.ecc_aggregate_uncorrected"], s["gpu.1.resets"]) == ("3", "2", "1")
+    assert "gpu.0.resets" not in s
+
+
+def test_simulated_reset_keeps_a_remap_failure_and_refuses_a_gpu_in_use(sim_node):
+    node = sim_node(simgpu.h100_sxm(1))
+    simgpu.set_gpu(node.state, 0, remapped_failure=1)
+    bus = simgpu.read_state(node.state)["gpu.0.pci_bus_id"]
+    assert _smi(node, bus).returncode == 0
+    assert simgpu.read_state(node.state)["gpu.0.remapped_failure"] == "1"
+    simgpu.set_gpu(node.state, 0, procs=[(os.getpid(), 1 << 30)])
+    r = _smi(node, bus)
+    assert r.returncode == 255 and "being used by some other process" in r.stderr
+
+
+# ------------------------------------------------------------------ 3. remediate against an in-memory Slurm
+
+class MemSlurm(slurm.SlurmBackend):
+    """One node as slurmctld keeps it: state flags and reason; reboot() records the request."""
+    name = "mem"
+    timeout_s = 1.0
+
+    def __init__(self, node="gpu01", state="IDLE+DRAIN", reason="", gpus_allocated=0):
+        self.name_, self.flags, self.reason, self.gpus_allocated = node, set(slurm.split_state(state)), reason, gpus_allocated
+        self.actions = []
+
+    def node(self, name):
+        state = "+".join(sorted(self.flags))
+        return slurm.NodeInfo(name, state, frozenset(self.flags), self.reason, "root" if self.reason else "", None,
+                              "gpu:h100:2", "", 2, self.gpus_allocated)
+
+    def nodes(self, names=None):
+        return [self.node(self.name_)]
+
+    def drain(self, name, reason):
+        self.flags.add("DRAIN")
+        self.reason = reason
+        self.actions.append(("drain", reason))
+
+    def resume(self, name):
+        self.flags -= {"DRAIN", "DOWN"}
+        self.flags.add("IDLE")
+        self.reason = ""
+        self.actions.append(("resume",))
+
+    def reboot(self, name, reason):
+        self.flags |= {"DRAIN", "REBOOT_REQUESTED"}
+        self.reason = reason
+        self.actions.append(("reboot", reason))
+
+    def boot(self):
+        """What RebootProgram and slurmd's return do with nextstate=DOWN: DOWN, our reason kept."""
+        self.flags = {"DOWN", "DRAIN"} if "DRAIN" in self.flags else {"DOWN"}
+
+    def job(self, job_id):
+        raise SlurmError("no jobs here", "")
+
+
+def _node(sim_node, tmp_path, extra=""):
+    node = sim_node(simgpu.h100_sxm(2))
+    cmd = [sys.executable, str(simgpu.STAND_IN_NVIDIA_SMI), "--state", str(node.state), "--gpu-reset", "-i", "{pci_bus_id}"]
+    node.write_config("[remediation]\nreset_command = [%s]\nverify_interval_s = 0\nlock_file = \"%s\"\n%s"
+                      '[metrics]\ntextfile_dir = "%s"\n' % (", ".join(f'"{a}"' for a in cmd), tmp_path / "rem.lock",
+                                                           extra, tmp_path / "prom"))
+    os.environ["SIMNVML_STATE"] = str(node.state)
+    return node
+
+
+def _run(node, backend, **kw):
+    from slurm_gpu.cli.admin import default_checker
+    cfg = config.load(str(node.config))
+    return REM.run_on_node(cfg, backend, "gpu01", default_checker(cfg), **kw)
+
+
+def _rows(node):
+    conn = sqlite3.connect(str(node.db))
+    try:
+        return [dict(zip(("action", "outcome", "gpu_index", "serial"), r)) for r in
+                conn.execute("SELECT action, outcome, gpu_index, serial FROM remediations ORDER BY id")]
+    finally:
+        conn.close()
+
+
+PROLOG_REASON = "slurm-gpu: GPU 1 (GPU-5157…) pending row remap: needs a GPU reset [prolog job 4711]"
+
+
+def test_remediate_resets_a_pending_remap_gpu_verifies_and_resumes(sim_node, tmp_path):
+    node = _node(sim_node, tmp_path)
+    simgpu.set_gpu(node.state, 1, remapped_pending=1)
+    backend = MemSlurm(reason=PROLOG_REASON)
+    out = _run(node, backend)
+    assert (out.action, out.outcome) == ("reset", "resumed"), out
+    assert simgpu.read_state(node.state)["gpu.1.resets"] == "1" and "gpu.0.resets" not in simgpu.read_state(node.state)
+    assert backend.actions[0][0] == "drain" and backend.actions[0][1].endswith("[remediate: reset]")
+    assert backend.actions[-1] == ("resume",) and "DRAIN" not in backend.flags
+    assert _rows(node) == [{"action": "reset", "outcome": "resumed", "gpu_index": 1,
+                            "serial": simgpu.read_state(node.state)["gpu.1.serial"]}]
+    # persistence, accounting and clocks re-applied after the reset
+    fns = {a["function"] for a in simgpu.read_actions(node.state) if a["gpu"] == 1}
+    assert {"nvmlDeviceSetPersistenceMode", "nvmlDeviceSetAccountingMode"} <= fns
+    prom = (tmp_path / "prom" / "slurm_gpu_remediation.prom").read_text()
+    assert 'slurm_gpu_remediation_total{action="reset",outcome="resumed"} 1' in prom
+
+
+def test_remediate_marks_a_remap_failure_for_rma_and_leaves_it_drained(sim_node, tmp_path):
+    node = _node(sim_node, tmp_path)
+    simgpu.set_gpu(node.state, 0, remapped_failure=1)
+    backend = MemSlurm(reason="slurm-gpu: GPU 0 row remapping failed [healthcheck]")
+    out = _run(node, backend)
+    serial = simgpu.read_state(node.state)["gpu.0.serial"]
+    assert out.outcome == "rma" and backend.reason.startswith(f"slurm-gpu: RMA: GPU {serial} ")
+    assert "DRAIN" in backend.flags and "gpu.0.resets" not in simgpu.read_state(node.state)
+    assert _rows(node)[-1]["outcome"] == "rma"
+    again = _run(node, backend)  # an RMA waits for the board: never touched again
+    assert again.outcome == "left-alone" and "RMA" in again.message
+
+
+def test_reset_that_does_not_cure_escalates_to_a_reboot_through_slurm_then_verifies_after_the_boot(sim_node, tmp_path):
+    node = _node(sim_node, tmp_path)
+    simgpu.set_gpu(node.state, 1, remapped_pending=1, reset_sticky=1)
+    backend = MemSlurm(reason=PROLOG_REASON)
+    out = _run(node, backend)
+    assert (out.action, out.outcome) == ("reboot", "requested"), out
+    assert backend.actions[-1][0] == "reboot" and backend.reason.endswith("[remediate: reboot]")
+    assert [r["outcome"] for r in _rows(node)] == ["escalated", "requested"]
+    assert _run(node, backend).outcome == "waiting"  # Slurm has not rebooted it yet
+    backend.boot()
+    simgpu.set_gpu(node.state, 1, remapped_pending=0, reset_sticky=0)  # the reboot applied the remap
+    after = _run(node, backend)
+    assert (after.action, after.outcome) == ("reboot", "resumed"), after
+    assert backend.flags == {"IDLE"} and [r["outcome"] for r in _rows(node)] == ["escalated", "resumed"]
+
+
+def test_a_fault_that_survives_the_reboot_goes_to_rma(sim_node, tmp_path):
+    node = _node(sim_node, tmp_path)
+    simgpu.set_gpu(node.state, 1, remapped_pending=1, reset_sticky=1)
+    backend = MemSlurm(reason=PROLOG_REASON)
+    assert _run(node, backend).outcome == "requested"
+    backend.boot()
+    out = _run(node, backend)
+    assert out.outcome == "rma" and "RMA: GPU" in backend.reason and "survived the reboot" in backend.reason
+
+
+@pytest.mark.parametrize("reason,words", [
+    ("maintenance by alice", "someone else"),
+    ("slurm-gpu: bad cable [manual by alice]", "manually"),
+])
+def test_remediate_leaves_drains_that_are_not_its_own(sim_node, tmp_path, reason, words):
+    node = _node(sim_node, tmp_path)
+    simgpu.set_gpu(node.state, 1, remapped_pending=1)
+    backend = MemSlurm(reason=reason)
+    out = _run(node, backend)
+    assert out.outcome == "left-alone" and words in out.message and backend.actions == []
+    assert "gpu.1.resets" not in simgpu.read_state(node.state)
+
+
+def test_remediate_does_nothing_while_slurm_has_a_job_or_a_process_holds_a_gpu(sim_node, tmp_path):
+    node = _node(sim_node, tmp_path)
+    simgpu.set_gpu(node.state, 1, remapped_pending=1)
+    backend = MemSlurm(state="MIXED+DRAIN", reason=PROLOG_REASON, gpus_allocated=1)
+    assert _run(node, backend).outcome == "busy" and backend.actions == []
+    backend = MemSlurm(reason=PROLOG_REASON)
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        simgpu.set_gpu(node.state, 0, procs=[(sleeper.pid, 1 << 30)])
+        out = _run(node, backend)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert out.outcome == "busy" and "process" in out.message and backend.actions == []
+    assert "gpu.1.resets" not in simgpu.read_state(node.state)
+
+
+def test_two_remediate_runs_on_one_node_do_not_both_act(sim_node, tmp_path):
+    node = _node(sim_node, tmp_path)
+    simgpu.set_gpu(node.state, 1, remapped_pending=1)
+    backend = MemSlurm(reason=PROLOG_REASON)
+    with REM.node_lock(str(tmp_path / "rem.lock")) as held:
+        assert held
+        out = _run(node, backend)
+    assert out.outcome == "busy" and "lock" in out.message and backend.actions == []
+
+
+def test_a_job_slurm_placed_before_the_drain_took_effect_stops_the_reset(sim_node, tmp_path):
+    node = _node(sim_node, tmp_path)
+    simgpu.set_gpu(node.state, 1, remapped_pending=1)
+
+    class Racing(MemSlurm):
+        def drain(self, name, reason):
+            super().drain(name, reason)
+            self.gpus_allocated, self.flags = 1, {"MIXED", "DRAIN"}  # the job started meanwhile
+
+    backend = Racing(reason=PROLOG_REASON)
+    out = _run(node, backend)
+    assert out.outcome == "busy" and "gpu.1.resets" not in simgpu.read_state(node.state)
+
+
+def test_reset_budget_spent_escalates_to_a_reboot_and_reboot_budget_spent_leaves_it_for_a_human(sim_node, tmp_path):
+    node = _node(sim_node, tmp_path, "max_resets_per_gpu_per_day = 0\n")
+    simgpu.set_gpu(node.state, 1, remapped_pending=1)
+    backend = MemSlurm(reason=PROLOG_REASON)
+    out = _run(node, backend)
+    assert out.outcome == "requested" and "gpu.1.resets" not in simgpu.read_state(node.state)
+    backend.boot()
+    simgpu.set_gpu(node.state, 1, remapped_pending=0)
+    assert _run(node, backend).outcome == "resumed"
+    backend.drain("gpu01", PROLOG_REASON)
+    simgpu.set_gpu(node.state, 1, remapped_pending=1)
+    out = _run(node, backend)  # one reboot per node per day by default
+    assert out.outcome == "refused" and "max_reboots_per_node_per_day" in out.message
+    assert backend.actions[-1][0] == "drain"
+
+
+def test_a_gpu_that_faults_again_after_its_remedies_is_a_lemon_and_goes_to_rma(sim_node, tmp_path):
+    node = _node(sim_node, tmp_path, "lemon_remedies = 2\nmax_resets_per_gpu_per_day = 5\n")
+    backend = MemSlurm(reason=PROLOG_REASON)
+    for _ in range(2):
+        simgpu.set_gpu(node.state, 1, remapped_pending=1)
+        backend.drain("gpu01", PROLOG_REASON)
+        assert _run(node, backend).outcome == "resumed"
+    simgpu.set_gpu(node.state, 1, remapped_pending=1)
+    backend.drain("gpu01", PROLOG_REASON)
+    out = _run(node, backend)
+    assert out.outcome == "rma" and "lemon" in backend.reason
+
+
+def test_dry_run_says_the_step_and_changes_nothing(sim_node, tmp_path):
+    node = _node(sim_node, tmp_path)
+    simgpu.set_gpu(node.state, 1, remapped_pending=1)
+    backend = MemSlurm(reason=PROLOG_REASON)
+    out = _run(node, backend, dry_run=True)
+    assert out.outcome == "would-reset" and backend.actions == [] and _rows(node) == []
+
+
+def test_healthcheck_during_a_reset_does_not_resume_the_node(sim_node, tmp_path):
+    backend = MemSlurm(reason="slurm-gpu: GPU 1 pending row remap [remediate: reset]")
+    out = node_health_cycle(backend, "gpu01", lambda info: [CheckResult("pending_reset", "PASS", 1, "u", "ok")])
+    assert out.action == "kept-drained" and backend.actions == []
+
+
+def _cli(monkeypatch, node, backend, *args):
+    from click.testing import CliRunner
+    from slurm_gpu.cli import main
+    from slurm_gpu.slurm import backend as slurm_backend
+    monkeypatch.setattr(slurm_backend, "get_backend", lambda cfg: backend)
+    return CliRunner().invoke(main, ["--config", str(node.config), *args, "--node", "gpu01"])
+
+
+def test_healthcheck_with_remediation_enabled_resets_and_resumes_the_node_it_found_drained(sim_node, tmp_path,
+                                                                                         monkeypatch):
+    node = _node(sim_node, tmp_path, "enabled = true\n")
+    simgpu.set_gpu(node.state, 1, remapped_pending=1)
+    backend = MemSlurm(reason=PROLOG_REASON)
+    r = _cli(monkeypatch, node, backend, "healthcheck")
+    assert r.exit_code == 0 and "reset and verified; resumed" in r.output, r.output
+    assert backend.flags == {"IDLE"}
+
+
+def test_healthcheck_without_remediation_keeps_the_drain_and_remediate_command_acts(sim_node, tmp_path, monkeypatch):
+    node = _node(sim_node, tmp_path)
+    simgpu.set_gpu(node.state, 1, remapped_pending=1)
+    backend = MemSlurm(reason=PROLOG_REASON)
+    r = _cli(monkeypatch, node, backend, "healthcheck")
+    assert r.exit_code == 1 and "DRAIN" in backend.flags and "gpu.1.resets" not in simgpu.read_state(node.state)
+    r = _cli(monkeypatch, node, backend, "remediate")
+    assert r.exit_code == 0 and "resumed" in r.output, r.output
+
+
+def test_docs_remediation_shows_the_same_remedy_map():
+    assert R.markdown_table() in (DOCS / "remediation.md").read_text()
