@@ -178,7 +178,8 @@ def push(app, database, url, password_file, max_seconds, batch_size, status_only
     the server is down or refuses the login, push exits 5 with one line and keeps every
     record for the next run.  Prints what was shipped, what is left and the age of the
     oldest record left.  Exit 0 when everything was shipped (or only --max-seconds
-    stopped it), 5 when the server failed, 1 when it refused some records.  One push per
+    stopped it), 5 when the server failed, 1 when it refused some records, 6 when
+    it refused a batch of another node's or cluster's records (this account may not write them).  One push per
     node database runs at a time: a second one says so on stderr and exits 0.  Connecting
     and each exchange end within central.timeout_s in all, however slowly the server answers.
     """
