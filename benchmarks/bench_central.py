@@ -49,6 +49,7 @@ import mariadb as testdb  # noqa: E402  (tests/mariadb.py: the throwaway server 
 from slurm_gpu.report import query as report  # noqa: E402
 from slurm_gpu.report.central import CentralSource, translate  # noqa: E402
 from slurm_gpu.store import central as C  # noqa: E402
+from slurm_gpu.store import writers as W  # noqa: E402
 from slurm_gpu.store.node import Store  # noqa: E402
 
 YEAR_START = 1735689600  # 2025-01-01T00:00:00Z
@@ -366,6 +367,7 @@ def bench(server: BenchMariaDB, args: argparse.Namespace) -> int:
     admin_pw = server.new_user(admin, [f"GRANT ALL ON {db}.* TO '{admin}'@'%';"])
     with C.Central(C.parse_url(server.url(admin, db)), admin_pw, 60) as srv:
         before, after = srv.migrate()
+        W.register(srv, "push", [W.Writer(writer, ("pushnode",))])  # v4: the node the push phase ships
     assert (before, after) == (None, C.SCHEMA_VERSION), (before, after)
     grants = [g for g in C.grants(C.parse_url(server.url(admin, db)), writer, reporter) if g.startswith("GRANT")]
     reporter_pw = server.new_user(reporter, [g for g in grants if f"'{reporter}'" in g])

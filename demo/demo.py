@@ -196,7 +196,10 @@ def _central(bed, work: Path):
 
     bed.sql("CREATE DATABASE IF NOT EXISTS slurm_gpu CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
     admin = account("slurm_gpu_admin", ["GRANT ALL ON slurm_gpu.* TO 'slurm_gpu_admin'@'%';"])
-    cp = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "--config", str(admin), "central", "init"],
+    cp = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "--config", str(admin), "central", "init",
+                         # one account for both demo nodes (a site gives each node its own)
+                         "--cluster", "sgtest", "--writers", "*", "--group", "slurm_gpu_writer",
+                         "--password-dir", str(work / "writers")],
                         env=bed.env, capture_output=True, text=True)
     if cp.returncode != 0:
         raise RuntimeError(f"central init failed: {cp.stderr}")

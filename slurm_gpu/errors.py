@@ -81,6 +81,12 @@ class CentralError(StoreError):
     """The central SQL server is unreachable, refuses the login, or its schema is not ours/current."""
 
 
+class WriterRefused(CentralError):
+    """The server refused a batch: a row of a node or cluster the writer account may not write."""
+
+    exit_code = ExitCode.REFUSED
+
+
 class InputError(SlurmGpuError):
     """Malformed user or Slurm input (env var, snapshot file, inventory, time spec)."""
 

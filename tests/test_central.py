@@ -19,6 +19,7 @@ import mariadb as testdb
 from mariadb import MariaDB
 from testbed import unavailable
 
+from slurm_gpu.errors import ExitCode
 from slurm_gpu.store import central as C
 from slurm_gpu.store.node import Store
 
@@ -50,6 +51,7 @@ class Site:
         self.db = server.new_database()
         suffix = self.db.split("_")[-1]
         self.admin, self.writer, self.reporter = f"adm_{suffix}", f"wr_{suffix}", f"rep_{suffix}"
+        self.writer_prefix = self.writer
         self.admin_pw = server.new_user(self.admin, [f"GRANT ALL ON {self.db}.* TO '{self.admin}'@'%';"])
         self.node_db = tmp / "usage.db"
         self.store = Store(str(self.node_db), str(tmp / "spool"))
@@ -70,15 +72,28 @@ class Site:
         os.chmod(cfg, 0o644)
         return cfg
 
-    def init(self) -> subprocess.CompletedProcess:
-        r = cli("--config", str(self.config), "central", "init", "--writer", self.writer, "--reporter", self.reporter,
-                "--hosts", "%")
-        assert r.returncode == 0, r.stderr
+    def init(self, writers: str = "n1", clusters=("c",), group: str = "") -> subprocess.CompletedProcess:
+        """`central init` as the admin, with writer accounts for `writers` (one per node, or the
+        group's), then the statements it printed, run as the database admin would."""
+        self.password_dir = self.tmp / "writers"
+        for cluster in clusters:
+            r = cli("--config", str(self.config), "central", "init", "--writer", self.writer, "--reporter",
+                    self.reporter, "--hosts", "%", "--cluster", cluster, "--writers", writers,
+                    "--password-dir", str(self.password_dir), *(("--group", group) if group else ()))
+            assert r.returncode == 0, r.stderr
+            self.server.sql("\n".join(s for s in r.stdout.splitlines() if f"'{self.reporter}'" not in s), self.db)
         grants = [s for s in r.stdout.splitlines() if s.startswith("GRANT")]
-        self.writer_pw = self.server.new_user(self.writer, [g for g in grants if f"'{self.writer}'" in g])
         self.reporter_pw = self.server.new_user(self.reporter, [g for g in grants if f"'{self.reporter}'" in g])
+        self.writer, self.writer_pw = self.account(group) if group else self.writer_of("n1")
         self.writer_config = self.write_config(self.writer, self.writer_pw, name="writer.toml")
         return r
+
+    def writer_of(self, node: str):
+        """(account, password) of a node's own writer, from the password file central init wrote."""
+        return self.account(f"{self.writer_prefix}_{node}")
+
+    def account(self, name: str):
+        return name, (self.password_dir / f"{name}.password").read_text().strip()
 
     def push(self, *args: str, config: Path = None) -> subprocess.CompletedProcess:
         return cli("--config", str(config or self.writer_config), "db", "push", *args)
@@ -429,7 +444,7 @@ def pushed(server, tmp_path_factory):
     """The same records in three node files and on the server (pushed by the writer)."""
     tmp = tmp_path_factory.mktemp("equal")
     s = Site(server, tmp)
-    s.init()
+    s.init(writers="n[1-3]", clusters=("c", "d"), group=f"grp_{s.db[-8:]}")
     files = []
     for node, recs in _mixed_records().items():
         st = Store(str(tmp / f"{node}.db"), str(tmp / f"spool-{node}"))
@@ -645,3 +660,114 @@ def test_central_init_migrates_a_v2_server_in_place_keeping_its_records(site):
     assert r.returncode == 0 and "job_gpus 4" in r.stdout, r.stdout + r.stderr
     assert site.rows("SELECT job_id, row_version FROM job_gpus ORDER BY job_id, gpu_index") == [
         ["1", "1"], ["1", "1"], ["2", "1"], ["2", "1"]]
+
+
+def _forge(site, user, password, rows_by_table):
+    """What a compromised node can do with its own writer password: stage rows and CALL apply_batch."""
+    w = C.Central(C.parse_url(site.server.url(user, site.db)), password, 10)
+    try:
+        for table, rows in rows_by_table.items():
+            w.executemany(C.stage_sql(table), [("f" * 32,) + r for r in rows])
+        w.execute("CALL apply_batch(%s)", ("f" * 32,))
+        w.commit()
+    finally:
+        w.rollback()
+        w.close()
+
+
+def _forged_job(cluster, node, job_id=1):
+    job = dict(job_end(job_id, node=node, user="mallory", account="stolen")["job"], cluster=cluster)
+    return tuple(job.get(c, 0) for c in C.JOB_COLUMNS) + (99, 1.0, 0)
+
+
+def test_a_forged_batch_for_another_node_or_cluster_is_refused_and_changes_nothing(site):
+    site.init(writers="n1,n2")  # one account per node
+    site.store.write(job_end(1, node="n1"))
+    r = site.push()
+    assert r.returncode == 0, r.stdout + r.stderr
+    before = site.rows("SELECT cluster, job_id, node, user, account FROM jobs ORDER BY node")
+    n2_user, n2_pw = site.writer_of("n2")
+    for cluster, node in (("c", "n1"), ("other", "n2")):
+        with pytest.raises(C.CentralError) as e:
+            _forge(site, n2_user, n2_pw, {"jobs": [_forged_job(cluster, node)]})
+        assert f"may not write records of node {node} in cluster {cluster}" in e.value.message
+        assert e.value.exit_code == ExitCode.REFUSED
+    assert site.rows("SELECT cluster, job_id, node, user, account FROM jobs ORDER BY node") == before
+    assert site.rows("SELECT COUNT(*) FROM stage_jobs") == [["0"]]
+    _forge(site, n2_user, n2_pw, {"jobs": [_forged_job("c", "n2", 5)]})  # its own node's row applies
+    assert site.rows("SELECT node, user FROM jobs WHERE job_id = 5") == [["n2", "mallory"]]
+
+
+def test_a_push_of_another_nodes_records_is_refused_whole_and_keeps_them_unshipped(site):
+    site.init(writers="n1,n2")
+    site.store.write(job_end(1, node="n1"))
+    site.store.write(job_end(2, node="n2"))  # this node database holds a row of another node
+    site.store.close()
+    user, pw = site.writer_of("n1")
+    r = site.push(config=site.write_config(user, pw, name="n1.toml"))
+    assert r.returncode == int(ExitCode.REFUSED), r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("slurm-gpu: error: ") and lines[1].startswith("hint: "), r.stderr
+    assert f"account {user} may not write records of node n2 in cluster c" in lines[0], r.stderr
+    assert site.rows("SELECT COUNT(*) FROM jobs") == [["0"]] and site.rows("SELECT COUNT(*) FROM job_gpus") == [["0"]]
+    r = cli("--config", str(site.writer_config), "db", "push", "--status")
+    assert "waiting: 6" in r.stdout, r.stdout
+
+
+def test_central_init_migrates_a_v3_server_with_a_shared_writer_to_per_node_writers_in_place(site):
+    """v3 -> v5 (through the rollups): the records stay; the old shared writer is refused (nothing lost)
+    until it is registered."""
+    admin = C.Central(C.parse_url(site.server.url(site.admin, site.db)), site.admin_pw, 10)
+    try:
+        for stmt in C.MIGRATIONS[0] + C.MIGRATIONS[1] + C.MIGRATIONS[2]:
+            admin.execute(stmt)
+        admin.execute("INSERT INTO meta (name, value) VALUES ('schema_version', '3')")
+        admin.commit()
+    finally:
+        admin.close()
+    shared = f"sw_{site.db[-8:]}"
+    grants = [g for g in C.grants(C.parse_url(site.server.url(site.admin, site.db)), shared, site.reporter)
+              if g.startswith("GRANT") and f"'{shared}'" in g]
+    shared_pw = site.server.new_user(shared, grants)
+    shared_cfg = site.write_config(shared, shared_pw, name="shared.toml")
+    _forge(site, shared, shared_pw, {"jobs": [_forged_job("c", "n1")]})  # v3: the shared writer ships
+    r = cli("--config", str(site.config), "central", "init", "--check")
+    assert r.returncode == 1 and f"schema version 3, this slurm-gpu needs {C.SCHEMA_VERSION}" in r.stdout, r.stdout
+    r = cli("--config", str(site.config), "central", "init")
+    assert r.returncode == 0 and f"schema migrated from 3 at version {C.SCHEMA_VERSION}" in r.stderr, r.stderr
+    assert "no writer registered" in r.stderr
+    assert site.rows("SELECT job_id, node, user, row_version FROM jobs") == [["1", "n1", "mallory", "99"]]
+    site.store.write(job_end(2))
+    r = site.push(config=shared_cfg)
+    assert r.returncode == int(ExitCode.REFUSED) and f"account {shared} may not write" in r.stderr, r.stderr
+    assert site.rows("SELECT COUNT(*) FROM jobs") == [["1"]]
+    pw_dir = site.tmp / "writers"
+    args = ("--config", str(site.config), "central", "init", "--cluster", "c", "--writers", "*", "--group", shared,
+            "--password-dir", str(pw_dir))
+    r = cli(*args[:4], "--check", *args[4:])
+    assert r.returncode == 1 and "1 node(s) not registered, 1 password file(s) missing" in r.stdout, r.stdout
+    r = cli(*args)  # the shared account keeps its password: its statements are not run here
+    assert r.returncode == 0 and f"-- {shared}: c *" in r.stdout, r.stderr
+    r = site.push(config=shared_cfg)
+    assert r.returncode == 0 and "jobs 1, job_gpus 2" in r.stdout, r.stdout + r.stderr
+    assert site.rows("SELECT job_id, user FROM jobs ORDER BY job_id") == [["1", "mallory"], ["2", "u"]]
+    assert cli(*args[:4], "--check", *args[4:]).returncode == 0
+
+
+def test_central_init_writes_each_writers_password_file_once_and_prints_only_its_hash(site):
+    r = site.init(writers="n[1-2]")
+    files = sorted(site.password_dir.iterdir())
+    assert [f.name for f in files] == [f"{site.writer_prefix}_n1.password", f"{site.writer_prefix}_n2.password"]
+    for f in files:
+        st = f.stat()
+        assert (st.st_uid, st.st_mode & 0o777) == (0, 0o600)
+        password = f.read_text().strip()
+        assert password not in r.stdout + r.stderr
+        assert f"AS '{C.W.native_hash(password)}';" in r.stdout
+    again = cli("--config", str(site.config), "central", "init", "--cluster", "c", "--writers", "n[1-2]",
+                "--writer", site.writer_prefix, "--password-dir", str(site.password_dir))
+    assert again.returncode == 0 and [f.read_text() for f in files] == [f.read_text() for f in files]
+    assert [s for s in again.stdout.splitlines() if "IDENTIFIED" in s and "_n" in s] == \
+        [s for s in r.stdout.splitlines() if "IDENTIFIED" in s and "_n" in s]
+    bad = cli("--config", str(site.config), "central", "init", "--cluster", "c", "--writers", "*")
+    assert bad.returncode == 2 and "needs --group" in bad.stderr, bad.stderr

@@ -31,6 +31,7 @@ from slurm_gpu.fleet.model import Point
 from slurm_gpu.gpu import xidcatalog
 from slurm_gpu.slurm.cli_backend import node_from_fields, parse_show_line
 from slurm_gpu.store import central as C
+from slurm_gpu.store import writers as W
 
 REPO = Path(__file__).resolve().parents[1]
 DAY = 86400.0
@@ -167,6 +168,8 @@ class Server:
         grants = [g for g in C.grants(C.parse_url(m.url("fadm", self.db)), "fwr", "frep") if g.startswith("GRANT")]
         self.reporter_pw = m.new_user("frep", [g for g in grants if "'frep'" in g])
         self.writer_pw = m.new_user("fwr", [g for g in grants if "'fwr'" in g])
+        # v5: the writer ships the records of every node of cluster 'pushed' (a node group).
+        W.register(self.admin, "pushed", [W.Writer("fwr", (W.ANY_NODE,))])
 
     def connect(self, user: str, password: str) -> C.Central:
         return C.Central(C.parse_url(self.m.url(user, self.db)), password, 10, 120)
@@ -227,7 +230,8 @@ def test_central_init_migrates_a_v1_server_and_check_reports_it(mariadb, tmp_pat
     assert r.returncode == 1 and f"schema version 1, this slurm-gpu needs {C.SCHEMA_VERSION}" in r.stdout, r.stdout + r.stderr
     r = cli("--config", str(cfg), "fleet", "versions", "--no-slurm")
     assert r.returncode == 5 and "schema version 1 has no GPU inventories" in r.stderr, r.stderr
-    r = cli("--config", str(cfg), "central", "init")
+    r = cli("--config", str(cfg), "central", "init", "--cluster", "sim", "--writers", "*", "--group", "slurm_gpu_writer",
+            "--password-dir", str(tmp_path / "writers"))
     assert r.returncode == 0 and f"schema migrated from 1 at version {C.SCHEMA_VERSION}" in r.stderr, r.stderr
     assert f"GRANT INSERT ON `{db}`.`stage_gpu_inventory` TO 'slurm_gpu_writer'@'%';" in r.stdout
     assert f"GRANT INSERT ON `{db}`.`stage_xid_events` TO 'slurm_gpu_writer'@'%';" in r.stdout

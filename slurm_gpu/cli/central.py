@@ -26,36 +26,48 @@ def central():
 @_url_opt
 @_pw_opt
 @click.option("--check", "check_only", is_flag=True,
-              help="Only say whether the schema is current: exit 0 if it is, 1 if `central init` would change it.")
-@click.option("--writer", default="slurm_gpu_writer", show_default=True, metavar="USER",
-              help="Account of the nodes in the printed GRANTs.")
+              help="Only say whether the schema is current (and, with --writers, the writers registered): "
+                   "exit 0 if so, 1 if `central init` would change something.")
+@click.option("--cluster", metavar="NAME", default=None,
+              help="Slurm cluster (ClusterName) of the nodes named by --writers.")
+@click.option("--writers", metavar="HOSTLIST", default=None,
+              help="Register writer accounts for these nodes (a Slurm hostlist, e.g. 'gpu[001-128]'): "
+                   "each may ship only its own node's records. '*' with --group: every node of the cluster.")
+@click.option("--group", metavar="NAME", default="",
+              help="One writer account NAME for all nodes of --writers (default: one account per node).")
+@click.option("--writer", default="slurm_gpu_writer", show_default=True, metavar="PREFIX",
+              help="Per-node writer accounts are named PREFIX_NODE.")
+@click.option("--password-dir", metavar="DIR", default="/etc/slurm-gpu/writers", show_default=True,
+              help="Where each writer's password file ACCOUNT.password goes (mode 600; an existing one is kept).")
 @click.option("--reporter", default="slurm_gpu_reporter", show_default=True, metavar="USER",
               help="Read-only account in the printed GRANTs.")
 @click.option("--hosts", default="%", show_default=True, metavar="PATTERN",
-              help="Host pattern of both accounts in the printed GRANTs (e.g. '10.1.%').")
+              help="Host pattern of the accounts in the printed statements (e.g. '10.1.%').")
 @click.option("--rollup-tz", type=click.Choice(["utc", "local"]), default=None,
               help="Zone whose days the rollups add up (default: report.tz): 'local' is this host's zone, "
                    "for reports with --tz local on hosts in the same zone.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar of the rollups' build (default: on a terminal).")
 @click.pass_obj
-def init(app, url, password_file, check_only, writer, reporter, hosts, rollup_tz, progress):
-    """Create or migrate the central schema; print the GRANTs for the two accounts.
+def init(app, url, password_file, check_only, cluster, writers, group, writer, password_dir, reporter, hosts,
+         rollup_tz, progress):
+    """Create or migrate the central schema; register writers; print the accounts' SQL.
 
-    Run once as an account that may create tables in the database (the database
-    admin), then run the printed statements with real passwords.  The writer (all
-    nodes) can insert and update records but neither read nor delete them; the
-    reporter can only read.
+    Run as an account that may create tables in the database (the database admin),
+    then run the printed statements (`mariadb DATABASE < file`).  Each node ships
+    through its own writer account (or its group's), which may write only its own
+    node's records of its cluster: `--cluster C --writers 'gpu[001-128]'` registers
+    one account per node, writes a password file per account into --password-dir
+    (copy each to its node's central.password_file) and prints CREATE USER with the
+    password's hash, never the password.  The reporter can only read.
     """
     from slurm_gpu.store import central as C
+    from slurm_gpu.store import writers as W
+    plan = _writer_plan(W, cluster, writers, group, writer)
     with C.Central.from_config(app.config, url, password_file) as srv:
         version = srv.schema_version()
         if check_only:
-            if version == C.SCHEMA_VERSION:
-                click.echo(f"{srv.target.describe()}: schema version {version}, current")
-                return
-            have = "no slurm-gpu schema" if version is None else f"schema version {version}"
-            click.echo(f"{srv.target.describe()}: {have}, this slurm-gpu needs {C.SCHEMA_VERSION}: run `slurm-gpu central init`")
-            sys.exit(int(ExitCode.UNHEALTHY))
+            _init_check(srv, C, W, version, cluster, plan, password_dir)
+            return
         with _bar(progress, "building rollups") as bar:
             before, after = srv.migrate(rollup_tz or app.config.get("report", "tz"), bar.step)
         if before == after:
@@ -63,9 +75,55 @@ def init(app, url, password_file, check_only, writer, reporter, hosts, rollup_tz
         else:
             click.echo(f"{srv.target.describe()}: schema {'created' if before is None else f'migrated from {before}'}"
                        f" at version {after}", err=True)
-        click.echo("-- Run as the database admin, with real passwords (docs/central.md):", err=True)
-        for stmt in C.grants(srv.target, writer, reporter, hosts):
+        added = W.register(srv, cluster, plan) if plan else 0
+    click.echo("-- Run as the database admin (docs/central.md):", err=True)
+    for stmt in C.grants(srv.target, reporter=reporter, hosts=hosts):
+        click.echo(stmt)
+    for w in plan:
+        click.echo(f"-- {w.account}: {cluster} {','.join(w.nodes)}")
+        pw_hash = W.native_hash(W.password_for(password_dir, w.account))
+        for stmt in W.account_sql(srv.target.database, w.account, hosts, pw_hash, C.RECORD_TABLES):
             click.echo(stmt)
+    if plan:
+        click.echo(f"{len(plan)} writer account(s) for cluster {cluster} ({added} new node mapping(s)); their "
+                   f"passwords are in {password_dir}/ACCOUNT.password: copy each to its node's central.password_file "
+                   "and name the account in that node's central.url", err=True)
+    else:
+        click.echo("-- no writer registered: nodes ship only through accounts registered with "
+                   "`central init --cluster C --writers HOSTLIST`", err=True)
+
+
+def _writer_plan(W, cluster, writers, group, prefix):
+    """The writer accounts --writers asks for ([] without it)."""
+    if writers is None:
+        if group:
+            raise InputError("--group needs --writers", "e.g. --writers 'gpu[001-128]' --group gpu_nodes")
+        return []
+    if not cluster:
+        raise InputError("--writers needs --cluster", "the nodes' ClusterName, e.g. --cluster mycluster")
+    if writers.strip() == W.ANY_NODE:
+        nodes = [W.ANY_NODE]
+    else:
+        from slurm_gpu.slurm.hostlist import expand
+        try:
+            nodes = expand(writers)
+        except ValueError as e:
+            raise InputError(f"--writers: {e}", "a Slurm hostlist, e.g. 'gpu[001-064,066],login1'") from None
+    return W.plan(nodes, prefix, group)
+
+
+def _init_check(srv, C, W, version, cluster, plan, password_dir) -> None:
+    if version != C.SCHEMA_VERSION:
+        have = "no slurm-gpu schema" if version is None else f"schema version {version}"
+        click.echo(f"{srv.target.describe()}: {have}, this slurm-gpu needs {C.SCHEMA_VERSION}: run `slurm-gpu central init`")
+        sys.exit(int(ExitCode.UNHEALTHY))
+    missing = W.unregistered(srv, cluster, plan) if plan else []
+    no_file = [w.account for w in plan if not W.password_for(password_dir, w.account, create=False)]
+    if missing or no_file:
+        click.echo(f"{srv.target.describe()}: schema version {version}, current; {len(missing)} node(s) not registered, "
+                   f"{len(no_file)} password file(s) missing: run `slurm-gpu central init` with these --writers")
+        sys.exit(int(ExitCode.UNHEALTHY))
+    click.echo(f"{srv.target.describe()}: schema version {version}, current")
 
 
 @central.command("rollup")
@@ -184,7 +242,8 @@ def push(app, database, url, password_file, max_seconds, batch_size, status_only
     the server is down or refuses the login, push exits 5 with one line and keeps every
     record for the next run.  Prints what was shipped, what is left and the age of the
     oldest record left.  Exit 0 when everything was shipped (or only --max-seconds
-    stopped it), 5 when the server failed, 1 when it refused some records.  One push per
+    stopped it), 5 when the server failed, 1 when it refused some records, 6 when
+    it refused a batch of another node's or cluster's records (this account may not write them).  One push per
     node database runs at a time: a second one says so on stderr and exits 0.  Connecting
     and each exchange end within central.timeout_s in all, however slowly the server answers.
     """

@@ -20,6 +20,9 @@ is imported when a connection is opened, never at module import.
   newer or more complete record.
 - Schema v4 adds the report's per-day sums ("rollups"), kept by apply_batch in the same
   transaction (store/rollups.py).
+- Schema v5: one writer account per node or node group (table `writer_nodes`); apply_batch first
+  calls check_batch_owner, which refuses a batch with a row of another node or cluster
+  (store/writers.py).
 """
 from __future__ import annotations
 
@@ -31,10 +34,11 @@ import threading
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from slurm_gpu.errors import CentralError
+from slurm_gpu.errors import CentralError, WriterRefused
 from slurm_gpu.store import rollups
+from slurm_gpu.store import writers as W
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 DEFAULT_PORT = 3306
 SESSION_SQL_MODE = "ANSI_QUOTES,PIPES_AS_CONCAT,STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION"
 URL_HINT = "central.url looks like mysql://USER@HOST[:PORT]/DATABASE (password in central.password_file)"
@@ -154,6 +158,9 @@ def describe_error(e: BaseException, target: Target, password: str = "") -> Tupl
                 "run `slurm-gpu central init` as the database admin, then the GRANTs it prints")
     if code in (1142, 1143, 1227):
         return f"central server {where}: permission denied ({text})", "the account lacks a GRANT that `slurm-gpu central init` prints"
+    refused, why = W.refusal(code, text, target.user)
+    if refused:
+        return f"central server {where}: {refused}", why
     if code in (2003, 2002, 2006, 2013, 2055) or isinstance(e, (OSError, TimeoutError)):
         return (f"central server {where}: unreachable or not answering ({text})",
                 "is the server up and reachable from here? nothing was lost: records stay in the node database for the next push")
@@ -259,7 +266,8 @@ class Central:
             message = (f"central server {self.target.describe()}: not answering: no complete answer within {self._expired:g} s "
                        "(the server or the network is too slow, or this is not a MariaDB/MySQL server)")
             self._expired = 0.0
-        err = CentralError(message, hint)
+        refused = W.refusal(_code(e), str(getattr(e, "args", ("", ""))[-1]), self.target.user)[0]
+        err = (WriterRefused if refused else CentralError)(message, hint)
         err.driver_code = _code(e)  # type: ignore[attr-defined]
         return err
 
@@ -484,6 +492,8 @@ def _apply_sql(table: str, version: int = SCHEMA_VERSION) -> List[str]:
 
 
 def _procedure(tables: Sequence[str] = RECORD_TABLES, version: int = SCHEMA_VERSION, with_rollups: bool = False) -> str:
+    # v5: the owner check comes first and alone, so that what follows it can grow on its own.
+    owner = ["CALL check_batch_owner(b)"] if version >= 5 else []
     stmts = [stmt for t in tables for stmt in _apply_sql(t, version)]
     if with_rollups:
         # The rollups' block (store/rollups.py), in the same transaction: the job_gpus records'
@@ -492,14 +502,14 @@ def _procedure(tables: Sequence[str] = RECORD_TABLES, version: int = SCHEMA_VERS
         upsert = next(i for i, stmt in enumerate(stmts) if stmt.startswith("INSERT INTO job_gpus ("))
         stmts.insert(upsert, rollups.BEFORE_UPSERT)
         stmts.insert(stmts.index("DELETE FROM stage_job_gpus WHERE batch = b"), rollups.AFTER_UPSERT)
-    body = ";\n  ".join(stmts)
+    body = ";\n  ".join(owner + stmts)
     return ("CREATE OR REPLACE PROCEDURE apply_batch(IN b CHAR(32)) MODIFIES SQL DATA SQL SECURITY DEFINER\n"
             f"BEGIN\n  {body};\nEND")
 
 
 def _rollups_step(srv: "Central") -> None:
     tz, progress = getattr(srv, "migrate_options", ("utc", None))
-    rollups.migration_step(tz == "utc", _zone_name(tz), progress, [_procedure(with_rollups=True)])(srv)
+    rollups.migration_step(tz == "utc", _zone_name(tz), progress, [_procedure(RECORD_TABLES, 4, with_rollups=True)])(srv)
 
 
 def _zone_name(tz: str) -> str:
@@ -534,6 +544,11 @@ MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
     (   # v4, "rollups" (store/rollups.py): per-day sums kept by apply_batch, built from the records there.
         _rollups_step,
     ),
+    (   # v5: per-node writer accounts; apply_batch refuses a batch with another node's rows.
+        W.TABLE_DDL,
+        W.check_procedure(RECORD_TABLES),
+        _procedure(RECORD_TABLES, 5, with_rollups=True),
+    ),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
@@ -549,22 +564,22 @@ def withdraw_row(table: str, key: Sequence[Any], shipped_at: float) -> Tuple[Any
     return tuple(key) + (None,) * (len(staged_columns(table)) - KEYS[table]) + (shipped_at, 1)
 
 
-def grants(target: Target, writer: str = "slurm_gpu_writer", reporter: str = "slurm_gpu_reporter",
+def grants(target: Target, writer: Optional[str] = None, reporter: str = "slurm_gpu_reporter",
            hosts: str = "%") -> List[str]:
-    """The GRANT statements for the two accounts (run by the database admin).
+    """The reporter's statements, and a writer's (placeholder password) when one is named.
 
-    The writer (every node) may insert into the staging tables, run apply_batch and read the
-    schema version: it can neither read nor change nor delete records.  The reporter reads
-    (and makes the session's temporary calendar table of day/week/month reports)."""
+    A writer may insert into the staging tables, run apply_batch and read the schema version:
+    it can neither read nor change nor delete records, and since v4 apply_batch applies only
+    rows of the (cluster, node)s `writer_nodes` gives it (store/writers.py, which also prints
+    per-node accounts with their password hashes).  The reporter reads (and makes the session's
+    temporary calendar table of day/week/month reports)."""
     db = target.database.replace("`", "``")
-    out = [f"CREATE USER IF NOT EXISTS '{writer}'@'{hosts}' IDENTIFIED BY '<writer password>';",
-           f"CREATE USER IF NOT EXISTS '{reporter}'@'{hosts}' IDENTIFIED BY '<reporter password>';"]
-    for table in RECORD_TABLES:
-        out.append(f"GRANT INSERT ON `{db}`.`stage_{table}` TO '{writer}'@'{hosts}';")
-    out.append(f"GRANT EXECUTE ON PROCEDURE `{db}`.`apply_batch` TO '{writer}'@'{hosts}';")
-    out.append(f"GRANT SELECT ON `{db}`.`meta` TO '{writer}'@'{hosts}';")
-    # Day/week/month reports join a temporary calendar table of the session.
-    out.append(f"GRANT SELECT, SHOW VIEW, CREATE TEMPORARY TABLES ON `{db}`.* TO '{reporter}'@'{hosts}';")
+    out = [f"CREATE USER IF NOT EXISTS '{reporter}'@'{hosts}' IDENTIFIED BY '<reporter password>';",
+           # Day/week/month reports join a temporary calendar table of the session.
+           f"GRANT SELECT, SHOW VIEW, CREATE TEMPORARY TABLES ON `{db}`.* TO '{reporter}'@'{hosts}';"]
+    if writer:
+        sql = W.account_sql(target.database, writer, hosts, "<hash>", RECORD_TABLES)
+        out += [f"CREATE USER IF NOT EXISTS '{writer}'@'{hosts}' IDENTIFIED BY '<writer password>';"] + sql[2:]
     return out
 
 

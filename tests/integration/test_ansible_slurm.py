@@ -55,6 +55,8 @@ class Deployment:
         self.venv = self.prefix / "venv"
         self.config = root / "etc" / "slurm-gpu" / "config.toml"
         self.password_file = root / "etc" / "slurm-gpu" / "central.password"
+        self.credentials = root / "credentials"  # on the Ansible control machine
+        self.writers_dir = root / "etc" / "slurm-gpu" / "writers"
         self.units = root / "systemd"
         self.slurm_dir = root / "slurm"
         self.slurm_conf = self.slurm_dir / "slurm.conf"
@@ -87,10 +89,15 @@ class Deployment:
             "slurm_gpu_reconfigure_command": [],  # this slurm.conf is a copy: no live cluster to tell
             "slurm_gpu_gres_conf_replace": True,
             "slurm_gpu_gres_conf_path": str(self.gres_conf),
-            # The testbed's MariaDB; one account for everything here (a site has three).
-            "slurm_gpu_central_url": f"mysql://sgadmin@127.0.0.1:{self.bed.mariadb_port}/slurm_gpu",
-            "slurm_gpu_central_password": self.password,
+            # The testbed's MariaDB: gpu01 ships through its own writer account, whose password the
+            # role makes on the control machine; the admin account creates the schema.
+            "slurm_gpu_central_url": f"mysql://slurm_gpu_writer_gpu01@127.0.0.1:{self.bed.mariadb_port}/slurm_gpu",
+            "slurm_gpu_central_admin_url": f"mysql://sgadmin@127.0.0.1:{self.bed.mariadb_port}/slurm_gpu",
             "slurm_gpu_central_password_file": str(self.password_file),
+            "slurm_gpu_central_credentials_dir": str(self.credentials),
+            "slurm_gpu_central_cluster": "sgtest",
+            "slurm_gpu_central_writers": ["gpu01"],
+            "slurm_gpu_central_writers_dir": str(self.writers_dir),
             "slurm_gpu_controller": True,
             "slurm_gpu_central_init": True,
             "slurm_gpu_central_admin_password": self.password,
@@ -186,6 +193,11 @@ def deployment(slurm_testbed_factory, tmp_path_factory):
     t0 = time.monotonic()
     d.first = d.play(d.variables())
     d.first_s = time.monotonic() - t0
+    # What the database admin does next: run the statements `central init` printed (the role
+    # shows them), less the reporter's, which need a real password.
+    stmts = re.findall(r'"((?:CREATE USER|ALTER USER|GRANT) [^"]*)"', d.first.stdout)
+    if stmts:
+        bed.sql("\n".join(x for x in stmts if "slurm_gpu_reporter" not in x), "slurm_gpu")
     yield d
     shutil.rmtree(root, ignore_errors=True)
 
@@ -222,7 +234,13 @@ def test_first_run_installs_venv_config_directories_hooks_units_and_schema(deplo
                        (d.slurm_dir / "prolog.d" / "slurm-gpu", 0o755), (d.textfile / "gpu01", 0o755)):
         st = os.lstat(path)
         assert (st.st_uid, stat.S_IMODE(st.st_mode), stat.S_ISLNK(st.st_mode)) == (0, mode, False), path
-    assert d.password_file.read_text() == d.password + "\n"
+    # gpu01's own writer password, made once on the control machine; the controller's copy is the same.
+    secret = (d.credentials / "slurm_gpu_writer_gpu01").read_text().strip()
+    assert d.password_file.read_text() == secret + "\n" and len(secret) == 32
+    assert (d.writers_dir / "slurm_gpu_writer_gpu01.password").read_text().strip() == secret
+    assert secret not in r.stdout + r.stderr
+    assert d.bed.sql("SELECT account, cluster, node FROM writer_nodes", "slurm_gpu").split() == \
+        ["slurm_gpu_writer_gpu01", "sgtest", "gpu01"]
     # slurm-gpu reads the config the role wrote, and nothing in it is unknown.
     cfg = subprocess.run([str(d.venv / "bin" / "python"), "-I", "-c",
                           "import sys; from slurm_gpu import config; c = config.load(sys.argv[1]); "
@@ -252,9 +270,9 @@ def test_first_run_installs_venv_config_directories_hooks_units_and_schema(deplo
             for key, value in shipped[section].items():
                 if key not in ("ExecStart", "ReadWritePaths", "ConditionPathExists"):
                     assert rendered[section].get(key) == value, (name, section, key)
-    # central init created the schema (the GRANTs it printed are in the output).
+    # central init created the schema (the statements it printed are in the output).
     assert d.bed.sql("SELECT value FROM meta WHERE name = 'schema_version'", "slurm_gpu").strip()
-    assert "GRANT" in r.stdout
+    assert "GRANT" in r.stdout and "IDENTIFIED WITH mysql_native_password AS '*" in r.stdout
 
 
 def test_jobs_run_through_the_installed_hooks_and_are_recorded_and_shipped(deployment):
@@ -287,7 +305,7 @@ def test_jobs_run_through_the_installed_hooks_and_are_recorded_and_shipped(deplo
     # The push unit's own command, with its environment, ships gpu01's records to the server.
     argv, env = _unit_command(d.units / "slurm-gpu-push.service")
     push = subprocess.run(argv, env=dict(os.environ, **env), capture_output=True, text=True, timeout=120)
-    assert push.returncode == 0 and push.stdout == "" and push.stderr == "", push
+    assert push.returncode == 0 and push.stdout == "" and push.stderr == "", push  # as slurm_gpu_writer_gpu01
     shipped = d.bed.sql(f"SELECT COUNT(*) FROM job_gpus WHERE job_id = {jobs['gpu01']}", "slurm_gpu").strip()
     assert shipped == "2"
     # The exporter unit's command serves the hooks' metrics (one scrape, no server).

@@ -45,15 +45,29 @@ def test_jobs_on_both_nodes_pushed_from_each_node_report_once_from_the_server(cl
     cluster.sql(f"CREATE DATABASE {db} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
     admin = _account(cluster, tmp_path, db, "sg_admin", [f"GRANT ALL ON {db}.* TO 'sg_admin'@'%';"])
     env = dict(cluster.env)  # SLURM_CONF: push finds the cluster name there, as on a node
-    r = _cli(env, "--config", str(admin), "central", "init")
+    # One writer account per node: central init registers them, writes their password files and
+    # prints the statements, which the database admin runs.
+    pw_dir = tmp_path / "writers"
+    r = _cli(env, "--config", str(admin), "central", "init", "--cluster", "sgtest", "--writers", "gpu[01-02]",
+             "--password-dir", str(pw_dir))
     assert r.returncode == 0, r.stderr
+    cluster.sql("\n".join(s for s in r.stdout.splitlines() if "slurm_gpu_reporter" not in s), db)
     grants = [s for s in r.stdout.splitlines() if s.startswith("GRANT")]
-    writer = _account(cluster, tmp_path, db, "slurm_gpu_writer", [g for g in grants if "slurm_gpu_writer" in g])
     reporter = _account(cluster, tmp_path, db, "slurm_gpu_reporter", [g for g in grants if "slurm_gpu_reporter" in g])
+    writers = {}
     for node in ("gpu01", "gpu02"):
-        r = _cli(env, "--config", str(writer), "db", "push", "--db", str(site.db(node)))
+        cfg = tmp_path / f"{node}.toml"
+        cfg.write_text(f'[central]\nurl = "mysql://slurm_gpu_writer_{node}@127.0.0.1:{cluster.mariadb_port}/{db}"\n'
+                       f'password_file = "{pw_dir}/slurm_gpu_writer_{node}.password"\n')
+        writers[node] = cfg
+    # gpu02's account cannot ship gpu01's records: refused whole, nothing lost.
+    r = _cli(env, "--config", str(writers["gpu02"]), "db", "push", "--db", str(site.db("gpu01")))
+    assert r.returncode == 6 and "may not write records of node gpu01 in cluster sgtest" in r.stderr, r.stderr
+    assert cluster.sql("SELECT COUNT(*) FROM job_gpus", db).strip() == "0"
+    for node in ("gpu01", "gpu02"):
+        r = _cli(env, "--config", str(writers[node]), "db", "push", "--db", str(site.db(node)))
         assert r.returncode == 0 and "left 0" in r.stdout, r.stdout + r.stderr
-        r = _cli(env, "--config", str(writer), "db", "push", "--db", str(site.db(node)))
+        r = _cli(env, "--config", str(writers[node]), "db", "push", "--db", str(site.db(node)))
         assert "shipped nothing" in r.stdout, r.stdout
     r = _cli(env, "--config", str(reporter), "report", "jobs", "--db", "central", "--format", "json")
     assert r.returncode == 0, r.stderr

@@ -39,7 +39,9 @@ class Central:
         self.db = self.server.new_database("sgjobs")
         self.tmp = tmp
         self.admin = self._account("sg_admin", [f"GRANT ALL ON {self.db}.* TO 'sg_admin'@'%';"])
-        r = _cli(dict(os.environ), "--config", str(self.admin), "central", "init")
+        # One writer account for the testbed's nodes (test_central_slurm gives each node its own).
+        r = _cli(dict(os.environ), "--config", str(self.admin), "central", "init", "--cluster", "sgtest",
+                 "--writers", "*", "--group", "slurm_gpu_writer", "--password-dir", str(tmp / "writers"))
         assert r.returncode == 0, r.stderr
         grants = [s for s in r.stdout.splitlines() if s.startswith("GRANT")]
         self.writer = self._account("slurm_gpu_writer", [g for g in grants if "slurm_gpu_writer" in g])
