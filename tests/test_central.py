@@ -72,14 +72,15 @@ class Site:
         os.chmod(cfg, 0o644)
         return cfg
 
-    def init(self, writers: str = "n1", clusters=("c",), group: str = "") -> subprocess.CompletedProcess:
+    def init(self, writers: str = "n1", clusters=("c",), group: str = "", env=None,
+             extra=()) -> subprocess.CompletedProcess:
         """`central init` as the admin, with writer accounts for `writers` (one per node, or the
         group's), then the statements it printed, run as the database admin would."""
         self.password_dir = self.tmp / "writers"
         for cluster in clusters:
-            r = cli("--config", str(self.config), "central", "init", "--writer", self.writer, "--reporter",
-                    self.reporter, "--hosts", "%", "--cluster", cluster, "--writers", writers,
-                    "--password-dir", str(self.password_dir), *(("--group", group) if group else ()))
+            r = cli_env(env or {}, "--config", str(self.config), "central", "init", "--writer", self.writer,
+                        "--reporter", self.reporter, "--hosts", "%", "--cluster", cluster, "--writers", writers,
+                        "--password-dir", str(self.password_dir), *(("--group", group) if group else ()), *extra)
             assert r.returncode == 0, r.stderr
             self.server.sql("\n".join(s for s in r.stdout.splitlines() if f"'{self.reporter}'" not in s), self.db)
         grants = [s for s in r.stdout.splitlines() if s.startswith("GRANT")]

@@ -96,10 +96,7 @@ def year(server, tmp_path_factory):
     """The year in three node files and on a server whose rollups cut Berlin's days."""
     tmp = tmp_path_factory.mktemp("year")
     s = Site(server, tmp)
-    r = cli_env(BERLIN, "--config", str(s.config), "central", "init", "--rollup-tz", "local",
-                "--writer", s.writer, "--reporter", s.reporter)
-    assert r.returncode == 0, r.stderr
-    _accounts(s, r.stdout)
+    _init(s, env=BERLIN, extra=("--rollup-tz", "local"))
     first, later = _year()
     files = []
     for node in NODES:
@@ -114,11 +111,9 @@ def year(server, tmp_path_factory):
     return s, files
 
 
-def _accounts(s: Site, printed: str) -> None:
-    grants = [line for line in printed.splitlines() if line.startswith("GRANT")]
-    s.writer_pw = s.server.new_user(s.writer, [g for g in grants if f"'{s.writer}'" in g])
-    s.reporter_pw = s.server.new_user(s.reporter, [g for g in grants if f"'{s.reporter}'" in g])
-    s.writer_config = s.write_config(s.writer, s.writer_pw, name="writer.toml")
+def _init(s: Site, **kwargs) -> None:
+    """`central init` with one writer account for every node of both clusters of the year."""
+    s.init(writers="*", clusters=("c", "d"), group=f"{s.writer}_all", **kwargs)
     s.reporter_config = s.write_config(s.reporter, s.reporter_pw, name="reporter.toml")
 
 
@@ -218,7 +213,7 @@ def test_pushes_with_updates_and_withdrawals_leave_rollups_a_rebuild_finds_exact
 
 def test_a_rebuild_corrects_rollups_that_drifted_and_says_so(server, tmp_path):
     s = Site(server, tmp_path)
-    s.init()
+    _init(s)
     first, _later = _year(seed=3, n=60)
     for rec in first["n1"]:
         s.store.write(rec)
@@ -236,15 +231,14 @@ def test_a_rebuild_corrects_rollups_that_drifted_and_says_so(server, tmp_path):
 def test_migrating_a_server_with_records_builds_its_rollups(server, tmp_path):
     s = Site(server, tmp_path)
     srv = C.Central(C.parse_url(s.server.url(s.admin, s.db)), s.admin_pw, 30)
-    before = C.SCHEMA_VERSION - 1  # the schema before the rollups, as an older slurm-gpu left it
+    before = 3  # the schema before the rollups (v4), as an older slurm-gpu left it
     for v in range(before):
         for stmt in C.MIGRATIONS[v]:
             srv.execute(stmt)
     srv.execute("INSERT INTO meta VALUES ('schema_version', %s)", (str(before),))
     srv.commit()
     srv.close()
-    r = cli("--config", str(s.config), "central", "init", "--writer", s.writer, "--reporter", s.reporter)
-    _accounts(s, r.stdout)
+    _init(s)
     # Records pushed to the old schema: apply_batch without rollups.
     first, _later = _year(seed=5, n=80)
     admin = C.Central(C.parse_url(s.server.url(s.admin, s.db)), s.admin_pw, 30)
