@@ -332,6 +332,42 @@ def test_healthcheck_records_each_xid_once_however_often_it_reads_the_log(sim_no
     assert db_rows(node, "SELECT COUNT(*) FROM xid_events") == [(3,)]
 
 
+def mismatch_node(sim_node, tmp_path):
+    """A node after an unattended driver update: nvmlInit says LIB_RM_VERSION_MISMATCH, the loaded
+    kernel module says 535.104.05."""
+    node = sim_node(simgpu.h100_sxm(2))
+    version = tmp_path / "nvidia-version"
+    version.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n")
+    node.write_config(nvidia_version_file=str(version))
+    return node
+
+
+def test_healthcheck_records_a_driver_library_mismatch_once_per_episode_not_once_per_run(sim_node, tmp_path,
+                                                                                       monkeypatch):
+    """nvmlInit refused, so no inventory row was written and `fleet` could not see the node: the
+    mismatch is now a health event (one per episode: every 5-minute run must not add one), and the
+    first healthy read afterwards writes inventory rows newer than it (the node is fixed)."""
+    node = mismatch_node(sim_node, tmp_path)
+    healthcheck(node, monkeypatch)  # healthy: the node's first inventory rows
+    simgpu.set_node(node.state, init_error=simgpu.LIB_RM_VERSION_MISMATCH)
+    for _ in range(3):
+        out = healthcheck(node, monkeypatch)
+        assert (out.worst, out.action) == ("FAIL", "drained"), out.message
+    rows = db_rows(node, "SELECT check_name, status, source, node, message, time FROM health_events")
+    assert len(rows) == 1, rows
+    check, status, source, name, message, seen = rows[0]
+    assert (check, status, source, name) == ("driver_library_mismatch", "FAIL", "healthcheck", "gpu01")
+    assert "kernel module 535.104.05" in message
+    (inv_time,) = db_rows(node, "SELECT MAX(time) FROM gpu_inventory")[0]
+    assert seen > inv_time
+    simgpu.set_node(node.state, init_error=0)  # rebooted
+    healthcheck(node, monkeypatch)  # nothing changed on the GPUs, yet the rows are due: newer than the event
+    assert db_rows(node, f"SELECT COUNT(*) FROM gpu_inventory WHERE time > {seen!r}") == [(2,)]
+    simgpu.set_node(node.state, init_error=simgpu.LIB_RM_VERSION_MISMATCH)  # the same mismatch again: a new episode
+    healthcheck(node, monkeypatch)
+    assert db_rows(node, "SELECT COUNT(*) FROM health_events") == [(2,)]
+
+
 def test_a_dry_run_records_nothing(sim_node, tmp_path, monkeypatch):
     node, _ = xid_node(sim_node, tmp_path)
     healthcheck(node, monkeypatch, dry_run=True)
