@@ -27,7 +27,7 @@ from testbed import unavailable
 from slurm_gpu import config
 from slurm_gpu.fleet import capacity, memory, model, versions, xids
 from slurm_gpu.fleet import central as fc
-from slurm_gpu.fleet.model import Point
+from slurm_gpu.fleet.model import Gpu, Point
 from slurm_gpu.gpu import xidcatalog
 from slurm_gpu.slurm.cli_backend import node_from_fields, parse_show_line
 from slurm_gpu.store import central as C
@@ -553,6 +553,23 @@ def test_capacity_rows_per_partition_and_cluster_against_the_reserve():
     assert (tight[("a", "h100")]["reserve_holds"], tight[("a", "h100")]["shortfall"]) == ("no", 2)
     assert capacity.failing(list(tight.values())) and not capacity.failing(list(rows.values()))
     assert capacity.reserve_target(10, 20.0) == 2 and capacity.reserve_target(7, 20.0) == 2
+
+
+def test_a_driver_library_mismatch_is_a_failing_row_per_partition_naming_nodes_and_both_versions():
+    fleet = model.with_slurm(model.Fleet("t", [Gpu(node_name(i), f"GPU-{i}", NOW, 0, model=H100, driver_version=DRIVER)
+                                               for i in (1, 2, 150)]), slurm_nodes())
+    fleet.mismatched = {n: model.Mismatch(n, k, lib, NOW) for n, k, lib in (
+        ("gpu003", "535.104.05", DRIVER), ("gpu004", "535.104.05", DRIVER), ("gpu010", "", "550.90.07"),
+        ("gpu150", "535.104.05", DRIVER))}
+    rows = versions.versions_view(fleet, versions.Pins())
+    got = [(r["partition"], r["nodes"], r["outliers"]) for r in rows if r["status"] == versions.MISMATCH]
+    assert got == [("infer", 1, f"kernel module 535.104.05, NVML library {DRIVER}: gpu150"),
+                   ("train", 3, f"kernel module 535.104.05, NVML library {DRIVER}: gpu[003-004]; "
+                                "kernel module unknown, NVML library 550.90.07: gpu010")]
+    assert versions.failing(rows)
+    silent = fleet.never_reported()
+    assert "gpu005" in silent and not {"gpu003", "gpu010"} & set(silent)  # a mismatched node did say something
+    assert not versions.failing([r for r in rows if r["status"] != versions.MISMATCH])
 
 
 def test_a_versions_tie_is_said_and_takes_the_highest_version():

@@ -488,3 +488,37 @@ def test_push_ships_inventory_history_and_xids_once_with_nulls_kept(site, sim_no
     assert r.returncode == 0 and "gpu_inventory 1" in r.stdout, r.stdout
     assert site.rows("SELECT gpu_index, ecc_corrected_aggregate FROM gpu_inventory ORDER BY time, gpu_index") == [
         ["0", "0"], ["1", "0"], ["0", "5"]]
+
+
+@pytest.mark.central
+def test_fleet_versions_names_a_node_with_a_driver_library_mismatch_until_it_is_fixed(site, sim_node, tmp_path,
+                                                                                   monkeypatch):
+    """On a node whose driver refuses NVML no inventory row is written, so `fleet versions` saw
+    nothing wrong: the healthcheck's mismatch event, pushed, now names the node and both versions
+    (exit 1) until a healthy read writes inventory rows newer than the event."""
+    node = mismatch_node(sim_node, tmp_path)
+    site.node_db = node.db  # push this node's database
+    site.init(writers="*", group=f"grp_{site.db.split('_')[-1]}")
+    reader = ["--db", site.server.url(site.reporter, site.db),
+              "--password-file", str(site.password_file(site.reporter, site.reporter_pw))]
+
+    def versions():
+        r = site.push()
+        assert r.returncode == 0, r.stderr
+        r = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "--config", str(site.config), "fleet", "versions",
+                            *reader, "--no-slurm", "--json"], capture_output=True, text=True, timeout=120)
+        return r.returncode, [x for x in json.loads(r.stdout) if x["status"] == "driver/library mismatch"]
+
+    healthcheck(node, monkeypatch)
+    assert versions() == (0, [])
+    simgpu.set_node(node.state, init_error=simgpu.LIB_RM_VERSION_MISMATCH)
+    healthcheck(node, monkeypatch)
+    healthcheck(node, monkeypatch)
+    code, rows = versions()
+    assert code == 1
+    assert [(r["partition"], r["component"], r["nodes"], r["outliers"]) for r in rows] == [
+        ("(unknown)", "driver", 1, "kernel module 535.104.05, NVML library unknown: gpu01")]
+    assert site.rows("SELECT COUNT(*) FROM health_events WHERE check_name = 'driver_library_mismatch'") == [["1"]]
+    simgpu.set_node(node.state, init_error=0)  # rebooted
+    healthcheck(node, monkeypatch)
+    assert versions() == (0, [])
