@@ -112,12 +112,13 @@ def _load_directory(directory: str, progress: Optional[bool], now: float):
     show = sys.stderr.isatty() if progress is None else progress
     if show and paths:
         with click.progressbar(length=len(paths), label="reading inventories", file=sys.stderr) as bar:
-            gpus, marks, notes = inventory.read_directory(paths, bar.update)
+            read = inventory.read_directory(paths, bar.update)
     else:
-        gpus, marks, notes = inventory.read_directory(paths)
-    current, more = model.current(gpus, now)
-    fleet_data = model.Fleet(f"{directory} ({len(paths)} inventory files)", current, marks + more)
-    fleet_data.notes += notes
+        read = inventory.read_directory(paths)
+    current, more = model.current(read.gpus, now)
+    fleet_data = model.Fleet(f"{directory} ({len(paths)} inventory files)", current, read.marks + more,
+                             mismatched=read.mismatched)
+    fleet_data.notes += read.notes
     if not paths:
         fleet_data.notes.append(f"{directory}: no *.json inventory files")
     return fleet_data
