@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import enum
-from typing import Any
+import re
+from typing import Any, Optional, Tuple
 
 
 class ExitCode(enum.IntEnum):
@@ -61,6 +62,19 @@ class DriverLibraryMismatch(NvmlUnavailable):
                          "after a driver update the old kernel module is still loaded: drain the node, then reboot it "
                          "(or stop nvidia-persistenced/fabric manager and `rmmod nvidia_uvm nvidia_drm nvidia_modeset "
                          "nvidia && modprobe nvidia`)")
+
+
+_MISMATCH_VERSIONS = re.compile(r"driver/library version mismatch: kernel module (\S+?), NVML library (\S+?):")
+
+
+def mismatch_versions(message: str) -> Optional[Tuple[str, str]]:
+    """(kernel module, NVML library) versions out of a DriverLibraryMismatch's message (as the
+    healthcheck's health event keeps it); "" for one it called unknown; None when it is not one."""
+    m = _MISMATCH_VERSIONS.search(message or "")
+    if not m:
+        return None
+    kernel, library = m.groups()
+    return ("" if kernel == "unknown" else kernel), ("" if library == "unknown" else library)
 
 
 class NvmlWriteError(SlurmGpuError):

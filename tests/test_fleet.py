@@ -27,7 +27,7 @@ from testbed import unavailable
 from slurm_gpu import config
 from slurm_gpu.fleet import capacity, memory, model, versions, xids
 from slurm_gpu.fleet import central as fc
-from slurm_gpu.fleet.model import Point
+from slurm_gpu.fleet.model import Gpu, Point
 from slurm_gpu.gpu import xidcatalog
 from slurm_gpu.slurm.cli_backend import node_from_fields, parse_show_line
 from slurm_gpu.store import central as C
@@ -555,6 +555,23 @@ def test_capacity_rows_per_partition_and_cluster_against_the_reserve():
     assert capacity.reserve_target(10, 20.0) == 2 and capacity.reserve_target(7, 20.0) == 2
 
 
+def test_a_driver_library_mismatch_is_a_failing_row_per_partition_naming_nodes_and_both_versions():
+    fleet = model.with_slurm(model.Fleet("t", [Gpu(node_name(i), f"GPU-{i}", NOW, 0, model=H100, driver_version=DRIVER)
+                                               for i in (1, 2, 150)]), slurm_nodes())
+    fleet.mismatched = {n: model.Mismatch(n, k, lib, NOW) for n, k, lib in (
+        ("gpu003", "535.104.05", DRIVER), ("gpu004", "535.104.05", DRIVER), ("gpu010", "", "550.90.07"),
+        ("gpu150", "535.104.05", DRIVER))}
+    rows = versions.versions_view(fleet, versions.Pins())
+    got = [(r["partition"], r["nodes"], r["outliers"]) for r in rows if r["status"] == versions.MISMATCH]
+    assert got == [("infer", 1, f"kernel module 535.104.05, NVML library {DRIVER}: gpu150"),
+                   ("train", 3, f"kernel module 535.104.05, NVML library {DRIVER}: gpu[003-004]; "
+                                "kernel module unknown, NVML library 550.90.07: gpu010")]
+    assert versions.failing(rows)
+    silent = fleet.never_reported()
+    assert "gpu005" in silent and not {"gpu003", "gpu010"} & set(silent)  # a mismatched node did say something
+    assert not versions.failing([r for r in rows if r["status"] != versions.MISMATCH])
+
+
 def test_a_versions_tie_is_said_and_takes_the_highest_version():
     gpus = [model.Gpu(f"n{i}", f"G{i}", NOW, 0, model=H100, driver_version=v)
             for i, v in enumerate(["535.104.05", "550.54.15"])]
@@ -586,7 +603,7 @@ def simlib():
     return simgpu, simgpu.build()
 
 
-def _inventory_state(simlib, tmp: Path, host: str, change=None) -> Path:
+def _inventory_state(simlib, tmp: Path, host: str, change=None, exit_code: int = 0) -> Path:
     simgpu, lib = simlib
     node = simgpu.PROFILES["h100_sxm"](n=4, seed=host)
     if change:
@@ -594,13 +611,16 @@ def _inventory_state(simlib, tmp: Path, host: str, change=None) -> Path:
     state = simgpu.write_state(tmp / f"{host}.state", node)
     env = simgpu.environ(state)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    cfg = write_config(tmp, f'nvml_library = "{lib}"\n[gres]\ncpu_topology_dir = "{tmp / "no-sysfs"}"\n')
+    version = tmp / "nvidia-version"
+    version.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  535.104.05  Release Build\n")
+    cfg = write_config(tmp, f'nvml_library = "{lib}"\nnvidia_version_file = "{version}"\n'
+                            f'[gres]\ncpu_topology_dir = "{tmp / "no-sysfs"}"\n')
     out = tmp / "inv" / f"{host}.json"
     out.parent.mkdir(exist_ok=True)
     r = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "--config", str(cfg), "inventory", "--state",
                         "--hostname", host, "--output", str(out)], capture_output=True, text=True, env=env,
                        timeout=60, cwd=str(tmp))
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == exit_code, r.stderr
     return out.parent
 
 
@@ -620,6 +640,31 @@ def test_fleet_reads_what_inventory_state_writes_from_the_simulated_driver(simli
     assert r.returncode == 0, r.stderr
     assert {(x["component"], x["status"]) for x in json.loads(r.stdout)} == {
         ("driver", "consistent"), ("cuda", "consistent"), ("vbios", "consistent")}
+
+
+def test_an_inventory_written_during_a_driver_library_mismatch_fails_fleet_versions_and_gres_conf(simlib, tmp_path):
+    """nvmlInit refused (LIB_RM_VERSION_MISMATCH): `inventory` wrote no file, so the node simply
+    vanished from `fleet versions --inventory-dir` (exit 0).  Now the file says so, the command
+    still fails (exit 3, the NVML error), fleet names the node and gres-conf refuses the file."""
+    _inventory_state(simlib, tmp_path, "sim01")
+    inv = _inventory_state(simlib, tmp_path, "sim02", lambda node: node.update(init_error=18), exit_code=3)
+    doc = json.loads((inv / "sim02.json").read_text())
+    assert (doc["gpus"], doc["driver_version"]) == ([], None) and doc["collected_at"] > NOW - 60
+    assert doc["driver_library_mismatch"] == {"kernel_version": "535.104.05", "library_version": None}
+    cfg = write_config(tmp_path)
+    r = cli("--config", str(cfg), "fleet", "versions", "--inventory-dir", str(inv), "--no-slurm", "--json")
+    assert r.returncode == 1, r.stderr
+    rows = [x for x in json.loads(r.stdout) if x["status"] == "driver/library mismatch"]
+    assert [(x["nodes"], x["outliers"]) for x in rows] == [(1, "kernel module 535.104.05, NVML library unknown: sim02")]
+    assert "lists no GPUs" not in r.stderr
+    r = cli("--config", str(cfg), "gres-conf", "--inventory", str(inv))
+    assert r.returncode == 2 and "driver/library mismatch: kernel module 535.104.05" in r.stderr, r.stderr
+    assert "hint: reboot the node" in r.stderr
+    # rebooted: the next file has GPUs again, and the newest file of a host wins
+    (inv / "sim02-old.json").write_text(json.dumps(doc))
+    _inventory_state(simlib, tmp_path, "sim02")
+    r = cli("--config", str(cfg), "fleet", "versions", "--inventory-dir", str(inv), "--no-slurm", "--json")
+    assert r.returncode == 0 and "driver/library mismatch" not in r.stdout, r.stdout + r.stderr
 
 
 def test_nested_json_a_fifo_and_a_symlink_to_dev_zero_are_marks_and_the_other_nodes_are_shown(tmp_path):

@@ -332,6 +332,42 @@ def test_healthcheck_records_each_xid_once_however_often_it_reads_the_log(sim_no
     assert db_rows(node, "SELECT COUNT(*) FROM xid_events") == [(3,)]
 
 
+def mismatch_node(sim_node, tmp_path):
+    """A node after an unattended driver update: nvmlInit says LIB_RM_VERSION_MISMATCH, the loaded
+    kernel module says 535.104.05."""
+    node = sim_node(simgpu.h100_sxm(2))
+    version = tmp_path / "nvidia-version"
+    version.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n")
+    node.write_config(nvidia_version_file=str(version))
+    return node
+
+
+def test_healthcheck_records_a_driver_library_mismatch_once_per_episode_not_once_per_run(sim_node, tmp_path,
+                                                                                       monkeypatch):
+    """nvmlInit refused, so no inventory row was written and `fleet` could not see the node: the
+    mismatch is now a health event (one per episode: every 5-minute run must not add one), and the
+    first healthy read afterwards writes inventory rows newer than it (the node is fixed)."""
+    node = mismatch_node(sim_node, tmp_path)
+    healthcheck(node, monkeypatch)  # healthy: the node's first inventory rows
+    simgpu.set_node(node.state, init_error=simgpu.LIB_RM_VERSION_MISMATCH)
+    for _ in range(3):
+        out = healthcheck(node, monkeypatch)
+        assert (out.worst, out.action) == ("FAIL", "drained"), out.message
+    rows = db_rows(node, "SELECT check_name, status, source, node, message, time FROM health_events")
+    assert len(rows) == 1, rows
+    check, status, source, name, message, seen = rows[0]
+    assert (check, status, source, name) == ("driver_library_mismatch", "FAIL", "healthcheck", "gpu01")
+    assert "kernel module 535.104.05" in message
+    (inv_time,) = db_rows(node, "SELECT MAX(time) FROM gpu_inventory")[0]
+    assert seen > inv_time
+    simgpu.set_node(node.state, init_error=0)  # rebooted
+    healthcheck(node, monkeypatch)  # nothing changed on the GPUs, yet the rows are due: newer than the event
+    assert db_rows(node, f"SELECT COUNT(*) FROM gpu_inventory WHERE time > {seen!r}") == [(2,)]
+    simgpu.set_node(node.state, init_error=simgpu.LIB_RM_VERSION_MISMATCH)  # the same mismatch again: a new episode
+    healthcheck(node, monkeypatch)
+    assert db_rows(node, "SELECT COUNT(*) FROM health_events") == [(2,)]
+
+
 def test_a_dry_run_records_nothing(sim_node, tmp_path, monkeypatch):
     node, _ = xid_node(sim_node, tmp_path)
     healthcheck(node, monkeypatch, dry_run=True)
@@ -452,3 +488,37 @@ def test_push_ships_inventory_history_and_xids_once_with_nulls_kept(site, sim_no
     assert r.returncode == 0 and "gpu_inventory 1" in r.stdout, r.stdout
     assert site.rows("SELECT gpu_index, ecc_corrected_aggregate FROM gpu_inventory ORDER BY time, gpu_index") == [
         ["0", "0"], ["1", "0"], ["0", "5"]]
+
+
+@pytest.mark.central
+def test_fleet_versions_names_a_node_with_a_driver_library_mismatch_until_it_is_fixed(site, sim_node, tmp_path,
+                                                                                   monkeypatch):
+    """On a node whose driver refuses NVML no inventory row is written, so `fleet versions` saw
+    nothing wrong: the healthcheck's mismatch event, pushed, now names the node and both versions
+    (exit 1) until a healthy read writes inventory rows newer than the event."""
+    node = mismatch_node(sim_node, tmp_path)
+    site.node_db = node.db  # push this node's database
+    site.init(writers="*", group=f"grp_{site.db.split('_')[-1]}")
+    reader = ["--db", site.server.url(site.reporter, site.db),
+              "--password-file", str(site.password_file(site.reporter, site.reporter_pw))]
+
+    def versions():
+        r = site.push()
+        assert r.returncode == 0, r.stderr
+        r = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "--config", str(site.config), "fleet", "versions",
+                            *reader, "--no-slurm", "--json"], capture_output=True, text=True, timeout=120)
+        return r.returncode, [x for x in json.loads(r.stdout) if x["status"] == "driver/library mismatch"]
+
+    healthcheck(node, monkeypatch)
+    assert versions() == (0, [])
+    simgpu.set_node(node.state, init_error=simgpu.LIB_RM_VERSION_MISMATCH)
+    healthcheck(node, monkeypatch)
+    healthcheck(node, monkeypatch)
+    code, rows = versions()
+    assert code == 1
+    assert [(r["partition"], r["component"], r["nodes"], r["outliers"]) for r in rows] == [
+        ("(unknown)", "driver", 1, "kernel module 535.104.05, NVML library unknown: gpu01")]
+    assert site.rows("SELECT COUNT(*) FROM health_events WHERE check_name = 'driver_library_mismatch'") == [["1"]]
+    simgpu.set_node(node.state, init_error=0)  # rebooted
+    healthcheck(node, monkeypatch)
+    assert versions() == (0, [])

@@ -74,7 +74,8 @@ def _load(app: Any, o: Dict[str, Any], since: Optional[float], now: float, histo
     with _server(app, o) as (srv, cluster):
         gpus, marks = model.current(fc.latest(srv, cluster), now)
         hist = fc.history(srv, cluster, since if since is not None else 0.0, now) if history else None
-        return model.Fleet(srv.target.describe() + (f" (cluster {cluster})" if cluster else ""), gpus, marks, hist)
+        return model.Fleet(srv.target.describe() + (f" (cluster {cluster})" if cluster else ""), gpus, marks, hist,
+                           mismatched=fc.mismatches(srv, cluster))
 
 
 class _server:
@@ -111,12 +112,13 @@ def _load_directory(directory: str, progress: Optional[bool], now: float):
     show = sys.stderr.isatty() if progress is None else progress
     if show and paths:
         with click.progressbar(length=len(paths), label="reading inventories", file=sys.stderr) as bar:
-            gpus, marks, notes = inventory.read_directory(paths, bar.update)
+            read = inventory.read_directory(paths, bar.update)
     else:
-        gpus, marks, notes = inventory.read_directory(paths)
-    current, more = model.current(gpus, now)
-    fleet_data = model.Fleet(f"{directory} ({len(paths)} inventory files)", current, marks + more)
-    fleet_data.notes += notes
+        read = inventory.read_directory(paths)
+    current, more = model.current(read.gpus, now)
+    fleet_data = model.Fleet(f"{directory} ({len(paths)} inventory files)", current, read.marks + more,
+                             mismatched=read.mismatched)
+    fleet_data.notes += read.notes
     if not paths:
         fleet_data.notes.append(f"{directory}: no *.json inventory files")
     return fleet_data
@@ -169,9 +171,11 @@ def versions_cmd(app: Any, **o: Any) -> None:
 
     Shows each group's majority version, names every outlier node and every node whose
     GPUs disagree with each other, and every node that differs from a pinned version
-    (health.required_driver_version, fleet.expected_cuda_version, fleet.expected_vbios).
-    Exit 1 when any group is inconsistent or differs from a pinned version (for cron or CI),
-    0 when all agree.
+    (health.required_driver_version, fleet.expected_cuda_version, fleet.expected_vbios), and
+    every node whose kernel module and NVML library come from different driver versions (a
+    "driver/library mismatch" row per partition, naming both versions: reboot those nodes).
+    Exit 1 when any group is inconsistent, differs from a pinned version or has a mismatched
+    node (for cron or CI), 0 when all agree.
     """
     from slurm_gpu.fleet import model, versions
     now = time.time()

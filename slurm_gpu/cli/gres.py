@@ -83,11 +83,24 @@ def inventory_cmd(app, output: Optional[str], snapshot_path: Optional[str], node
     and build the cluster's gres.conf with `slurm-gpu gres-conf --inventory /shared/inv`.
     Holds the driver and CUDA versions, GPU names, serials and VBIOS versions, device minors,
     PCI bus ids, CPU affinity and Slurm core ids, NvLink peers and MIG devices with their
-    nvidia-caps minors; no readings and no timestamps unless --state.
+    nvidia-caps minors; no readings and no timestamps unless --state.  When the driver refuses
+    NVML with a driver/library mismatch, the file is still written (no GPUs, both versions,
+    for `slurm-gpu fleet versions`) and the command fails with exit 3.
     """
+    import time
+
+    from slurm_gpu import config as config_mod
+    from slurm_gpu.errors import DriverLibraryMismatch
     from slurm_gpu.gres import inventory
 
-    inv = _local_inventory(app.config, snapshot_path, node_name, state)
+    try:
+        inv = _local_inventory(app.config, snapshot_path, node_name, state)
+    except DriverLibraryMismatch as e:
+        # Still say so in the file (`slurm-gpu fleet` reads it), then fail as any NVML error does.
+        host = node_name or config_mod.node_name()
+        _write(output, inventory.dumps(inventory.mismatch_inventory(host, e.kernel_version, e.library_version,
+                                                                    time.time())))
+        raise
     _write(output, inventory.dumps(inv))
 
 

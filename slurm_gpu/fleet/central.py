@@ -1,4 +1,5 @@
-"""Fleet data from the central server: gpu_inventory (latest and history) and xid_events.
+"""Fleet data from the central server: gpu_inventory (latest and history), xid_events, and the
+nodes whose latest driver/library mismatch event (health_events) is newer than their inventory.
 
 One consistent snapshot (REPEATABLE READ, START TRANSACTION WITH CONSISTENT SNAPSHOT) for all
 queries of a view, as `report --db` does, while nodes push.  Schema v2 or later is needed.
@@ -7,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from slurm_gpu.errors import CentralError, InputError
-from slurm_gpu.fleet.model import COUNTERS, Gpu, Point
+from slurm_gpu.errors import CentralError, InputError, mismatch_versions
+from slurm_gpu.fleet.model import COUNTERS, Gpu, Mismatch, Point
 from slurm_gpu.store.central import Central
+from slurm_gpu.store.node import MISMATCH_CHECK
 
 FLEET_SCHEMA = 2
 _GPU_COLUMNS = ("node", "gpu_uuid", "time", "gpu_index", "serial", "model", "vbios", "driver_version",
@@ -81,3 +83,16 @@ def xid_events(central: Central, cluster: str, since: Optional[float], until: fl
            + (" AND time >= %s" if since is not None else "") + " ORDER BY time, node")
     params: Tuple[Any, ...] = (cluster, until) + ((since,) if since is not None else ())
     return [dict(zip(cols, row)) for row in central.execute(sql, params)]
+
+
+def mismatches(central: Central, cluster: str) -> Dict[str, Mismatch]:
+    """Nodes in the driver/library mismatch state: their latest mismatch event is newer than
+    their latest gpu_inventory row (a node fixed since has written rows after it)."""
+    sql = ("SELECT e.node, e.time, e.message FROM health_events e WHERE e.cluster = %s AND e.withdrawn = 0 "
+           "AND e.check_name = %s AND e.time > COALESCE((SELECT MAX(g.time) FROM gpu_inventory g "
+           "WHERE g.cluster = e.cluster AND g.node = e.node AND g.withdrawn = 0), -1) ORDER BY e.node, e.time")
+    out: Dict[str, Mismatch] = {}
+    for node, t, message in central.execute(sql, (cluster, MISMATCH_CHECK)):
+        kernel, library = mismatch_versions(str(message)) or ("", "")
+        out[str(node)] = Mismatch(str(node), kernel, library, float(t))  # ordered by time: the latest wins
+    return out

@@ -52,6 +52,15 @@ class Mark(NamedTuple):
     gpu_uuid: str = ""
 
 
+class Mismatch(NamedTuple):
+    """A node whose driver refused NVML (nvmlInit: LIB_RM_VERSION_MISMATCH) when it last said anything."""
+
+    node: str
+    kernel_version: str  # the loaded kernel module's; "" when unknown
+    library_version: str  # the NVML library's; "" when unknown
+    time: Optional[float]  # when it was seen (unix seconds)
+
+
 class Point(NamedTuple):
     """One observation of a GPU's correctable ECC counters (growth rates)."""
 
@@ -73,9 +82,10 @@ class Fleet:
     slurm_gpu_nodes: Optional[List[str]] = None  # nodes with GPUs in Slurm; None: not read
     slurm_problem: str = ""
     notes: List[str] = field(default_factory=list)
+    mismatched: Dict[str, Mismatch] = field(default_factory=dict)  # node -> its driver/library mismatch, now
 
     def reported_nodes(self) -> List[str]:
-        return sorted({g.node for g in self.gpus}, key=hostlist.sort_key)
+        return sorted({g.node for g in self.gpus} | set(self.mismatched), key=hostlist.sort_key)
 
     def never_reported(self) -> List[str]:
         """Nodes with GPUs in Slurm that the source has nothing about."""

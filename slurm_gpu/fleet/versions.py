@@ -6,6 +6,9 @@ majority is the value most nodes report (a tie goes to the highest version and i
 other node is an outlier, named with its value.  A pinned version (health.required_driver_version,
 fleet.expected_cuda_version, fleet.expected_vbios[model]) names every node that differs from it.
 Unknown values (v1 inventories, a driver that does not say) are listed, never guessed.
+A node whose driver refuses NVML (kernel module and library from different driver versions,
+nvmlInit: LIB_RM_VERSION_MISMATCH) gets a "driver/library mismatch" row per partition, naming
+both versions: every CUDA job fails there until the node is rebooted.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ COLUMNS = ("partition", "model", "component", "nodes", "majority", "majority_nod
            "outliers", "off_pin", "gpus_disagree", "unknown")
 CONSISTENT, INCONSISTENT, OFF_PIN, NO_DATA, NEVER = ("consistent", "inconsistent", "differs from pinned",
                                                      "unknown", "never reported")
+MISMATCH = "driver/library mismatch"
 
 
 class Pins:
@@ -113,9 +117,23 @@ def versions_view(fleet: Fleet, pins: Pins) -> List[Dict[str, Any]]:
         rows.append(dict(partition=part, model=UNKNOWN, component="-", nodes=len(nodes), majority=None,
                          majority_nodes=0, pinned=None, status=NEVER, outliers=None, off_pin=None,
                          gpus_disagree=None, unknown=names(nodes)))
-    return rows
+    return rows + mismatch_rows(fleet)
+
+
+def mismatch_rows(fleet: Fleet) -> List[Dict[str, Any]]:
+    """One row per partition with nodes in the driver/library mismatch state; `outliers` names
+    them by their versions ('kernel module 535.104.05, NVML library 550.54.15: gpu[003-004]')."""
+    by_part: Dict[str, Dict[str, str]] = {}
+    for node, m in fleet.mismatched.items():
+        said = f"kernel module {m.kernel_version or 'unknown'}, NVML library {m.library_version or 'unknown'}"
+        for part in fleet.partitions_of(node):
+            by_part.setdefault(part, {})[node] = said
+    return [dict(partition=part, model=UNKNOWN, component="driver", nodes=len(nodes), majority=None, majority_nodes=0,
+                 pinned=None, status=MISMATCH, outliers=_by_value(nodes), off_pin=None, gpus_disagree=None, unknown=None)
+            for part, nodes in sorted(by_part.items())]
 
 
 def failing(rows: Sequence[Mapping[str, Any]]) -> bool:
-    """Exit 1: a group is inconsistent or differs from a pinned version."""
-    return any(INCONSISTENT in r["status"] or OFF_PIN in r["status"] for r in rows)
+    """Exit 1: a group is inconsistent or differs from a pinned version, or a node's driver and
+    library disagree."""
+    return any(INCONSISTENT in r["status"] or OFF_PIN in r["status"] or r["status"] == MISMATCH for r in rows)

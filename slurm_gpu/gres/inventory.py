@@ -23,6 +23,16 @@ still read)::
                "state": {"mig_mode": 0, "ecc_corrected_volatile": 0, ..., "remap_hist_none": 0,
                          "sram_corrected": 0, "sram_uncorrected": 0}}]}  # --state only
 
+On a node whose driver refuses NVML with a driver/library mismatch (nvmlInit:
+LIB_RM_VERSION_MISMATCH, a driver update without a reboot), `slurm-gpu inventory` still writes
+the file, with no GPUs, the time and both versions (null where unknown), then fails::
+
+    {"format": "slurm-gpu-inventory/2", "hostname": "gpu001", "driver_version": null,
+     "cuda_version": null, "collected_at": 1718000000.0, "gpus": [],
+     "driver_library_mismatch": {"kernel_version": "535.104.05", "library_version": "550.54.15"}}
+
+`slurm-gpu fleet` lists such a node; `gres-conf` refuses it (it has no GPUs to describe).
+
 Versions, serial and VBIOS are always written, null where the driver does not report them.
 The keys of ``state`` are the gpu_inventory columns from ``mig_mode`` to ``sram_uncorrected``
 (store/schema.py INVENTORY_STATE); a null counter was unsupported or unreadable, never 0.
@@ -185,6 +195,8 @@ class Inventory:
     cuda_version: Optional[str] = None  # "12.4"
     collected_at: Optional[float] = None  # unix time the state was read (--state); None without state
     format: str = _field(default=FORMAT, compare=False)  # of the file it was read from
+    # (kernel module, NVML library) versions, "" where unknown, when nvmlInit refused with a mismatch
+    driver_library_mismatch: Optional[Tuple[str, str]] = None
 
     def devices(self) -> Tuple[InvGpu, ...]:
         """GPUs in Slurm's device order: sorted by PCI bus id (gres.conf Links= positions)."""
@@ -358,7 +370,15 @@ def to_json(inv: Inventory) -> Dict[str, Any]:
     if inv.collected_at is not None:
         out["collected_at"] = inv.collected_at
     out["gpus"] = [_gpu_to_json(g) for g in inv.gpus]
+    if inv.driver_library_mismatch is not None:
+        kernel, library = inv.driver_library_mismatch
+        out["driver_library_mismatch"] = {"kernel_version": kernel or None, "library_version": library or None}
     return out
+
+
+def mismatch_inventory(hostname: str, kernel_version: str, library_version: str, now: float) -> Inventory:
+    """The inventory of a node whose driver refused NVML with a driver/library mismatch."""
+    return Inventory(hostname, (), "", None, None, now, driver_library_mismatch=(kernel_version, library_version))
 
 
 def _gpu_to_json(g: InvGpu) -> Dict[str, Any]:
@@ -440,7 +460,16 @@ def from_json(d: Any, source: str = "<inventory>") -> Inventory:
     return Inventory(host, tuple(sorted(gpus, key=lambda g: g.index)), source,
                      r.optional(d, "driver_version", "driver_version", str),
                      r.optional(d, "cuda_version", "cuda_version", str),
-                     None if collected is None else float(collected), d["format"])
+                     None if collected is None else float(collected), d["format"], _mismatch_from_json(r, d))
+
+
+def _mismatch_from_json(r: _Reader, d: Mapping[str, Any]) -> Optional[Tuple[str, str]]:
+    m = r.optional(d, "driver_library_mismatch", "driver_library_mismatch", dict)
+    if m is None:
+        return None
+    f = "driver_library_mismatch."
+    return (r.optional(m, "kernel_version", f + "kernel_version", str) or "",
+            r.optional(m, "library_version", f + "library_version", str) or "")
 
 
 def _gpu_from_json(r: _Reader, g: Any, f: str) -> InvGpu:
@@ -577,6 +606,12 @@ def load_all(args: Sequence[str]) -> List[Inventory]:
     invs = [load(p) for p in inventory_paths(args)]
     seen: Dict[str, str] = {}
     for inv in invs:
+        if inv.driver_library_mismatch is not None:
+            kernel, library = inv.driver_library_mismatch
+            raise InventoryError(f"inventory {inv.source} (node {inv.hostname}): written while the driver refused NVML "
+                                 f"(driver/library mismatch: kernel module {kernel or 'unknown'}, NVML library "
+                                 f"{library or 'unknown'}): it lists no GPUs for gres.conf",
+                                 "reboot the node (or reload the nvidia module), then write its inventory again")
         if inv.hostname in seen:
             raise InventoryError(f"node {inv.hostname} appears in two inventories: {seen[inv.hostname]} and {inv.source}",
                                  "keep one inventory per node")

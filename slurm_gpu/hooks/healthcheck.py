@@ -50,7 +50,8 @@ def node_health_cycle(
     node's metrics are written afterwards: the drain state always, and the GPUs' state and check
     statuses when the checker returned a hooks.flows.CheckRun (results with their snapshot).
     A dry run, a timeout or an error writes none.  With ``store_cfg`` (the Config), a CheckRun
-    of every GPU goes into the node database (record_observations), drain or Slurm error alike.
+    of every GPU goes into the node database (record_observations), drain or Slurm error alike,
+    and so does a driver/library mismatch (record_mismatch: `fleet versions` names the node).
     """
     kept: List[Any] = []
     refused: List[DriverLibraryMismatch] = []  # nvmlInit's mismatch, for its metric
@@ -72,6 +73,8 @@ def node_health_cycle(
         # A check that overran may still be running: what it read is not this run's.
         if store_cfg is not None and not dry_run and kept and getattr(outcome, "action", "") != "timeout":
             record_observations(store_cfg, kept[0], node_name)
+        if store_cfg is not None and not dry_run and refused:
+            record_mismatch(store_cfg, refused[0], node_name)
     if metrics_cfg is not None and not dry_run:
         write_metrics(metrics_cfg, kept[0] if kept else None, outcome, mismatch=refused[0] if refused else None)
     return outcome
@@ -213,15 +216,45 @@ def record_observations(cfg: Any, run: Any, node: str) -> None:
         _not_recorded(cfg, node, e)
 
 
-def _not_recorded(cfg: Any, node: str, e: Exception) -> None:
+def mismatch_event(e: DriverLibraryMismatch, node: str, now: float, since: Any) -> dict:
+    """The health event of nvmlInit's LIB_RM_VERSION_MISMATCH: one per episode, not one per run.
+    Its key holds both versions and the time of the node's newest inventory row (`since`): the
+    same mismatch seen again keeps its first time; after a healthy read (a new inventory row)
+    it is a new event.  The message names both versions (errors.mismatch_versions reads them)."""
+    from slurm_gpu.store.node import MISMATCH_CHECK
+    return dict(time=now, node=node, source="healthcheck", job_id=None, gpu_index=None, gpu_uuid=None,
+                check_name=MISMATCH_CHECK, status="FAIL", message=e.message,
+                key=f"{e.kernel_version}|{e.library_version}|after {since!r}")
+
+
+def record_mismatch(cfg: Any, e: DriverLibraryMismatch, node: str) -> None:
+    """The mismatch as a health event in the node database (`db push` ships it; `fleet versions`
+    lists the node while the event is newer than its inventory).  Never raises."""
+    try:
+        from slurm_gpu.store.node import Store
+        store = Store(cfg.path_value("store", "database"), cfg.path_value("store", "spool_dir"),
+                      min(cfg.get("store", "busy_timeout_s"), 2.0))
+        try:
+            try:
+                since = store.latest_inventory_time(node)
+            except Exception:  # unreadable: the event is still written (spooled if need be)
+                since = "unknown"
+            store.write({"kind": "health", "events": [mismatch_event(e, node, _time.time(), since)]})
+        finally:
+            store.close()
+    except Exception as err:
+        _not_recorded(cfg, node, err, "mismatch-not-recorded")
+
+
+def _not_recorded(cfg: Any, node: str, e: Exception, event: str = "inventory-not-recorded") -> None:
     from slurm_gpu.store.node import describe_error
     error = describe_error(e)
     hint = "the next healthcheck tries again; `slurm-gpu db check` looks at the database"
     try:
         from slurm_gpu.hooks.log import HookLog
-        HookLog.from_config("healthcheck", cfg).error("inventory-not-recorded", node=node, error=error, hint=hint)
+        HookLog.from_config("healthcheck", cfg).error(event, node=node, error=error, hint=hint)
     except Exception:  # the log itself is broken: stderr, which slurmd keeps
-        sys.stderr.write(f"slurm-gpu healthcheck inventory-not-recorded node={node} error={error!r}\n")
+        sys.stderr.write(f"slurm-gpu healthcheck {event} node={node} error={error!r}\n")
 
 
 # What the node's drain state is after each action, for slurm_gpu_node_drained (metrics/node.py).

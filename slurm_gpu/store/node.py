@@ -44,6 +44,8 @@ from slurm_gpu.store.spool import CLAIM, NAME, QUARANTINE, STALE_CLAIM_S, TMP, U
 
 KINDS = ("job_start", "job_end", "health", "drain")
 START_RECORDS_KEPT_S = 7 * 86400
+# healthcheck's event for nvmlInit's LIB_RM_VERSION_MISMATCH (hooks/healthcheck.record_mismatch)
+MISMATCH_CHECK = "driver_library_mismatch"
 
 _JOB_COLUMNS = ("cluster", "job_id", "restart_count", "node", "user", "uid", "account", "partition", "gpu_count",
                 "start_time", "end_time", "exit_code")
@@ -556,7 +558,9 @@ class Store:
     # -- the fleet's history (healthcheck; schema v6) ------------------------------------------
     def record_inventory(self, rows: Sequence[Dict[str, Any]], every_s: float, now: float) -> int:
         """Add the gpu_inventory rows (store/observations.inventory_rows) whose GPU's latest row
-        differs in any column but the time, or is at least `every_s` old; returns how many.
+        differs in any column but the time, or is at least `every_s` old, or is older than the
+        node's latest driver_library_mismatch event (the first read after it: `fleet` compares the
+        two); returns how many.
 
         One read of the latest rows of the node(s), one transaction for what is new.  Raises
         sqlite3.Error or StoreError: the caller (healthcheck) says so and goes on."""
@@ -564,9 +568,13 @@ class Store:
             return 0
         conn = self.connect()
         latest: Dict[Tuple[str, str], Dict[str, Any]] = {}
+        mismatch_at: Dict[str, float] = {}
         for node in sorted({r["node"] for r in rows}):
-            latest.update(_latest_inventory(conn, node))
-        due = [r for r in rows if _inventory_due(latest.get((r["node"], r["gpu_uuid"])), r, every_s, now)]
+            mine = _latest_inventory(conn, node)
+            latest.update(mine)
+            mismatch_at[node] = _latest_mismatch(conn, node, min((r["time"] or 0.0 for r in mine.values()), default=None))
+        due = [r for r in rows if _inventory_due(latest.get((r["node"], r["gpu_uuid"])), r, every_s, now,
+                                                 mismatch_at[r["node"]])]
         if due:
             _write_all(conn, _insert("gpu_inventory", INVENTORY_COLUMNS), [_row(r, INVENTORY_COLUMNS) for r in due])
         return len(due)
@@ -584,6 +592,11 @@ class Store:
                                                              r["time"] - XID_SAME_S, r["time"] + XID_SAME_S)
                                     for r in rows])
         return conn.total_changes - before
+
+    def latest_inventory_time(self, node: str) -> Optional[float]:
+        """When the node's newest gpu_inventory row was read; None when it has none."""
+        (t,) = self.connect().execute("SELECT MAX(time) FROM gpu_inventory WHERE node = ?", (node,)).fetchone()
+        return None if t is None else float(t)
 
     # -- remediation attempts (`slurm-gpu remediate`; schema v7) --------------------------------
     def record_remediation(self, row: Dict[str, Any]) -> int:
@@ -699,8 +712,22 @@ def _latest_inventory(conn: sqlite3.Connection, node: str) -> Dict[Tuple[str, st
     return out
 
 
-def _inventory_due(last: Optional[Dict[str, Any]], row: Dict[str, Any], every_s: float, now: float) -> bool:
-    if last is None or now - (last["time"] or 0.0) >= every_s:
+def _latest_mismatch(conn: sqlite3.Connection, node: str, after: Optional[float]) -> float:
+    """When the node's latest driver/library mismatch event after `after` (the oldest of its GPUs'
+    latest rows: only a newer event makes a row due) was recorded; 0.0: none.  The time index
+    keeps this to the recent events (a full scan of 100,000 events took 22 ms)."""
+    if after is None:
+        return 0.0
+    (t,) = conn.execute("SELECT MAX(time) FROM health_events WHERE time > ? AND node = ? AND check_name = ?",
+                        (after, node, MISMATCH_CHECK)).fetchone()
+    return float(t or 0.0)
+
+
+def _inventory_due(last: Optional[Dict[str, Any]], row: Dict[str, Any], every_s: float, now: float,
+                   mismatch_at: float = 0.0) -> bool:
+    """A GPU's row is due when it changed, is every_s old, or is older than the node's latest
+    driver/library mismatch: `fleet` takes the newer of the two as the node's state."""
+    if last is None or now - (last["time"] or 0.0) >= every_s or (last["time"] or 0.0) < mismatch_at:
         return True
     return any(_value(row.get(c)) != last[c] for c in INVENTORY_COLUMNS if c != "time")
 
@@ -815,9 +842,13 @@ def _is_lock(e: BaseException) -> bool:
 
 
 def _event_key(rec: Dict[str, Any], e: Dict[str, Any]) -> str:
-    """A job's event is the same event in a re-run of its hook; any other is the same only at the same time."""
+    """A job's event is the same event in a re-run of its hook; an event with its own "key" (a state
+    that lasts, such as a driver/library mismatch seen every healthcheck) is the same whenever it is
+    seen again with that key (the first time is kept); any other is the same only at the same time."""
     job = rec.get("job") if isinstance(rec.get("job"), dict) else rec
     where = e.get("gpu_uuid") or e.get("gpu_index")
+    if e.get("key"):
+        return f"key|{e.get('node')}|{e.get('source')}|{e.get('check_name')}|{e['key']}"
     if e.get("job_id") is not None and job.get("cluster") is not None and job.get("restart_count") is not None:
         return (f"job|{job['cluster']}|{e['job_id']}|{job['restart_count']}|{e.get('node')}|{e.get('source')}|"
                 f"{where}|{e.get('check_name')}|{e.get('status')}")
