@@ -469,7 +469,7 @@ def _run_health(app, node_name: Optional[str], *, allow_resume: bool, dry_run: b
     try:
         outcome = node_health_cycle(backend, name, checker or default_checker(cfg), allow_resume=allow_resume,
                                     dry_run=dry_run, deadline_s=deadline_s,
-                                    context=reason_context, metrics_cfg=cfg, store_cfg=cfg)
+                                    context=reason_context, metrics_cfg=cfg, store_cfg=cfg, breaker_cfg=cfg)
     except SlurmGpuError as e:
         log.error("slurm-error", node=name, error=e.message)
         if getattr(e, "drain_reason", None):
