@@ -148,9 +148,9 @@ def _verdict(node_name: str, info: Any, results: List[Any], err: Any, summarise:
 
 
 def failing_check(results: Any) -> str:
-    """The check a FAIL drains for (the first FAIL's); 'responsive' when the driver answered nothing."""
+    """The check a FAIL drains for (the first FAIL's); 'nvml' when NVML could not start (no results)."""
     fails = [r for r in results if getattr(r, "status", "") == "FAIL"]
-    return str(getattr(fails[0], "check", "") or "") if fails else "responsive"
+    return str(getattr(fails[0], "check", "") or "") if fails else "nvml"
 
 
 def _drain_unhealthy(backend: SlurmBackend, info: Any, node_name: str, fault: str, context: str,

@@ -26,8 +26,9 @@ from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 from slurm_gpu.slurm.reason import is_ours, reason_check
 
-# Checks whose FAIL in the prolog always gates the job (issue 26 item 5): the GPU itself is broken.
-HARDWARE = frozenset({"ecc_uncorrectable", "row_remap_failure", "responsive", "gpu_count", "recovery_action"})
+# Checks whose FAIL in the prolog always gates the job (issue 26 item 5): the GPU itself is broken,
+# or (nvml: NVML cannot start, e.g. a driver/library mismatch) the driver cannot serve it at all.
+HARDWARE = frozenset({"ecc_uncorrectable", "row_remap_failure", "responsive", "gpu_count", "recovery_action", "nvml"})
 REBOOT = "reboot"  # the "check" of remediate's reboot requests: at most the share of a partition rebooting at once
 ANY = "*"  # a reset of every check (`slurm-gpu breaker reset` without --check)
 
