@@ -188,6 +188,18 @@ def test_healthcheck_on_three_of_four_nodes_failing_one_check_drains_only_the_co
     assert _breaker_metric(tmp_path) == {"xid": 1.0, "temperature": 0.0}
 
 
+def test_driver_rollout_that_breaks_nvml_on_many_nodes_drains_only_the_share(tmp_path):
+    from slurm_gpu.errors import DriverLibraryMismatch
+
+    def mismatch(info):
+        raise DriverLibraryMismatch("550.54.15", "560.35.03")
+    cfg = _cfg(tmp_path, pct=25.0)
+    cluster = MemCluster(["gpu01", "gpu02", "gpu03", "gpu04"])
+    outs = [node_health_cycle(cluster, n, mismatch, breaker_cfg=cfg).action for n in ("gpu01", "gpu02", "gpu03")]
+    assert outs == ["drained", "breaker-open", "breaker-open"]
+    assert reason_check(cluster.node("gpu01").reason) == "nvml" and _breaker_metric(tmp_path) == {"nvml": 1.0}
+
+
 def test_breaker_reset_lets_the_next_drain_for_the_check_go(tmp_path):
     cfg = _cfg(tmp_path, pct=25.0)
     cluster = MemCluster(["gpu01", "gpu02", "gpu03", "gpu04"])
