@@ -27,7 +27,7 @@ from slurm_gpu.slurm.jobenv import from_env
 from slurm_gpu.slurm.reason import format_reason, reason_check, reason_context
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_hooks import deps_for, job_env  # noqa: E402
+from test_hooks import deps_for, job_env, rows  # noqa: E402
 
 
 class MemCluster(slurm.SlurmBackend):
@@ -275,6 +275,7 @@ def test_epilog_keeps_the_node_in_service_and_exits_0_while_the_breaker_is_open(
     assert hooks.epilog(from_env(job_env(gpus="0,1,2")), deps) == 0  # no "Epilog error" drain by Slurm either
     assert deps.slurm.drained() == [] and "breaker-open" in node.log_text()
     assert _breaker_metric(tmp_path) == {"gpu_count": 1.0}
+    assert rows(node.db, "SELECT source, ok, outcome FROM drains") == [{"source": "epilog", "ok": 0, "outcome": "breaker"}]
 
 
 def test_epilog_drains_once_the_storm_is_past_the_window(sim_node, tmp_path):

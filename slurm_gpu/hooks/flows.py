@@ -525,7 +525,7 @@ def _prolog(job: JobEnv, deps: HookDeps, seen: Any) -> int:
     t = deps.started if deps.started is not None else deps.now()
     gmap, snap, results = _job_gpu_snapshot(deps, job, seen)
     _log_results(log, job, results)
-    if health.worst(results) == health.FAIL and not _gate_suspended(deps, job, results):
+    if health.worst(results) == health.FAIL and (gmap is None or not _gate_suspended(deps, job, results)):
         _drain(deps, job, "prolog", health.drain_fault(results), seen, _fault_check(results))
         _write(deps, {"kind": "health", "events": _results_events(results, job.node, "prolog", job.job_id, t)}, job)
         _housekeeping(deps, job, "prolog")
