@@ -220,6 +220,10 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "lemon_remedies": Key(int, 3, "Remedies (resets and reboots that were verified) within lemon_window_days after which the next fault of the GPU is an RMA.", _rng(1, 100)),
         "lock_file": Key(str, "/run/slurm-gpu/remediate-%n.lock", "Per-node lock held while `remediate` acts (%n: node name): a second run on the node finds it held and leaves."),
     },
+    "breaker": {
+        "max_drained_pct": Key(float, 10.0, "Circuit breaker (docs/remediation.md): the prolog (except its hardware gate), epilog, healthcheck and `remediate` stop draining a node for a check (and `remediate` stops asking for reboots) once this share of the node's partition is drained by slurm-gpu for that check within window_s; one node per partition and window may always go; 100: off. Why 10: independent GPU faults hit well under 1 % of nodes a day (Llama 3: about 8 interruptions a day on 2,048 nodes), so 10 % failing one check within the window is a common cause (driver rollout, kernel-log storm, our bug), and it is about the spare capacity sites keep (NCSA Delta: 5-20 %).", _rng(1, 100)),
+        "window_s": Key(float, 3600.0, "Seconds a drain for a check counts against the breaker (by Slurm's ReasonTime). Why an hour: a rollout or a log storm reaches many nodes within minutes, and a window much longer than the time an admin needs to look would keep a real second fault waiting; past it at most max_drained_pct more nodes per window may go.", _rng(60, 7 * 86400)),
+    },
     "fleet": {
         "reserve_pct": Key(float, 20.0, "`fleet capacity`: share of each partition's GPUs (per GPU model) that should stay healthy and idle to absorb failures; the reserve holds when at least ceil(total x reserve_pct / 100) GPUs are idle and not drained or down.", _rng(0, 100)),
         "expected_cuda_version": Key(str, "", "`fleet versions`: CUDA version (as the driver reports it, e.g. '12.4') every node must show; a prefix ending in '.' matches a branch; empty: not pinned. The driver is pinned by health.required_driver_version."),

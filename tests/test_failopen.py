@@ -346,7 +346,7 @@ def test_healthcheck_drains_while_the_config_is_unusable_and_resumes_once_fixed(
     assert "invalid TOML" in err and "OFF" in err
     ((what, name, reason),) = backend.actions
     assert (what, name) == ("drain", "gpu01")
-    assert reason.startswith("slurm-gpu: config ") and "gating off" in reason and reason.endswith("[healthcheck]")
+    assert reason.startswith("slurm-gpu: config ") and "gating off" in reason and reason.endswith("[healthcheck; check config]")
     # Fixed: the next healthcheck finds its own drain and lifts it.
     node.config.write_text(good)
     monkeypatch.setenv("SIMNVML_STATE", str(node.state))

@@ -41,6 +41,9 @@ class RecordingSlurm:
             raise SlurmError("slurmctld not reachable: Unable to contact slurm controller", "scontrol ping")
         self.drains.append((node, reason))
 
+    def nodes(self, names=None):
+        return [self.node(n) for n in (names or ["gpu01"])]
+
 
 def job_env(job_id=4711, gpus="0,1", node="gpu01", restart=0, **extra):
     env = {"SLURM_JOB_ID": str(job_id), "SLURM_JOB_GPUS": gpus, "SLURMD_NODENAME": node,
@@ -93,7 +96,7 @@ def test_prolog_drains_on_uncorrectable_ecc_naming_gpu_and_job(sim_node):
     (n, reason), = deps.slurm.drains
     assert n == "gpu01"
     assert reason.startswith("slurm-gpu: GPU 1 (GPU-") and "uncorrectable ECC errors: 2" in reason
-    assert reason.endswith("[prolog job 4711]")
+    assert reason.endswith("[prolog job 4711; check ecc_uncorrectable]")
     assert rows(node.db, "SELECT reason, ok FROM drains") == [{"reason": reason, "ok": 1}]
     assert rows(node.db, "SELECT check_name, status FROM health_events") == [
         {"check_name": "ecc_uncorrectable", "status": "FAIL"}]
@@ -207,7 +210,7 @@ def test_epilog_drains_when_a_process_survives_kill(sim_node):
     deps = deps_for(node, owns=lambda pid, job: True)  # as if the job's own process
     assert hooks.epilog(from_env(env), deps) == 0
     (n, reason), = deps.slurm.drains
-    assert "survived SIGKILL" in reason and "pid 2 " in reason and reason.endswith("[epilog job 4711]")
+    assert "survived SIGKILL" in reason and "pid 2 " in reason and reason.endswith("[epilog job 4711; check leftover_processes]")
     assert rows(node.db, "SELECT count(*) AS n FROM job_gpus")[0]["n"] == 1  # still recorded
 
 

@@ -425,6 +425,7 @@ EXPECTED_ALERTS = sorted([
     ("SlurmGpuCheckFailed", "gpu02", "1", "pending_reset"),
     ("SlurmGpuCheckFailed", "gpu02", "", "xid"),
     ("SlurmGpuNodeDrained", "gpu02", "", ""),
+    ("SlurmGpuBreakerOpen", "", "", "xid"),  # max by (cluster, check): no instance
     ("SlurmGpuXidHardware", "gpu02", "1", "48"),
     ("SlurmGpuEccUncorrectable", "gpu02", "1", ""),
     ("SlurmGpuRowRemapFailure", "gpu02", "1", ""),

@@ -213,7 +213,7 @@ def test_reset_that_does_not_cure_escalates_to_a_reboot_through_slurm_then_verif
     backend = MemSlurm(reason=PROLOG_REASON)
     out = _run(node, backend)
     assert (out.action, out.outcome) == ("reboot", "requested"), out
-    assert backend.actions[-1][0] == "reboot" and backend.reason.endswith("[remediate: reboot]")
+    assert backend.actions[-1][0] == "reboot" and backend.reason.endswith("[remediate: reboot; check reboot]")
     assert [r["outcome"] for r in _rows(node)] == ["escalated", "requested"]
     assert _run(node, backend).outcome == "waiting"  # Slurm has not rebooted it yet
     backend.boot()

@@ -499,7 +499,7 @@ HEALTHY = [R("PASS"), R("WARN", "persistence mode off", "persistence_mode")]
 def test_healthcheck_drains_a_healthy_looking_node_on_fail():
     b = MemBackend(gpu01=node())
     out = node_health_cycle(b, "gpu01", lambda info: FAIL)
-    assert b.actions == [("drain", "gpu01", "slurm-gpu: GPU 2 (GPU-ab12) uncorrectable ECC errors: 2 [healthcheck]")]
+    assert b.actions == [("drain", "gpu01", "slurm-gpu: GPU 2 (GPU-ab12) uncorrectable ECC errors: 2 [healthcheck; check ecc_uncorrectable]")]
     assert out.action == "drained" and out.exit_code == ExitCode.UNHEALTHY
 
 

@@ -469,7 +469,8 @@ def _run_health(app, node_name: Optional[str], *, allow_resume: bool, dry_run: b
     try:
         outcome = node_health_cycle(backend, name, checker or default_checker(cfg), allow_resume=allow_resume,
                                     dry_run=dry_run, deadline_s=deadline_s,
-                                    context=reason_context, metrics_cfg=cfg, store_cfg=cfg)
+                                    context=reason_context, metrics_cfg=cfg, store_cfg=cfg,
+                                    breaker_cfg=cfg if context == "healthcheck" else None)
     except SlurmGpuError as e:
         log.error("slurm-error", node=name, error=e.message)
         if getattr(e, "drain_reason", None):
@@ -547,8 +548,10 @@ def _say_health(outcome: Any, log: Any, name: str) -> None:
 def healthcheck(app, node_name, dry_run, deadline_s):
     """Check this node's GPUs and drain/resume it in Slurm: the HealthCheckProgram mode.
 
-    On a FAIL the node is drained with 'slurm-gpu: <fault> [healthcheck]' unless it is already
-    drained (whoever drained it: an admin's reason is never overwritten). When the GPUs are
+    On a FAIL the node is drained with 'slurm-gpu: <fault> [healthcheck; check <check>]' unless
+    it is already drained (whoever drained it: an admin's reason is never overwritten) or the
+    circuit breaker is open for the check: breaker.max_drained_pct of the node's partition
+    drained for it within breaker.window_s (`slurm-gpu breaker`). When the GPUs are
     healthy again and the drain is slurm-gpu's own automatic one (healthcheck, prolog,
     epilog), the node is resumed. Drains by anyone else, and manual `slurm-gpu drain`s, are
     never touched. If the check does not finish in time nothing is changed.
@@ -557,8 +560,8 @@ def healthcheck(app, node_name, dry_run, deadline_s):
     (docs/admin-guide.md).
 
     \b
-    Exit codes: 0 healthy (WARN allowed; resumed if it was our drain), 1 FAIL (drained now
-    or already drained) or the check overran --deadline, 2 usage/config error,
+    Exit codes: 0 healthy (WARN allowed; resumed if it was our drain), 1 FAIL (drained now,
+    already drained or held by the breaker) or the check overran --deadline, 2 usage/config error,
     4 Slurm error (slurmctld unreachable, node unknown to Slurm).
     """
     _run_health(app, node_name, allow_resume=True, dry_run=dry_run, deadline_s=deadline_s)

@@ -9,7 +9,7 @@ from slurm_gpu.cli import dry_run_option, node_name_option, nvml_lib_option
 
 # Exit codes (docs/exit-codes.md): 0 resumed, healthy or nothing to do; 1 the node stays drained
 # (RMA, budget spent, manual fault, failed verification, reboot requested and under way).
-_STAYS_DRAINED = ("rma", "refused", "failed", "requested", "waiting")
+_STAYS_DRAINED = ("rma", "refused", "breaker-open", "failed", "requested", "waiting")
 
 
 @click.command()
@@ -27,7 +27,8 @@ def remediate(app, node_name, dry_run):
     a row) and resumes; a failed reset or verification escalates to a reboot through Slurm
     (`scontrol reboot ASAP nextstate=DOWN`), and a fault a reboot did not cure to an RMA drain
     (`slurm-gpu: RMA: GPU <serial> ...`). Budgets: remediation.max_resets_per_gpu_per_day,
-    max_reboots_per_node_per_day, lemon_window_days. Every attempt is a row in the node
+    max_reboots_per_node_per_day, lemon_window_days; no reboot while the circuit breaker is open
+    for reboots (`slurm-gpu breaker`). Every attempt is a row in the node
     database (`slurm-gpu fleet remediation`).
 
     \b

@@ -281,15 +281,18 @@ def _results_events(results: Sequence[CheckResult], node: str, source: str, job_
             for r in results if r.status in (health.WARN, health.FAIL)]
 
 
-def _drain_node(deps: HookDeps, job: JobEnv, source: str, fault: str) -> Tuple[bool, Dict[str, Any]]:
-    """Drain this node with our reason.  Returns (the node is drained now, the drain record).
+def _drain_node(deps: HookDeps, job: JobEnv, source: str, fault: str, check: str = "",
+                breaker: bool = False) -> Tuple[bool, Dict[str, Any]]:
+    """Drain this node with our reason (naming the check).  Returns (the hook may exit 0: the node
+    is drained now, or the circuit breaker keeps it in service), the drain record).
 
     The record says what really happened (docs/hooks.md, drains table): `drained` (ok=1);
     `kept` when the node was already drained and Slurm kept that reason (ok=0, kept_reason);
-    `failed` when slurmctld could not be reached; `off` with hooks.drain_on_fault = false."""
+    `breaker` when the circuit breaker, asked first (breaker=True: the epilog), was open for the
+    check (ok=0); `failed` when slurmctld could not be reached; `off` with hooks.drain_on_fault = false."""
     from slurm_gpu.policy.drain import KEEP, decide_drain
     from slurm_gpu.slurm.reason import format_reason
-    reason = format_reason(fault, f"{source} job {job.job_id}")
+    reason = format_reason(fault, f"{source} job {job.job_id}", check=check)
     drained, outcome, kept = False, "off", None
     if deps.cfg.get("hooks", "drain_on_fault"):
         try:
@@ -301,6 +304,8 @@ def _drain_node(deps: HookDeps, job: JobEnv, source: str, fault: str) -> Tuple[b
                 deps.log.warning("already-drained", job=job.job_id, node=job.node, reason=reason,
                                  existing=info.reason)
                 outcome, kept = "kept", info.reason or ""
+            elif breaker and _breaker_open(deps, job, check):
+                outcome = "breaker"
             else:
                 backend.drain(job.node, decision.reason)
                 deps.log.warning("drain", job=job.job_id, node=job.node, reason=reason)
@@ -317,10 +322,18 @@ def _drain_node(deps: HookDeps, job: JobEnv, source: str, fault: str) -> Tuple[b
     return drained, record
 
 
-def _drain(deps: HookDeps, job: JobEnv, source: str, fault: str, seen: Any = None, check: str = "") -> bool:
-    """Drain this node with our reason; record it.  Returns True when the node is drained now.
+def _breaker_open(deps: HookDeps, job: JobEnv, check: str) -> bool:
+    """Ask the circuit breaker (hooks/breaker.py) before a drain for `check`; True: do not drain."""
+    from slurm_gpu.hooks.breaker import ask
+    return ask(deps.cfg, deps.backend(), job.node, check, deps.now(), deps.log, job=job.job_id).open
+
+
+def _drain(deps: HookDeps, job: JobEnv, source: str, fault: str, seen: Any = None, check: str = "",
+           breaker: bool = False) -> bool:
+    """Drain this node with our reason; record it.  Returns True when the node is drained now (or
+    the breaker, asked when breaker=True, keeps it in service).
     seen (metrics' Observed, when metrics are on) learns the drain state and the check."""
-    drained, record = _drain_node(deps, job, source, fault)
+    drained, record = _drain_node(deps, job, source, fault, check, breaker)
     _write(deps, record, job)
     _seen_drain(seen, record, check)
     return drained
@@ -512,7 +525,7 @@ def _prolog(job: JobEnv, deps: HookDeps, seen: Any) -> int:
     t = deps.started if deps.started is not None else deps.now()
     gmap, snap, results = _job_gpu_snapshot(deps, job, seen)
     _log_results(log, job, results)
-    if health.worst(results) == health.FAIL:
+    if health.worst(results) == health.FAIL and (gmap is None or not _gate_suspended(deps, job, results)):
         _drain(deps, job, "prolog", health.drain_fault(results), seen, _fault_check(results))
         _write(deps, {"kind": "health", "events": _results_events(results, job.node, "prolog", job.job_id, t)}, job)
         _housekeeping(deps, job, "prolog")
@@ -541,6 +554,25 @@ def _prolog(job: JobEnv, deps: HookDeps, seen: Any) -> int:
     _housekeeping(deps, job, "prolog")
     _seen_start(seen, deps, gmap, snap, prepared)
     return PROLOG_OK
+
+
+def _gate_suspended(deps: HookDeps, job: JobEnv, results: Sequence[CheckResult]) -> bool:
+    """A FAIL of only non-hardware checks while the circuit breaker is open for each of them: the job
+    starts and the node stays in service (logged).  A hardware fault of the job's GPUs (policy/breaker.py
+    HARDWARE) always gates: a job never starts on a broken GPU."""
+    from slurm_gpu.policy.breaker import gate_suspended
+    checks = [r.check for r in health.failures(results)]
+    if not deps.cfg.get("hooks", "drain_on_fault") or not gate_suspended(checks):
+        return False
+    from slurm_gpu.hooks.breaker import ask_all
+    try:
+        backend = deps.backend()
+    except SlurmGpuError:
+        return False
+    why = ask_all(deps.cfg, backend, job.node, checks, deps.now(), deps.log, job=job.job_id)
+    if why:
+        deps.log.warning("gate-suspended", job=job.job_id, node=job.node, fault=health.drain_fault(results), message=why)
+    return bool(why)
 
 
 def _start_row(job: JobEnv, g: GpuSnapshot, jg: JobGpu, uuid: str, t: float) -> Dict[str, Any]:
@@ -792,7 +824,7 @@ def _epilog(job: JobEnv, deps: HookDeps, seen: Any) -> int:
     except MissingGpu as e:
         deps.log.error("check", job=job.job_id, node=job.node, check="gpu_count", status=health.FAIL, message=e.message)
         _seen_check(seen, None, [CheckResult("gpu_count", health.FAIL, None, "", e.message, e.hint)], ())
-        return 0 if _drain(deps, job, "epilog", e.message, seen, "gpu_count") else 1
+        return 0 if _drain(deps, job, "epilog", e.message, seen, "gpu_count", breaker=True) else 1
     # The job's own processes go; everyone else's stay and are judged.
     survivors, killed = _kill_leftovers(deps, job, gmap)
     acct = _read_accounting(deps, job, gmap)
@@ -801,9 +833,10 @@ def _epilog(job: JobEnv, deps: HookDeps, seen: Any) -> int:
     # Judge and drain before anything is stored: a GPU fault reaches Slurm whatever the storage does.
     fault = _epilog_fault(results, survivors, snap)
     _log_results(deps.log, job, results)
-    drained, drain_record = _drain_node(deps, job, "epilog", fault) if fault else (True, None)
+    check = "leftover_processes" if survivors else _fault_check(results)
+    drained, drain_record = _drain_node(deps, job, "epilog", fault, check, breaker=True) if fault else (True, None)
     _seen_check(seen, snap, results, events)
-    _seen_drain(seen, drain_record, "leftover_processes" if survivors else _fault_check(results))
+    _seen_drain(seen, drain_record, check)
     rows = _usage_rows(deps, job, gmap, snap, events, acct, end)
     results.extend(_stuck_clocks(deps, job, snap, rows))  # a health event, never a drain
     _record_usage(deps, job, rows, _results_events(results, job.node, "epilog", job.job_id, end), end)

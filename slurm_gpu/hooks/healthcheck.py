@@ -17,7 +17,9 @@ class HealthOutcome(NamedTuple):
 
     node: str
     worst: str  # PASS / WARN / FAIL / SKIP, or TIMEOUT / ERROR when the check did not finish
-    action: str  # drained | resumed | kept-drained | left-alone | none | would-drain | would-resume | timeout | error
+    # drained | breaker-open (FAIL, drain held by the circuit breaker) | resumed | kept-drained | left-alone | none |
+    # would-drain | would-resume | timeout | error
+    action: str
     message: str  # one line for the admin (and slurmd's log)
     reason: str = ""  # the drain reason we set, or the one we found
     results: Tuple[Any, ...] = ()
@@ -43,6 +45,7 @@ def node_health_cycle(
     clock: Any = None,
     metrics_cfg: Any = None,
     store_cfg: Any = None,
+    breaker_cfg: Any = None,
 ) -> HealthOutcome:
     """Check this node's GPUs and bring its Slurm state in line — the `healthcheck` flow.
 
@@ -52,6 +55,8 @@ def node_health_cycle(
     A dry run, a timeout or an error writes none.  With ``store_cfg`` (the Config), a CheckRun
     of every GPU goes into the node database (record_observations), drain or Slurm error alike,
     and so does a driver/library mismatch (record_mismatch: `fleet versions` names the node).
+    With ``breaker_cfg`` (the Config), a drain is first put to the circuit breaker (hooks/breaker.py):
+    while it is open for the failing check the node stays in service (action breaker-open).
     """
     kept: List[Any] = []
     refused: List[DriverLibraryMismatch] = []  # nvmlInit's mismatch, for its metric
@@ -68,7 +73,8 @@ def node_health_cycle(
     outcome: Any = None
     try:
         outcome = _cycle(backend, node_name, keeping, allow_resume=allow_resume, dry_run=dry_run,
-                         deadline_s=deadline_s, context=context, summarise=summarise, clock=clock)
+                         deadline_s=deadline_s, context=context, summarise=summarise, clock=clock,
+                         breaker_cfg=breaker_cfg)
     finally:
         # A check that overran may still be running: what it read is not this run's.
         if store_cfg is not None and not dry_run and kept and getattr(outcome, "action", "") != "timeout":
@@ -81,7 +87,7 @@ def node_health_cycle(
 
 
 def _cycle(backend: SlurmBackend, node_name: str, checker: Any, *, allow_resume: bool, dry_run: bool,
-           deadline_s: float, context: str, summarise: Any, clock: Any) -> HealthOutcome:
+           deadline_s: float, context: str, summarise: Any, clock: Any, breaker_cfg: Any = None) -> HealthOutcome:
     """node_health_cycle without the metrics.
 
     checker(NodeInfo) -> results (``CheckResult`` list); it gets the node as Slurm sees it so
@@ -111,7 +117,7 @@ def _cycle(backend: SlurmBackend, node_name: str, checker: Any, *, allow_resume:
         return verdict
     worst, fault = verdict
     if worst == "FAIL":
-        return _drain_unhealthy(backend, info, node_name, fault, context, tuple(results), dry_run)
+        return _drain_unhealthy(backend, info, node_name, fault, context, tuple(results), dry_run, breaker_cfg)
     return _settle_healthy(backend, info, node_name, worst, tuple(results), allow_resume, dry_run)
 
 
@@ -144,10 +150,18 @@ def _verdict(node_name: str, info: Any, results: List[Any], err: Any, summarise:
     return summarise(results)
 
 
+def failing_check(results: Any) -> str:
+    """The check a FAIL drains for (the first FAIL's); 'nvml' when NVML could not start (no results)."""
+    fails = [r for r in results if getattr(r, "status", "") == "FAIL"]
+    return str(getattr(fails[0], "check", "") or "") if fails else "nvml"
+
+
 def _drain_unhealthy(backend: SlurmBackend, info: Any, node_name: str, fault: str, context: str,
-                     res: Tuple[Any, ...], dry_run: bool) -> HealthOutcome:
-    """FAIL: drain with our reason, unless the node is already drained (whoever drained it)."""
-    text = _reason.format_reason(fault, context)
+                     res: Tuple[Any, ...], dry_run: bool, breaker_cfg: Any = None) -> HealthOutcome:
+    """FAIL: drain with our reason, unless the node is already drained (whoever drained it) or the
+    circuit breaker is open for the check."""
+    check = failing_check(res)
+    text = _reason.format_reason(fault, context, check=check)
     decision = decide_drain(info, text)  # policy/drain.py: the one rule
     if decision.action == KEEP:
         whose = "slurm-gpu" if decision.whose == "slurm-gpu" else (info.reason_user or "someone else")
@@ -158,6 +172,12 @@ def _drain_unhealthy(backend: SlurmBackend, info: Any, node_name: str, fault: st
     if dry_run:
         return HealthOutcome(node_name, "FAIL", "would-drain", f"{node_name}: FAIL: would drain: {text}", text, res,
                              int(ExitCode.UNHEALTHY))
+    if breaker_cfg is not None:
+        from slurm_gpu.hooks.breaker import ask
+        verdict = ask(breaker_cfg, backend, node_name, check, _time.time(), _breaker_log(breaker_cfg))
+        if verdict.open:
+            return HealthOutcome(node_name, "FAIL", "breaker-open", f"{node_name}: FAIL: {fault}; not drained: {verdict.text}",
+                                 "", res, int(ExitCode.UNHEALTHY))
     try:
         backend.drain(node_name, text)
     except SlurmGpuError as e:
@@ -165,6 +185,14 @@ def _drain_unhealthy(backend: SlurmBackend, info: Any, node_name: str, fault: st
         raise
     return HealthOutcome(node_name, "FAIL", "drained", f"{node_name}: FAIL: drained: {text}", text, res,
                          int(ExitCode.UNHEALTHY))
+
+
+def _breaker_log(cfg: Any) -> Any:
+    try:
+        from slurm_gpu.hooks.log import HookLog
+        return HookLog.from_config("healthcheck", cfg)
+    except Exception:  # the log itself is broken: the outcome's message still says it
+        return None
 
 
 def _settle_healthy(backend: SlurmBackend, info: Any, node_name: str, worst: str, res: Tuple[Any, ...],
@@ -258,7 +286,7 @@ def _not_recorded(cfg: Any, node: str, e: Exception, event: str = "inventory-not
 
 
 # What the node's drain state is after each action, for slurm_gpu_node_drained (metrics/node.py).
-_CLEARED = ("resumed", "left-alone", "none")
+_CLEARED = ("resumed", "left-alone", "none", "breaker-open")
 
 
 def _drain_state(outcome: HealthOutcome) -> Any:

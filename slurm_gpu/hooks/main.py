@@ -165,6 +165,9 @@ def _run(run: _Run, flow: Optional[Flow]) -> int:
         return run.fail_open("internal-error", error=e.message, hint=e.hint)
 
 
+NVML_CHECK = "nvml"  # the check a drain for an unusable driver names (reason, circuit breaker)
+
+
 def _nvml_unavailable(run: _Run, hooks: Any, cfg: Any, job: Any, e: NvmlUnavailable, config_broken: bool) -> int:
     if not job.gpus:
         run.log.error("nvml-unavailable", job=job.job_id, node=job.node, error=e.message)
@@ -179,7 +182,9 @@ def _nvml_unavailable(run: _Run, hooks: Any, cfg: Any, job: Any, e: NvmlUnavaila
     # failure to start NVML keeps the generic prefix.
     fault = e.message if isinstance(e, DriverLibraryMismatch) else f"NVML unavailable: {e.message}"
     hooks.mismatch_metric(cfg, run.log, run.name, e)
-    drained = hooks._drain(deps, job, run.name, fault)
+    # The epilog asks the circuit breaker (a driver rollout is the storm it is for); the prolog
+    # gates: a job whose GPUs the driver cannot serve never starts (policy/breaker.py HARDWARE).
+    drained = hooks._drain(deps, job, run.name, fault, check=NVML_CHECK, breaker=run.name == "epilog")
     return 1 if run.name == "prolog" or not drained else 0
 
 

@@ -23,6 +23,7 @@ import time as _time
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence
 
+from slurm_gpu.policy import breaker as BRK
 from slurm_gpu.policy import budget as B
 from slurm_gpu.policy import remedy as R
 from slurm_gpu.policy.judge import drain_fault, failures
@@ -35,7 +36,7 @@ REBOOTING_STATES = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
 class Outcome(NamedTuple):
     node: str
     action: str  # none | reset | reboot | rma | manual
-    outcome: str  # resumed | requested | rma | left-alone | busy | waiting | refused | failed | healthy
+    outcome: str  # resumed | requested | rma | left-alone | busy | waiting | refused | breaker-open | failed | healthy
     message: str
 
 
@@ -302,8 +303,13 @@ def _reboot(env: Env, run: Any, found: Sequence[R.Remedy], fault: str, because: 
                                                       "left drained for a human")
     if env.dry_run:
         return Outcome(env.node, "reboot", "would-reboot", f"{env.node}: would ask Slurm to reboot: {because or fault}")
+    held = _reboot_breaker(env)
+    if held:
+        _row(env, run, first, "reboot", "refused", held)
+        return Outcome(env.node, "reboot", "breaker-open", f"{env.node}: needs a reboot ({because or fault}) but {held}: "
+                                                           "left drained")
     row = _row(env, run, first, "reboot", "started", because)
-    text = _reason.format_reason(fault, "remediate: reboot")
+    text = _reason.format_reason(fault, "remediate: reboot", check=BRK.REBOOT)
     try:
         env.backend.reboot(env.node, text)
     except Exception as e:  # the intent stays on record with why it did not happen
@@ -311,6 +317,14 @@ def _reboot(env: Env, run: Any, found: Sequence[R.Remedy], fault: str, because: 
         raise
     _finish(env, [row], "requested", because or fault)
     return Outcome(env.node, "reboot", "requested", f"{env.node}: reboot requested through Slurm: {text}")
+
+
+def _reboot_breaker(env: Env) -> str:
+    """The circuit breaker for reboots (policy/breaker.py, check `reboot`): its text when open, else ''.
+    remediate's other drains re-drain a node already drained by us: they add nothing to its count."""
+    from slurm_gpu.hooks.breaker import ask
+    verdict = ask(env.cfg, env.backend, env.node, BRK.REBOOT, env.now(), env.log)
+    return verdict.text if verdict.open else ""
 
 
 def _after_reboot(env: Env, info: Any, run: Any, row: Dict[str, Any]) -> Outcome:

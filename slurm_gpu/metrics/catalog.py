@@ -18,6 +18,7 @@ SOURCES = ("prolog", "epilog", "healthcheck")
 NODE_FILE = "slurm_gpu_node.prom"
 USAGE_FILE = "slurm_gpu_usage.prom"
 REMEDIATION_FILE = "slurm_gpu_remediation.prom"
+BREAKER_FILE = "slurm_gpu_breaker.prom"
 JOB_FILE_PREFIX = "slurm_gpu_job_"  # + <job id> + ".prom"
 
 # NVML clock event reason bits (nvmlClocksEventReason*) -> label value.
@@ -104,6 +105,11 @@ FAMILIES: Tuple[Family, ...] = (
            "Remediation attempts on this node by action (reset, reboot, rma) and outcome (resumed, failed, escalated, "
            "requested, refused, rma, started), counted from the node database's remediations table.",
            "remediate and healthcheck with remediation.enabled (`slurm_gpu_remediation.prom`)"),
+    Family("slurm_gpu_breaker_open", "gauge", ("check",),
+           "1 while the circuit breaker holds drains (or, for check reboot, remediate's reboots) for this check: the "
+           "share of the node's partition drained by slurm-gpu for it within breaker.window_s reached "
+           "breaker.max_drained_pct; 0 once a drain was allowed again or after `slurm-gpu breaker reset`.",
+           "prolog, epilog, healthcheck, remediate when they would drain or reboot; `breaker reset` (`slurm_gpu_breaker.prom`)"),
     Family("slurm_gpu_spool_records", "gauge", (), "Records waiting in the spool directory for the node database.", _STORE),
     Family("slurm_gpu_unpushed_records", "gauge", (),
            "Records of the node database not yet shipped to the central server (db push).", _STORE),

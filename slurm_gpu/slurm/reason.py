@@ -25,7 +25,11 @@ MANUAL = "manual"  # context of drains an admin asked for: never auto-resumed by
 HEALTHCHECK = "healthcheck"
 REMEDIATE = "remediate"  # context of the drains `slurm-gpu remediate` sets while it acts (docs/remediation.md)
 
+CHECK_SEP = "; "  # between the context and the check it names: `[prolog job 7; check xid]`
+
 _WS = re.compile(r"\s+")
+_CHECK_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+_CHECK_AT_END = re.compile(r"(?:^|;\s*)check ([A-Za-z0-9_.-]+)$")
 _CONTEXT_AT_END = re.compile(r"\[([^\[\]]*)\]\s*$")
 # Smallest sensible fault budget before we start shortening the context as well.
 _MIN_FAULT = 24
@@ -68,8 +72,12 @@ def _cut(text: str, budget: int) -> str:
     return text[: budget - 1].rstrip() + ELLIPSIS
 
 
-def format_reason(fault: str, context: str = "", max_len: int = 256) -> str:
+def format_reason(fault: str, context: str = "", max_len: int = 256, check: str = "") -> str:
     """``slurm-gpu: <fault> [<context>]``, sanitised and at most ``max_len`` characters.
+
+    ``check``: the health check the drain is for, kept at the end of the context
+    (``[healthcheck; check xid]``): the circuit breaker (policy/breaker.py) counts the nodes
+    drained for one check from Slurm's node list with reason_check().
 
     A long fault is cut with '…' while the ``[context]`` is kept (it says who drained the
     node); only when even that does not fit is the context shortened too.  Never raises.
@@ -82,6 +90,9 @@ def format_reason(fault: str, context: str = "", max_len: int = 256) -> str:
         f = sanitize(fault) or "unspecified fault"
         # Brackets in the context would confuse reason_context(); keep it a plain phrase.
         c = sanitize(context).replace("[", "(").replace("]", ")")
+        tag = _CHECK_NAME.sub("", str(check or ""))
+        if tag:
+            c = f"{c}{CHECK_SEP if c else ''}check {tag}"
         head = PREFIX + " "
         if c:
             ctx_part = f" [{c}]"
@@ -115,6 +126,12 @@ def reason_context(reason: Optional[str]) -> str:
         return ""
     m = _CONTEXT_AT_END.search(reason or "")
     return m.group(1).strip() if m else ""
+
+
+def reason_check(reason: Optional[str]) -> str:
+    """The check one of our reasons names (``[... ; check xid]``), '' when none (older reasons, manual drains)."""
+    m = _CHECK_AT_END.search(reason_context(reason))
+    return m.group(1) if m else ""
 
 
 def is_manual(reason: Optional[str]) -> bool:

@@ -274,7 +274,7 @@ def test_healthcheck_drains_on_gpu_fault_and_resumes_after_it_clears(tb, sim):
     assert cp.returncode == 1, (cp.stdout, cp.stderr)
     assert "drained" in cp.stdout
     r = reason_of(tb, "gpu01")
-    assert r.startswith("slurm-gpu: ") and r.endswith("[healthcheck]") and "2" in r, r
+    assert r.startswith("slurm-gpu: ") and r.endswith("[healthcheck; check ecc_uncorrectable]") and "2" in r, r
     assert "DRAIN" in tb.node_info("gpu01")["State"]
 
     simgpu.set_gpu(sim.state, 2, ecc_volatile_uncorrected=0)
@@ -347,7 +347,7 @@ exec {sys.executable} -m slurm_gpu.cli healthcheck
 
     tb.wait_node_state("gpu01", "DRAIN", timeout=30)
     r = reason_of(tb, "gpu01")
-    assert r.startswith("slurm-gpu: ") and r.endswith("[healthcheck]"), r
+    assert r.startswith("slurm-gpu: ") and "[healthcheck; check " in r and r.endswith("]"), r
     assert "DRAIN" not in tb.node_info("gpu02")["State"]
 
     simgpu.set_gpu(states / "gpu01.state", 3, ecc_volatile_uncorrected=0)

@@ -298,7 +298,7 @@ def test_jobs_run_through_the_installed_hooks_and_are_recorded_and_shipped(deplo
     simgpu.set_gpu(site.state("gpu02"), 0, ecc_volatile_uncorrected=2)
     job = bed.sbatch("true", args=["-p", "gpu", "-w", "gpu02", "--gres=gpu:1"])
     info = bed.wait_node_state("gpu02", "DRAIN", timeout=60)
-    assert info["Reason"].startswith("slurm-gpu: GPU 0 (GPU-") and f"[prolog job {job}]" in info["Reason"], info
+    assert info["Reason"].startswith("slurm-gpu: GPU 0 (GPU-") and f"[prolog job {job}; check " in info["Reason"], info
     bed.run("scancel", str(job), check=False)
     simgpu.set_gpu(site.state("gpu02"), 0, ecc_volatile_uncorrected=0)
 

@@ -53,7 +53,7 @@ def _drained_with(cluster, site, job, words):
     assert cluster.job_info(job)["NodeList"] == "gpu02"
     reasons = {r["node"]: r["reason"] for r in _reasons(cluster)}
     assert "gpu02" not in reasons, reasons
-    assert reasons.get("gpu01", "").startswith("slurm-gpu: ") and f"[prolog job {job}]" in reasons["gpu01"], reasons
+    assert reasons.get("gpu01", "").startswith("slurm-gpu: ") and f"[prolog job {job}; check " in reasons["gpu01"], reasons
     for w in words:
         assert w in reasons["gpu01"], (reasons, site.log("gpu01"))
 

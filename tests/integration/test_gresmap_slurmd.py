@@ -145,7 +145,7 @@ def test_a100_job_on_mixed_node_gets_the_a100_not_device_zero(mixed_cluster):
     job2 = bed.sbatch("sleep 1", args=["-p", "gpu", "-w", "gpu01", "--gres=gpu:v100:2"])
     bed.wait_node_state("gpu01", "DRAIN", timeout=60)
     reason = bed.node_info("gpu01")["Reason"]
-    assert "GPU 0 (" in reason and "uncorrectable ECC errors: 4" in reason and f"[prolog job {job2}]" in reason
+    assert "GPU 0 (" in reason and "uncorrectable ECC errors: 4" in reason and f"[prolog job {job2}; check " in reason
     bed.run("scancel", str(job2), check=False)
 
 

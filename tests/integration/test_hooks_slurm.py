@@ -143,7 +143,7 @@ def test_job_on_gpu_with_uncorrectable_ecc_drains_node_and_finishes_elsewhere(cl
     assert "gpu01" in reasons and "gpu02" not in reasons
     ours = site.rows("gpu01", "SELECT reason FROM drains")
     assert ours and ours[0]["reason"].startswith("slurm-gpu: GPU 0 (GPU-")
-    assert "uncorrectable ECC errors: 2" in ours[0]["reason"] and f"[prolog job {job}]" in ours[0]["reason"]
+    assert "uncorrectable ECC errors: 2" in ours[0]["reason"] and f"[prolog job {job}; check " in ours[0]["reason"]
     assert reasons["gpu01"] == ours[0]["reason"], reasons  # Slurm kept our reason, not "Prolog error"
     # The requeued run is recorded on gpu02 with restart count 1.
     assert [r["restart_count"] for r in site.rows("gpu02", "SELECT DISTINCT restart_count FROM job_gpus WHERE job_id=?", job)] == [1]
@@ -191,7 +191,7 @@ def test_process_of_another_user_on_the_jobs_gpu_is_not_killed_and_drains_node(c
     cluster.wait_job(job, timeout=60)
     cluster.wait_node_state("gpu01", "DRAIN", timeout=30)
     reason = {r["node"]: r["reason"] for r in _reasons(cluster)}["gpu01"]
-    assert reason.startswith("slurm-gpu:") and "still on the GPU (pid 2)" in reason and f"[epilog job {job}]" in reason
+    assert reason.startswith("slurm-gpu:") and "still on the GPU (pid 2)" in reason and f"[epilog job {job}; check " in reason
     assert "leftover-processes-not-ours" in site.log("gpu01") and "SIGKILL" not in reason
 
 

@@ -46,7 +46,7 @@ def _drained_by_prolog(cluster, site):
     assert cluster.wait_job(job, timeout=90) == "COMPLETED"
     assert cluster.job_info(job)["NodeList"] == "gpu02", site.log("gpu01")
     reasons = {r["node"]: r["reason"] for r in _reasons(cluster)}
-    assert reasons.get("gpu01", "").startswith("slurm-gpu: ") and f"[prolog job {job}]" in reasons["gpu01"], reasons
+    assert reasons.get("gpu01", "").startswith("slurm-gpu: ") and f"[prolog job {job}; check " in reasons["gpu01"], reasons
     return time.time()
 
 

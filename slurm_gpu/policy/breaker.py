@@ -1,0 +1,101 @@
+"""The circuit breaker for mass drains and reboots: the one place that says whether slurm-gpu may take
+one more node out for a check (DESIGN.md §2 item 14; docs/remediation.md, "The circuit breaker").
+
+A bad driver rollout, a kernel-log storm or a bug of ours fails the same check on many nodes at
+once; draining them all would take the cluster down for nothing a drain can cure.  So before the
+healthcheck, the epilog, the prolog (except its hardware gate) or `remediate` drains or reboots a
+node for a check, it asks here with Slurm's node list (the shared state: our reasons name the check,
+slurm/reason.py reason_check, and Slurm keeps their time) and this node's last `breaker reset`.
+
+The rule: in each partition of the node, count the OTHER nodes drained by slurm-gpu for that check
+whose reason is younger than breaker.window_s (and younger than the last reset).  The breaker is
+open when that count has reached max(1, floor(nodes in the partition x max_drained_pct / 100)):
+one node per partition and window may always go (a lone broken node in a small partition is not a
+storm), and a node already drained by us is never counted against itself.  max_drained_pct 100
+turns the breaker off.
+
+Never suspended (HARDWARE): the prolog's gate on the job's own GPUs for a hardware fault.  A job
+never starts on a GPU with uncorrectable ECC errors, a failed row remap, one that is lost or one
+whose driver asks for recovery; the prolog fails and Slurm keeps the job off the node.
+
+Pure and standard library only: the prolog imports it.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence
+
+from slurm_gpu.slurm.reason import is_ours, reason_check
+
+# Checks whose FAIL in the prolog always gates the job (issue 26 item 5): the GPU itself is broken,
+# or (nvml: NVML cannot start, e.g. a driver/library mismatch) the driver cannot serve it at all.
+HARDWARE = frozenset({"ecc_uncorrectable", "row_remap_failure", "responsive", "gpu_count", "recovery_action", "nvml"})
+REBOOT = "reboot"  # the "check" of remediate's reboot requests: at most the share of a partition rebooting at once
+ANY = "*"  # a reset of every check (`slurm-gpu breaker reset` without --check)
+
+
+class Breaker(NamedTuple):
+    max_drained_pct: float
+    window_s: float
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "Breaker":
+        return cls(float(cfg.get("breaker", "max_drained_pct")), float(cfg.get("breaker", "window_s")))
+
+
+class Verdict(NamedTuple):
+    open: bool
+    check: str
+    partition: str  # the partition judged: the one nearest to (or past) its share ('' when the node is in none)
+    drained: int  # other nodes drained by us for the check in the window (in that partition)
+    allowed: int  # how many the partition may have
+    total: int  # nodes in the partition
+    text: str  # one line for the log and the admin
+
+
+def allowed_nodes(b: Breaker, total: int) -> int:
+    """How many nodes of a partition of `total` may be drained for one check in one window."""
+    return max(1, int(total * b.max_drained_pct // 100))
+
+
+def _counts(b: Breaker, check: str, since: float, node: str, nodes: Sequence[Any], part: str) -> tuple:
+    members = [n for n in nodes if not part or part in (getattr(n, "partitions", ()) or ())]
+    drained = sum(1 for n in members if n.name != node and _drained_for(n, check, since))
+    return drained, len(members)
+
+
+def _drained_for(n: Any, check: str, since: float) -> bool:
+    if not (getattr(n, "drained", False) and is_ours(n.reason)) or reason_check(n.reason) != check:
+        return False
+    t = getattr(n, "reason_time", None)
+    return t is None or float(t) >= since  # no time known: counted (the safe side)
+
+
+def decide(b: Breaker, check: str, node: str, nodes: Iterable[Any], now: float,
+           resets: Optional[Mapping[str, float]] = None) -> Verdict:
+    """May slurm-gpu drain (or reboot) `node` for `check` now?  nodes: every node as Slurm sees it
+    (NodeInfo: name, drained, reason, reason_time, partitions); resets: check (or ANY) -> unix time
+    of this node's last `breaker reset`."""
+    listing = list(nodes)
+    if b.max_drained_pct >= 100:
+        return Verdict(False, check, "", 0, 0, len(listing), f"breaker off (max_drained_pct {b.max_drained_pct:g})")
+    resets = resets or {}
+    since = max(now - b.window_s, float(resets.get(check, 0.0)), float(resets.get(ANY, 0.0)))
+    me = next((n for n in listing if n.name == node), None)
+    parts = tuple(getattr(me, "partitions", ()) or ()) or ("",)
+    counted = []
+    for part in parts:
+        drained, total = _counts(b, check, since, node, listing, part)
+        counted.append((drained - allowed_nodes(b, total), part, drained, allowed_nodes(b, total), total))
+    _margin, part, drained, allowed, total = max(counted)  # the partition nearest to (or furthest past) its share
+    where = f"partition {part}" if part else "the cluster"
+    counts = f"{drained} of {total} nodes in {where} drained by slurm-gpu for it within {b.window_s:g} s " \
+             f"(max_drained_pct {b.max_drained_pct:g} allows {allowed})"
+    if drained < allowed:
+        return Verdict(False, check, part, drained, allowed, total, f"breaker closed for {check}: {counts}")
+    return Verdict(True, check, part, drained, allowed, total, f"breaker open for {check}: {counts}; {node} not drained")
+
+
+def gate_suspended(checks: Iterable[str]) -> bool:
+    """False when any failing check is a hardware fault: the prolog then gates whatever the breaker says."""
+    names = [c for c in checks if c]
+    return bool(names) and not any(c in HARDWARE for c in names)
