@@ -71,6 +71,19 @@ def _toml(v: Any) -> str:
 
 
 @pytest.fixture(autouse=True)
+def _simnvml_state_restored():
+    """Tests point the in-process simulated driver at their node through os.environ['SIMNVML_STATE']
+    (test_hooks.deps_for); it must not outlive the test: a later test's subprocesses (a testbed's
+    client commands) would read that node's GPUs instead of their own."""
+    before = os.environ.get("SIMNVML_STATE")
+    yield
+    if before is None:
+        os.environ.pop("SIMNVML_STATE", None)
+    else:
+        os.environ["SIMNVML_STATE"] = before
+
+
+@pytest.fixture(autouse=True)
 def _fallback_log(tmp_path, monkeypatch):
     """Hooks write config errors to a fixed root-only log; tests keep theirs in tmp_path."""
     monkeypatch.setenv("SLURM_GPU_FALLBACK_LOG", str(tmp_path / "fallback" / "hooks-error.log"))

@@ -558,8 +558,11 @@ class SlurmTestbed:
     # ----------------------------------------------------------------- public properties
     @property
     def env(self) -> Dict[str, str]:
-        """Environment for Slurm client commands: SLURM_CONF, a PATH with the sbin dirs, no inherited SLURM_*."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SQUEUE_", "SINFO_", "SACCT_"))}
+        """Environment for Slurm client commands: SLURM_CONF, a PATH with the sbin dirs, no inherited
+        SLURM_*, and no SIMNVML_*: a command run on a node finds that node's simulated GPUs as the
+        hooks do (the library's default state), never a state file a test process pointed at."""
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("SLURM_", "SBATCH_", "SQUEUE_", "SINFO_", "SACCT_", "SIMNVML_"))}
         env["SLURM_CONF"] = str(self.slurm_conf)
         env["PATH"] = self.sbin_path + (":" + env["PATH"] if env.get("PATH") else "")
         return env
