@@ -112,8 +112,13 @@ def human_bytes(n: float) -> str:
 # --------------------------------------------------------------------------- loading
 
 def _h(tag: str, expr: str) -> str:
-    """A deterministic pseudo-random number in [0, 1) from expr (CRC32 of tag || expr)."""
-    return f"(CRC32('{tag}' || {expr}) / 4294967296.0)"
+    """A deterministic pseudo-random number in [0, 1) from expr: CRC32 of tag || CRC32(tag || expr).
+
+    Not one CRC32: it is affine, so CRC32('u' || x) XOR CRC32('t' || x) is one constant for every
+    x of a length, and a job's user was a function of its start time (20 groups a day, where a
+    cluster has hundreds: too few rollup_day rows).  The decimal text of the inner CRC breaks
+    that; MD5 did too, but the merged derived tables evaluate each hash many times per row."""
+    return f"(CRC32('{tag}' || CRC32('{tag}' || {expr})) / 4294967296.0)"
 
 
 def _load_sql(offset: int, count: int) -> str:
@@ -137,7 +142,7 @@ def _load_sql(offset: int, count: int) -> str:
     # the record's utilisation.
     lvl2 = (f"SELECT i, job_id, gpu, "
             f"FLOOR(200 * POW({_h('u', 'job_id')}, 2)) AS u, "
-            f"CRC32('n' || job_id) MOD 1000 AS node, "
+            f"FLOOR({_h('n', 'job_id')} * 1000) AS node, "
             f"{YEAR_START} + FLOOR({_h('t', 'job_id')} * {YEAR_S}) AS start, "
             f"ROUND(60 * EXP(LN(2880) * {_h('d', 'job_id')}), 1) AS dur, "
             f"{_h('x', 'job_id')} < 0.12 AS idle, "
@@ -405,6 +410,31 @@ def prepare_reports(server: testdb.MariaDB, db: str, url: str, password: str, ti
     return scripts, plans
 
 
+def rollup_breakdown(server: testdb.MariaDB, db: str, url: str, password: str, timeout_s: float, runs: int) -> None:
+    """Where a year's rollup plan spends its time, in the client (medians of `runs`): the whole
+    statement the CLI sends, its per-day sums alone, and its distinct job counts alone."""
+    from slurm_gpu.report import rollup as RP
+    window = WINDOWS[0]
+    for by in (("user",), ("node",)):
+        with open_source(url, password, timeout_s, window_query(window)) as src:
+            plan = RP.plan(src, by)
+            with src.central.conn.cursor() as cur:
+                whole = cur.mogrify(translate(plan.sql, plan.params), plan.params)
+        col, table = ('"user"', "rollup_day") if by == ("user",) else ('"node"', "rollup_day_node")
+        days = f"day BETWEEN {plan.params['r_d0']} AND {plan.params['r_d1']}"
+        sums = f"SELECT {col}, SUM(alloc_s), SUM(util_pct_s), SUM(energy_j) FROM {table} WHERE {days} GROUP BY {col}"
+        jobs = f"SELECT {col}, COUNT(DISTINCT cluster, job_id), MAX(peak_bytes) FROM rollup_jobs WHERE {days} GROUP BY {col}"
+        took = {}
+        for _ in range(runs):
+            for name, sql in (("whole", whole), ("sums", sums), ("jobs", jobs)):
+                t0 = time.perf_counter()
+                client(server, sql + ";", db)
+                took.setdefault(name, []).append(time.perf_counter() - t0)
+        print(f"# rollup plan of --by {by[0]}, year, in the client: whole statement "
+              f"{statistics.median(took['whole']):.3f} s, per-day sums alone {statistics.median(took['sums']):.3f} s, "
+              f"job counts alone (rollup_jobs) {statistics.median(took['jobs']):.3f} s", flush=True)
+
+
 def time_reports(server: testdb.MariaDB, db: str, scripts: Dict[Case, str], argv: Dict[Case, List[str]],
                  env: Dict[str, str], runs: int, configs: Any) -> Tuple[Dict[Tuple[Case, str], List[float]], Dict[Case, str]]:
     times: Dict[Tuple[Case, str], List[float]] = {}
@@ -610,6 +640,7 @@ def bench(server: BenchMariaDB, args: argparse.Namespace) -> int:
     argv = {case: cli_argv(rep_cfg, acct["reporter"][0], *case) for case in scripts}
     times, said = time_reports(server, db, scripts, argv, env, args.runs, configs)
     print_reports(args.rows, args.runs, times, said)
+    rollup_breakdown(server, db, *acct["reporter"], args.timeout_s, args.runs)
 
     print()
     with C.Central(C.parse_url(acct["admin"][0]), acct["admin"][1], 3600) as admin:
