@@ -570,7 +570,7 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--timeout-s", type=float, default=600.0,
                     help="central.timeout_s of the CLI's config (its read timeout; the default config has 10)")
     ap.add_argument("--push-jobs", type=int, default=12_500, help="8-GPU job_end records per node database")
-    ap.add_argument("--push-rounds", type=int, default=2, help="pairs of pushes (without, with the rollups)")
+    ap.add_argument("--push-rounds", type=int, default=2, help="pairs of pushes (without, with the rollups); 0: no push, no rebuild")
     ap.add_argument("--workdir", default=None,
                     help="directory for the server's data, temporary files, configs and node database, removed "
                          "at the end (default: a new one in /var/tmp: 10 M records take ~10 GB)")
@@ -642,11 +642,12 @@ def bench(server: BenchMariaDB, args: argparse.Namespace) -> int:
     print_reports(args.rows, args.runs, times, said)
     rollup_breakdown(server, db, *acct["reporter"], args.timeout_s, args.runs)
 
-    print()
-    with C.Central(C.parse_url(acct["admin"][0]), acct["admin"][1], 3600) as admin:
-        bench_push(args, work, wr_cfg, admin, env, configs)
-        time_rebuild(admin)
-    print_sizes(table_sizes(server, db), args.rows)
+    if args.push_rounds:
+        print()
+        with C.Central(C.parse_url(acct["admin"][0]), acct["admin"][1], 3600) as admin:
+            bench_push(args, work, wr_cfg, admin, env, configs)
+            time_rebuild(admin)
+        print_sizes(table_sizes(server, db), args.rows)
     return 0
 
 
