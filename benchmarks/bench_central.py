@@ -1,30 +1,37 @@
-"""Benchmark the central MariaDB server: `report --db mysql://...` over N records, and `db push`.
+"""Benchmark the central MariaDB server: rollups, `report --by` over N records, migration and `db push`.
 
-    python3 benchmarks/bench_central.py [--rows 10000000] [--runs 5] [--buffer-pool 12G] [--workdir DIR]
+    python3 benchmarks/bench_central.py [--rows 1000000] [--runs 5] [--buffer-pool 4G] [--workdir DIR]
 
 Not run in CI (needs Debian's mariadb-server and root, like tests/test_central.py).  It
 
 1. starts a throwaway MariaDB (tests/mariadb.py, with a larger InnoDB buffer pool and redo log),
-   creates a database and runs the central schema migration as an admin account with a password;
+   creates a database and runs the central schema migrations up to v3 (no rollups) as an admin
+   account with a password;
 2. fills job_gpus with --rows records generated on the server (the SEQUENCE engine's seq_0_to_M,
    INSERT ... SELECT in chunks; the secondary indexes are dropped for the load and re-created
    afterwards exactly as the schema has them: one sorted build each): ~200 users (a few heavy,
    a long tail), 40 accounts, 8 partitions, 1000 nodes, 3 GPU models, jobs of 1/2/4/8 GPUs
-   starting over 365 days, 1 min-48 h long (log-uniform), 3 % unknown utilisation, 12 % idle jobs;
-3. times, interleaved over --runs runs, medians of
-   - the whole CLI: `python3 -m slurm_gpu.cli --config CFG report --by KEYS --db URL --format csv`
-     as the reporter account (exactly the GRANTs of slurm_gpu.store.central.grants());
-   - the same aggregation in the `mariadb` command-line client (root over the socket): the
-     statements report.summary_plan() makes through a CentralSource, with the parameters
-     inlined by PyMySQL's own escaping (for day/week/month with the temporary calendar table,
-     created in the same client session) - checked once against the server's general log of a
-     CLI run, so they are byte for byte what the CLI sends;
-   - in-process open + report.summary() (CentralSource), with where its time goes per statement;
-   and prints EXPLAIN of each aggregation;
-4. writes a node database (schema v5, the outbox) with 100,000 job_gpus records through
-   Store.write (12,500 job_end records of 8 GPUs) and times `slurm-gpu db push` from it as the
-   writer account (records per second), then a second push with nothing to ship;
-5. removes the server and its files at the end, also on an error or SIGTERM.
+   starting over 365 days of 2025 (UTC), 1 min-48 h long (log-uniform), 3 % unknown
+   utilisation, 12 % idle jobs;
+3. times the migration v3 -> v4 (`Central.migrate()`, as `central init` runs it: the rollups built
+   from the records, days in UTC) and prints each table's rows and size (information_schema);
+4. times, interleaved over --runs runs, medians of, for `--by` user, account,month,
+   partition,model,week and node, each over the whole year 2025 and over June 2025 (UTC days):
+   - the whole CLI: `python3 -m slurm_gpu.cli --config CFG report --by KEYS --since D0 --until D1
+     --tz utc --explain --db URL --format csv` as the reporter account (exactly the GRANTs of
+     slurm_gpu.store.central.grants()); the plan it printed is reported;
+   - the same aggregation over the records in the `mariadb` command-line client (root over the
+     socket): the statements report.summary_plan() makes through a CentralSource for the same
+     window (the raw plan, what the CLI ran before the rollups: a scan of the window's records),
+     with the parameters inlined by PyMySQL's own escaping;
+   and checks once, in-process, that the rollup plan's CSV equals the raw plan's byte for byte;
+5. writes --push-rounds x 2 node databases (schema v5, the outbox) of --push-jobs 8-GPU job_end
+   records each through Store.write and pushes them with `slurm-gpu db push` as the writer
+   account, alternating apply_batch without the rollup calls (v3's upsert, as before the
+   rollups) and with them: job_gpus records per second of each, then a push with nothing to ship;
+6. times `central rollup --rebuild` (Central + store.rollups.rebuild) and prints what it corrected:
+   exactly the records pushed without the rollup calls;
+7. removes the server and its files at the end, also on an error or SIGTERM.
 """
 from __future__ import annotations
 
@@ -54,7 +61,11 @@ from slurm_gpu.store.node import Store  # noqa: E402
 
 YEAR_START = 1735689600  # 2025-01-01T00:00:00Z
 YEAR_S = 365 * 86400
-BYS = (("user",), ("account", "month"))
+BYS = (("user",), ("account", "month"), ("partition", "gpu-model", "week"), ("node",))
+# (name, --since, --until, unix seconds of both): whole UTC days of the generated year
+WINDOWS = (("year", "2025-01-01", "2026-01-01", YEAR_START, YEAR_START + YEAR_S),
+           ("month", "2025-06-01", "2025-07-01", 1748736000, 1751328000))
+TARGET_S, TARGET_RATIO = 1.0, 0.05  # issue 27, at 10 M records
 MODELS = ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-SXM4-80GB")
 CLIENT = ["mariadb", "--no-defaults"]
 
@@ -102,8 +113,13 @@ def human_bytes(n: float) -> str:
 # --------------------------------------------------------------------------- loading
 
 def _h(tag: str, expr: str) -> str:
-    """A deterministic pseudo-random number in [0, 1) from expr (CRC32 of tag || expr)."""
-    return f"(CRC32('{tag}' || {expr}) / 4294967296.0)"
+    """A deterministic pseudo-random number in [0, 1) from expr: CRC32 of tag || CRC32(tag || expr).
+
+    Not one CRC32: it is affine, so CRC32('u' || x) XOR CRC32('t' || x) is one constant for every
+    x of a length, and a job's user was a function of its start time (20 groups a day, where a
+    cluster has hundreds: too few rollup_day rows).  The decimal text of the inner CRC breaks
+    that; MD5 did too, but the merged derived tables evaluate each hash many times per row."""
+    return f"(CRC32('{tag}' || CRC32('{tag}' || {expr})) / 4294967296.0)"
 
 
 def _load_sql(offset: int, count: int) -> str:
@@ -127,7 +143,7 @@ def _load_sql(offset: int, count: int) -> str:
     # the record's utilisation.
     lvl2 = (f"SELECT i, job_id, gpu, "
             f"FLOOR(200 * POW({_h('u', 'job_id')}, 2)) AS u, "
-            f"CRC32('n' || job_id) MOD 1000 AS node, "
+            f"FLOOR({_h('n', 'job_id')} * 1000) AS node, "
             f"{YEAR_START} + FLOOR({_h('t', 'job_id')} * {YEAR_S}) AS start, "
             f"ROUND(60 * EXP(LN(2880) * {_h('d', 'job_id')}), 1) AS dur, "
             f"{_h('x', 'job_id')} < 0.12 AS idle, "
@@ -240,18 +256,30 @@ class Recorder:
         self.log.append((text, time.perf_counter() - t0))
 
 
-def open_source(url: str, password: str, timeout_s: float) -> CentralSource:
+def open_source(url: str, password: str, timeout_s: float, query: report.Query,
+                raw: bool = False) -> CentralSource:
     central = C.Central(C.parse_url(url), password, timeout_s)
     try:
-        return CentralSource(central, report.Query())
+        return (RawSource if raw else CentralSource)(central, query)
     except BaseException:
         central.close()
         raise
 
 
-def plan_statements(url: str, password: str, timeout_s: float, by: Sequence[str]) -> List[str]:
+class RawSource(CentralSource):
+    """The server's records without the rollups: the plan `report --by` ran before them."""
+
+    def summary_rows(self, by: Sequence[str]) -> Optional[List[Dict[str, Any]]]:
+        return None
+
+
+def window_query(window: Tuple[Any, ...]) -> report.Query:
+    return report.Query(since_s=float(window[3]), until_s=float(window[4]), tz="utc")
+
+
+def plan_statements(url: str, password: str, timeout_s: float, by: Sequence[str], query: report.Query) -> List[str]:
     """The statements of report.summary_plan(by) on the server (calendar table, then the SELECT)."""
-    with open_source(url, password, timeout_s) as src:
+    with open_source(url, password, timeout_s, query, raw=True) as src:
         plan = report.summary_plan(src, by)
         assert plan is not None, "no records"
         rec = Recorder(src)
@@ -259,38 +287,51 @@ def plan_statements(url: str, password: str, timeout_s: float, by: Sequence[str]
         return [text for text, _ in rec.log]
 
 
-def in_process(url: str, password: str, timeout_s: float, by: Sequence[str]) -> Tuple[float, List[Tuple[str, float]]]:
-    """Seconds of connect + CentralSource + report.summary(), and each statement's seconds."""
-    t0 = time.perf_counter()
-    with open_source(url, password, timeout_s) as src:
-        rec = Recorder(src)
-        src.conn = rec  # type: ignore[assignment]  # every statement of summary() goes through it
-        report.summary(src, by)
-    return time.perf_counter() - t0, rec.log
+def last_digit_cells(a: str, b: str) -> Optional[int]:
+    """How many cells of two CSV texts differ, where each such cell differs by one unit in its last
+    printed digit (a rounding tie decided by the order of the additions); None: another difference."""
+    ra, rb = a.splitlines(), b.splitlines()
+    if len(ra) != len(rb):
+        return None
+    n = 0
+    for la, lb in zip(ra, rb):
+        ca, cb = la.split(","), lb.split(",")
+        if len(ca) != len(cb):
+            return None
+        for x, y in zip(ca, cb):
+            if x == y:
+                continue
+            try:
+                unit = 10.0 ** -len(x.partition(".")[2])
+                if abs(float(x) - float(y)) > unit * 1.001:
+                    return None
+            except ValueError:
+                return None
+            n += 1
+    return n
 
 
-def general_log_of(server: testdb.MariaDB, db: str, argv: List[str], env: Dict[str, str], user: str) -> List[str]:
-    """The statements the server received from `user` while argv ran."""
-    client(server, "SET GLOBAL log_output = 'TABLE'; TRUNCATE TABLE mysql.general_log; SET GLOBAL general_log = 1")
-    try:
-        run_child(argv, env)
-    finally:
-        client(server, "SET GLOBAL general_log = 0")
-    out = subprocess.run(CLIENT + [f"--socket={server.socket}", "-u", "root", "-N", "-B", "--raw", "-e",
-                                   "SELECT HEX(argument) FROM mysql.general_log WHERE command_type = 'Query' AND thread_id IN "
-                                   "(SELECT thread_id FROM mysql.general_log WHERE command_type = 'Connect' "
-                                   f"AND argument LIKE '{user}@%') ORDER BY event_time"],
-                         capture_output=True, text=True, check=True).stdout
-    return [bytes.fromhex(h).decode("utf-8") for h in out.split()]
+def same_figures(url: str, password: str, timeout_s: float, by: Sequence[str], query: report.Query
+                 ) -> Tuple[str, Optional[int]]:
+    """(the rollup plan's description, the cells its CSV has other than the raw plan's: see
+    last_digit_cells), in-process."""
+    from slurm_gpu import render
+    out = []
+    for raw in (False, True):
+        with open_source(url, password, timeout_s, query, raw=raw) as src:
+            table = report.summary(src, by)
+            out.append((src.plan, render.render(list(table.rows), table.columns, "csv")))
+    return out[0][0], last_digit_cells(out[0][1], out[1][1])
 
 
-def run_child(argv: List[str], env: Dict[str, str]) -> float:
+def run_child(argv: List[str], env: Dict[str, str]) -> Tuple[float, str]:
+    """Seconds of argv and its stderr."""
     t0 = time.perf_counter()
     r = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     took = time.perf_counter() - t0
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(argv[:6])}... failed ({r.returncode}): {r.stderr.decode()[-1500:]}")
-    return took
+    return took, r.stderr.decode()
 
 
 def short(sql: str, n: int = 70) -> str:
@@ -298,13 +339,148 @@ def short(sql: str, n: int = 70) -> str:
     return one if len(one) <= n else one[:n - 3] + "..."
 
 
+# --------------------------------------------------------------------------- schema v3, migration, sizes
+
+def migrate_to(srv: C.Central, version: int) -> None:
+    """The central schema up to `version` only, as Central.migrate() applies each step."""
+    for v in range(srv.schema_version() or 0, version):
+        for stmt in C.MIGRATIONS[v]:
+            stmt(srv) if callable(stmt) else srv.execute(stmt)
+        srv.execute("INSERT INTO meta (name, value) VALUES ('schema_version', %s) "
+                    "ON DUPLICATE KEY UPDATE value = VALUES(value)", (str(v + 1),))
+        srv.commit()
+
+
+SIZED = ("job_gpus", "rollup_day", "rollup_day_node", "rollup_jobs")
+
+
+def table_sizes(server: testdb.MariaDB, db: str) -> Dict[str, Tuple[int, int, int]]:
+    """table -> (rows counted, data bytes, index bytes) after ANALYZE (information_schema)."""
+    client(server, "ANALYZE TABLE " + ", ".join(SIZED), db)
+    out = {}
+    for t in SIZED:
+        n = int(client(server, f"SELECT COUNT(*) FROM {t}", db).strip())
+        data, index = client(server, "SELECT data_length, index_length FROM information_schema.tables "
+                                     f"WHERE table_schema = '{db}' AND table_name = '{t}'").split()
+        out[t] = (n, int(data), int(index))
+    return out
+
+
+def print_sizes(sizes: Dict[str, Tuple[int, int, int]], records: int) -> None:
+    print(f"{'table':<16} {'rows':>12} {'rows/record':>11} {'data':>11} {'indexes':>11}")
+    for t, (n, data, index) in sizes.items():
+        print(f"{t:<16} {n:>12,} {n / records:>11.3f} {human_bytes(data):>11} {human_bytes(index):>11}")
+
+
+def time_migration(server: testdb.MariaDB, url: str, password: str, rows: int) -> float:
+    with C.Central(C.parse_url(url), password, 3600) as srv:
+        t0 = time.perf_counter()
+        before, after = srv.migrate("utc")
+        took = time.perf_counter() - t0
+        W.register(srv, "push", [W.Writer("bench_writer", ("pushnode",))])  # v5: the node the push phase ships
+    assert (before, after) == (3, C.SCHEMA_VERSION), (before, after)
+    print(f"migration v3 -> v{after} (rollups built from {rows:,} records, one transaction): {took:.1f} s", flush=True)
+    return took
+
+
+# --------------------------------------------------------------------------- reports
+
+Case = Tuple[Tuple[str, ...], Tuple[Any, ...]]  # (--by keys, window)
+
+
+def cli_argv(cfg: Path, url: str, by: Sequence[str], window: Tuple[Any, ...]) -> List[str]:
+    keys = ",".join("model" if k == "gpu-model" else k for k in by)
+    return [sys.executable, "-m", "slurm_gpu.cli", "--config", str(cfg), "report", "--by", keys, "--since", window[1],
+            "--until", window[2], "--tz", "utc", "--explain", "--db", url, "--format", "csv"]
+
+
+def prepare_reports(server: testdb.MariaDB, db: str, url: str, password: str, timeout_s: float
+                    ) -> Tuple[Dict[Case, str], Dict[Case, str]]:
+    """Per case: the raw plan's script for the client, and the rollup plan (checked equal to the raw)."""
+    scripts, plans = {}, {}
+    for window in WINDOWS:
+        for by in BYS:
+            query = window_query(window)
+            stmts = plan_statements(url, password, timeout_s, by, query)
+            scripts[(by, window)] = ";\n".join(stmts) + ";\n"
+            described, cells = same_figures(url, password, timeout_s, by, query)
+            if cells is None:
+                raise RuntimeError(f"--by {','.join(by)} over {window[0]}: rollups and records differ")
+            plans[(by, window)] = described
+            same = "byte for byte" if not cells else f"but {cells} cell(s) one unit off in the last digit (ties)"
+            print(f"# --by {','.join(by)}, {window[0]}: rollup CSV = raw CSV {same}; plan: {described}", flush=True)
+    return scripts, plans
+
+
+def rollup_breakdown(server: testdb.MariaDB, db: str, url: str, password: str, timeout_s: float, runs: int) -> None:
+    """Where a year's rollup plan spends its time, in the client (medians of `runs`): the whole
+    statement the CLI sends, its per-day sums alone, and its distinct job counts alone."""
+    from slurm_gpu.report import rollup as RP
+    window = WINDOWS[0]
+    for by in (("user",), ("node",)):
+        with open_source(url, password, timeout_s, window_query(window)) as src:
+            plan = RP.plan(src, by)
+            with src.central.conn.cursor() as cur:
+                whole = cur.mogrify(translate(plan.sql, plan.params), plan.params)
+        col, table = ('"user"', "rollup_day") if by == ("user",) else ('"node"', "rollup_day_node")
+        days = f"day BETWEEN {plan.params['r_d0']} AND {plan.params['r_d1']}"
+        sums = f"SELECT {col}, SUM(alloc_s), SUM(util_pct_s), SUM(energy_j) FROM {table} WHERE {days} GROUP BY {col}"
+        jobs = f"SELECT {col}, COUNT(DISTINCT cluster, job_id), MAX(peak_bytes) FROM rollup_jobs WHERE {days} GROUP BY {col}"
+        took = {}
+        for _ in range(runs):
+            for name, sql in (("whole", whole), ("sums", sums), ("jobs", jobs)):
+                t0 = time.perf_counter()
+                client(server, sql + ";", db)
+                took.setdefault(name, []).append(time.perf_counter() - t0)
+        print(f"# rollup plan of --by {by[0]}, year, in the client: whole statement "
+              f"{statistics.median(took['whole']):.3f} s, per-day sums alone {statistics.median(took['sums']):.3f} s, "
+              f"job counts alone (rollup_jobs) {statistics.median(took['jobs']):.3f} s", flush=True)
+
+
+def time_reports(server: testdb.MariaDB, db: str, scripts: Dict[Case, str], argv: Dict[Case, List[str]],
+                 env: Dict[str, str], runs: int, configs: Any) -> Tuple[Dict[Tuple[Case, str], List[float]], Dict[Case, str]]:
+    times: Dict[Tuple[Case, str], List[float]] = {}
+    said: Dict[Case, str] = {}
+    for run in range(runs):
+        configs()
+        for case in scripts:
+            took, err = run_child(argv[case], env)
+            times.setdefault((case, "cli"), []).append(took)
+            said[case] = next((ln[len("slurm-gpu: plan: "):] for ln in err.splitlines()
+                               if ln.startswith("slurm-gpu: plan: ")), "(no plan line)")
+            c0 = time.perf_counter()
+            client(server, scripts[case], db)
+            times.setdefault((case, "client"), []).append(time.perf_counter() - c0)
+        print(f"# run {run + 1}/{runs}: " + ", ".join(
+            f"{','.join(by)}/{w[0]} {times[((by, w), 'cli')][-1]:.2f}/{times[((by, w), 'client')][-1]:.2f} s"
+            for by, w in scripts), file=sys.stderr, flush=True)
+    return times, said
+
+
+def print_reports(rows: int, runs: int, times: Dict[Tuple[Case, str], List[float]], said: Dict[Case, str]) -> None:
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"\n{'records':>11} {'--by':<24} {'window':<6} {'CLI s':>7} {'client s':>9} {'ratio':>7}  "
+          f"(medians of {runs}; client: the raw GROUP BY of the same window)")
+    cases = sorted({c for c, _ in times}, key=lambda c: (WINDOWS.index(c[1]), BYS.index(c[0])))
+    for case in cases:
+        by, w = case
+        cl, sh = med[(case, "cli")], med[(case, "client")]
+        miss = [f"> {TARGET_S:g} s" for _ in [0] if cl > TARGET_S] + [f"ratio > {TARGET_RATIO}" for _ in [0]
+                                                                      if cl / sh > TARGET_RATIO]
+        print(f"{rows:>11,} {','.join(by):<24} {w[0]:<6} {cl:>7.3f} {sh:>9.3f} {cl / sh:>7.3f}"
+              f"{'   (missed: ' + ', '.join(miss) + ')' if miss else ''}")
+    print("\nplans (`--explain`):")
+    for case in cases:
+        print(f"  --by {','.join(case[0])}, {case[1][0]}: {said[case]}")
+
+
 # --------------------------------------------------------------------------- push
 
-def node_records(n_jobs: int, gpus: int = 8, t0: float = 1_790_000_000.0):
+def node_records(n_jobs: int, first_job: int, gpus: int = 8, t0: float = 1_790_000_000.0):
     for j in range(n_jobs):
         start = t0 + j * 97.0
         dur = 600.0 + (j * 7919) % 86400
-        job = {"cluster": "push", "job_id": 5_000_000 + j, "restart_count": 0, "node": "pushnode", "user": f"user{j % 200:03d}",
+        job = {"cluster": "push", "job_id": first_job + j, "restart_count": 0, "node": "pushnode", "user": f"user{j % 200:03d}",
                "uid": 1000 + j % 200, "account": f"acct{j % 40:02d}", "partition": f"part{j % 8}", "gpu_count": gpus,
                "start_time": start, "end_time": start + dur, "exit_code": "0"}
         rows = [{k: job[k] for k in ("cluster", "job_id", "restart_count", "node", "user", "account", "partition")} | {
@@ -313,6 +489,65 @@ def node_records(n_jobs: int, gpus: int = 8, t0: float = 1_790_000_000.0):
             "mem_util_mean_pct": float((j + 3 * i) % 101), "max_memory_bytes": (j % 80) << 30, "process_count": 1}
             for i in range(gpus)]
         yield {"kind": "job_end", "job": job, "gpus": rows}
+
+
+def write_node_db(path: Path, spool: Path, n_jobs: int, first_job: int) -> float:
+    store = Store(str(path), str(spool))
+    t0 = time.perf_counter()
+    for rec in node_records(n_jobs, first_job):
+        where = store.write(rec, ingest=False)
+        if where != "db":
+            raise RuntimeError(f"Store.write put a record in {where}")
+    store.close()
+    return time.perf_counter() - t0
+
+
+def push_once(argv: List[str], env: Dict[str, str], want: str) -> float:
+    t0 = time.perf_counter()
+    r = subprocess.run(argv, env=env, capture_output=True, text=True)
+    took = time.perf_counter() - t0
+    if r.returncode != 0 or want not in r.stdout:
+        raise RuntimeError(f"db push ({r.returncode}) said {r.stdout.strip()!r}, expected {want!r}: {r.stderr[-1500:]}")
+    return took
+
+
+def set_apply_batch(admin: C.Central, with_rollups: bool) -> None:
+    admin.execute(C._procedure(with_rollups=with_rollups))
+    admin.commit()
+
+
+def bench_push(args: argparse.Namespace, work: Path, wr_cfg: Path, admin: C.Central, env: Dict[str, str],
+               configs: Any) -> Dict[bool, List[float]]:
+    """Alternate pushes without and with the rollup calls in apply_batch: job_gpus records/s of each."""
+    n_gpus = args.push_jobs * 8
+    rates: Dict[bool, List[float]] = {False: [], True: []}
+    for i in range(args.push_rounds * 2):
+        with_rollups = i % 2 == 1
+        node_db = work / f"node{i}.db"
+        wrote = write_node_db(node_db, work / f"spool{i}", args.push_jobs, 5_000_000 + i * args.push_jobs)
+        print(f"# node database {i}: {n_gpus:,} job_gpus written through Store.write in {wrote:.1f} s", flush=True)
+        configs()
+        set_apply_batch(admin, with_rollups)
+        argv = [sys.executable, "-m", "slurm_gpu.cli", "--config", str(wr_cfg), "db", "push", "--db", str(node_db),
+                "--no-progress"]
+        took = push_once(argv, env, f"shipped jobs {args.push_jobs}, job_gpus {n_gpus}; left 0")
+        rates[with_rollups].append(n_gpus / took)
+        again = push_once(argv, env, "shipped nothing; left 0")
+        print(f"db push {i + 1} ({'with' if with_rollups else 'without'} the rollups): {n_gpus:,} job_gpus + "
+              f"{args.push_jobs:,} jobs in {took:.1f} s = {n_gpus / took:,.0f} job_gpus/s; nothing to ship {again:.2f} s",
+              flush=True)
+    set_apply_batch(admin, True)
+    a, b = statistics.median(rates[False]), statistics.median(rates[True])
+    print(f"push medians: without the rollups {a:,.0f} job_gpus/s, with {b:,.0f} job_gpus/s = {b / a:.2f} of it")
+    return rates
+
+
+def time_rebuild(admin: C.Central) -> None:
+    from slurm_gpu.store import rollups as R
+    t0 = time.perf_counter()
+    diff = R.rebuild(admin)
+    took = time.perf_counter() - t0
+    print(f"central rollup --rebuild: {took:.1f} s; corrected (missing, extra, other) per table: {diff}")
 
 
 # --------------------------------------------------------------------------- main
@@ -328,20 +563,24 @@ def write_config(path: Path, work: Path, url: str, user: str, password: str, tim
     return path
 
 
-def main() -> int:
+def arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=10_000_000, help="job_gpus records on the server (default 10,000,000)")
+    ap.add_argument("--rows", type=int, default=1_000_000, help="job_gpus records on the server (default 1,000,000)")
     ap.add_argument("--runs", type=int, default=5, help="interleaved runs per measurement (median)")
     ap.add_argument("--chunk", type=int, default=1_000_000, help="records per INSERT ... SELECT")
-    ap.add_argument("--buffer-pool", default="12G", help="innodb_buffer_pool_size (default 12G)")
+    ap.add_argument("--buffer-pool", default="4G", help="innodb_buffer_pool_size (default 4G; 12G for 10 M records)")
     ap.add_argument("--timeout-s", type=float, default=600.0,
                     help="central.timeout_s of the CLI's config (its read timeout; the default config has 10)")
-    ap.add_argument("--push-jobs", type=int, default=12_500, help="8-GPU job_end records in the node database")
+    ap.add_argument("--push-jobs", type=int, default=12_500, help="8-GPU job_end records per node database")
+    ap.add_argument("--push-rounds", type=int, default=2, help="pairs of pushes (without, with the rollups); 0: no push, no rebuild")
     ap.add_argument("--workdir", default=None,
                     help="directory for the server's data, temporary files, configs and node database, removed "
                          "at the end (default: a new one in /var/tmp: 10 M records take ~10 GB)")
-    args = ap.parse_args()
+    return ap.parse_args()
 
+
+def main() -> int:
+    args = arguments()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up on a kill too
     server = BenchMariaDB([f"--innodb-buffer-pool-size={args.buffer_pool}", "--innodb-log-file-size=2G",
                            "--innodb-log-buffer-size=64M", "--innodb-sort-buffer-size=64M",
@@ -354,6 +593,20 @@ def main() -> int:
         server.cleanup()  # the server and everything under its directory (configs, node database)
 
 
+def setup(server: BenchMariaDB) -> Tuple[str, Dict[str, Tuple[str, str]]]:
+    """The database at schema v3 and its accounts: db, role -> (url, password)."""
+    db = server.new_database("bench")
+    admin, writer, reporter = "bench_admin", "bench_writer", "bench_reporter"
+    admin_pw = server.new_user(admin, [f"GRANT ALL ON {db}.* TO '{admin}'@'%';"])
+    with C.Central(C.parse_url(server.url(admin, db)), admin_pw, 60) as srv:
+        migrate_to(srv, 3)
+    grants = [g for g in C.grants(C.parse_url(server.url(admin, db)), writer, reporter) if g.startswith("GRANT")]
+    reporter_pw = server.new_user(reporter, [g for g in grants if f"'{reporter}'" in g])
+    writer_pw = server.new_user(writer, [g for g in grants if f"'{writer}'" in g])
+    return db, {"admin": (server.url(admin, db), admin_pw), "writer": (server.url(writer, db), writer_pw),
+                "reporter": (server.url(reporter, db), reporter_pw)}
+
+
 def bench(server: BenchMariaDB, args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     server.start()
@@ -362,122 +615,41 @@ def bench(server: BenchMariaDB, args: argparse.Namespace) -> int:
     version = client(server, "SELECT VERSION(), @@innodb_buffer_pool_size").split()
     print(f"# MariaDB {version[0]} on {os.cpu_count()} CPUs, buffer pool {human_bytes(int(version[1]))}, "
           f"started in {time.perf_counter() - t0:.1f} s; data in {server.dir}", flush=True)
-    db = server.new_database("bench")
-    admin, writer, reporter = "bench_admin", "bench_writer", "bench_reporter"
-    admin_pw = server.new_user(admin, [f"GRANT ALL ON {db}.* TO '{admin}'@'%';"])
-    with C.Central(C.parse_url(server.url(admin, db)), admin_pw, 60) as srv:
-        before, after = srv.migrate()
-        W.register(srv, "push", [W.Writer(writer, ("pushnode",))])  # v4: the node the push phase ships
-    assert (before, after) == (None, C.SCHEMA_VERSION), (before, after)
-    grants = [g for g in C.grants(C.parse_url(server.url(admin, db)), writer, reporter) if g.startswith("GRANT")]
-    reporter_pw = server.new_user(reporter, [g for g in grants if f"'{reporter}'" in g])
-    writer_pw = server.new_user(writer, [g for g in grants if f"'{writer}'" in g])
-    rep_url, wr_url = server.url(reporter, db), server.url(writer, db)
+    db, acct = setup(server)
 
-    # -- 2. load ---------------------------------------------------------------------------
     took = load(server, db, args.rows, args.chunk)
-    print(f"loaded {args.rows:,} records in {took['total']:.1f} s (insert {took['insert']:.1f} s = "
+    print(f"loaded {args.rows:,} records into schema v3 in {took['total']:.1f} s (insert {took['insert']:.1f} s = "
           f"{args.rows / took['insert']:,.0f} rows/s, {len(_secondary_keys(server, db)[1])} secondary indexes "
           f"{took['indexes']:.1f} s, ANALYZE {took['analyze']:.1f} s)", flush=True)
     print(f"# {describe_data(server, db)}", flush=True)
+    time_migration(server, *acct["admin"], args.rows)
+    print_sizes(table_sizes(server, db), args.rows)
 
-    # -- 3. report: CLI vs the mariadb client vs in-process -------------------------------------
-    node_db = work / "node.db"
     rep_cfg, wr_cfg = work / "reporter.toml", work / "writer.toml"
 
     def configs() -> None:
         # Written again before each use: a long run must not depend on files in /tmp surviving
         # (a first 10 M run in /tmp lost its configs, then a server temp file, to a /tmp sweeper).
         work.mkdir(mode=0o700, exist_ok=True)
-        write_config(rep_cfg, work, rep_url, reporter, reporter_pw, args.timeout_s, node_db)
-        write_config(wr_cfg, work, wr_url, writer, writer_pw, args.timeout_s, node_db)
+        for cfg, role in ((rep_cfg, "reporter"), (wr_cfg, "writer")):
+            url, password = acct[role]
+            write_config(cfg, work, url, f"bench_{role}", password, args.timeout_s, work / "node.db")
     configs()
     env = dict(os.environ)
     env.pop("SLURM_CONF", None)
     env.pop("SLURM_GPU_CONFIG", None)
-    cli = {by: [sys.executable, "-m", "slurm_gpu.cli", "--config", str(rep_cfg), "report", "--by", ",".join(by),
-                "--db", rep_url, "--format", "csv"] for by in BYS}
-    scripts: Dict[Tuple[str, ...], str] = {}
-    for by in BYS:
-        stmts = plan_statements(rep_url, reporter_pw, args.timeout_s, by)
-        # What the CLI sends (its first run, also warming the buffer pool) must contain them verbatim.
-        seen = general_log_of(server, db, cli[by], env, reporter)
-        missing = [s for s in stmts if s not in seen]
-        if missing:
-            raise RuntimeError(f"--by {','.join(by)}: the CLI did not send {short(missing[0], 200)!r}; it sent:\n"
-                               + "\n".join(short(s, 200) for s in seen))
-        others = [s for s in seen if s not in stmts]
-        print(f"# --by {','.join(by)}: the client's {len(stmts)} statement(s) = the CLI's (general log); "
-              f"the CLI also sent {len(others)} other statement(s)", flush=True)
-        scripts[by] = ";\n".join(stmts) + ";\n"
-        explain = stmts[:-1] + ["EXPLAIN " + stmts[-1]]
-        print(f"# EXPLAIN --by {','.join(by)}:\n" + "\n".join(
-            "#   " + line for line in client(server, ";\n".join(explain) + ";", db).splitlines()), flush=True)
+    scripts, _ = prepare_reports(server, db, *acct["reporter"], args.timeout_s)
+    argv = {case: cli_argv(rep_cfg, acct["reporter"][0], *case) for case in scripts}
+    times, said = time_reports(server, db, scripts, argv, env, args.runs, configs)
+    print_reports(args.rows, args.runs, times, said)
+    rollup_breakdown(server, db, *acct["reporter"], args.timeout_s, args.runs)
 
-    times: Dict[Tuple[Tuple[str, ...], str], List[float]] = {}
-    breakdown: Dict[Tuple[str, ...], List[List[Tuple[str, float]]]] = {by: [] for by in BYS}
-    for run in range(args.runs):
-        configs()
-        for by in BYS:
-            times.setdefault((by, "cli"), []).append(run_child(cli[by], env))
-            c0 = time.perf_counter()
-            client(server, scripts[by], db)
-            times.setdefault((by, "client"), []).append(time.perf_counter() - c0)
-            s, log = in_process(rep_url, reporter_pw, args.timeout_s, by)
-            times.setdefault((by, "inproc"), []).append(s)
-            breakdown[by].append(log)
-        print(f"# run {run + 1}/{args.runs}: " + ", ".join(
-            f"{','.join(by)} CLI {times[(by, 'cli')][-1]:.2f} s client {times[(by, 'client')][-1]:.2f} s"
-            for by in BYS), file=sys.stderr, flush=True)
-
-    med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"\n{'records':>11} {'--by':<14} {'CLI s':>8} {'client s':>9} {'in-proc s':>9} {'CLI/client':>10}  (median of {args.runs})")
-    for by in BYS:
-        cl, sh, ip = med[(by, "cli")], med[(by, "client")], med[(by, "inproc")]
-        print(f"{args.rows:>11,} {','.join(by):<14} {cl:>8.2f} {sh:>9.2f} {ip:>9.2f} {cl / sh:>10.2f}"
-              f"{'' if cl / sh <= 1.5 else '   (target <= 1.5)'}")
-    for by in BYS:
-        n = len(breakdown[by][0])
-        per = [statistics.median(run[i][1] for run in breakdown[by]) for i in range(n)]
-        print(f"\nin-process --by {','.join(by)}: statement medians (s)")
-        for i in range(n):
-            print(f"  {per[i]:8.3f}  {short(breakdown[by][0][i][0], 100)}")
-
-    # -- 4. push -------------------------------------------------------------------------------
-    configs()
-    store = Store(str(node_db), str(work / "spool"))
-    t1 = time.perf_counter()
-    for rec in node_records(args.push_jobs):
-        where = store.write(rec, ingest=False)
-        if where != "db":
-            raise RuntimeError(f"Store.write put a record in {where}")
-    store.close()
-    n_gpus = args.push_jobs * 8
-    print(f"\n# node database: {args.push_jobs:,} job_end records ({n_gpus:,} job_gpus) written through Store.write "
-          f"in {time.perf_counter() - t1:.1f} s ({os.path.getsize(node_db) / 1e6:.0f} MB)", flush=True)
-    push = [sys.executable, "-m", "slurm_gpu.cli", "--config", str(wr_cfg), "db", "push", "--db", str(node_db),
-            "--no-progress"]
-    configs()
-    t2 = time.perf_counter()
-    r = subprocess.run(push, env=env, capture_output=True, text=True)
-    first = time.perf_counter() - t2
-    if r.returncode != 0:
-        raise RuntimeError(f"db push failed ({r.returncode}): {r.stderr[-1500:]}")
-    want = f"shipped jobs {args.push_jobs}, job_gpus {n_gpus}; left 0"
-    if want not in r.stdout:
-        raise RuntimeError(f"db push said {r.stdout.strip()!r}, expected {want!r}")
-    on_server = client(server, "SELECT COUNT(*) FROM job_gpus WHERE cluster = 'push'", db).strip()
-    assert int(on_server) == n_gpus, on_server
-    again = []
-    for _ in range(args.runs):
-        t3 = time.perf_counter()
-        r = subprocess.run(push, env=env, capture_output=True, text=True)
-        again.append(time.perf_counter() - t3)
-        if r.returncode != 0 or "shipped nothing; left 0" not in r.stdout:
-            raise RuntimeError(f"second db push: {r.returncode} {r.stdout.strip()} {r.stderr[-500:]}")
-    print(f"db push of {n_gpus:,} job_gpus + {args.push_jobs:,} jobs into a table of {args.rows:,}: {first:.1f} s = "
-          f"{n_gpus / first:,.0f} job_gpus/s ({(n_gpus + args.push_jobs) / first:,.0f} rows/s, batches of "
-          f"2000); second push (nothing to ship): median {statistics.median(again):.2f} s of {len(again)}")
+    if args.push_rounds:
+        print()
+        with C.Central(C.parse_url(acct["admin"][0]), acct["admin"][1], 3600) as admin:
+            bench_push(args, work, wr_cfg, admin, env, configs)
+            time_rebuild(admin)
+        print_sizes(table_sizes(server, db), args.rows)
     return 0
 
 

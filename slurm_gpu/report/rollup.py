@@ -88,7 +88,8 @@ def _bucket_of(col: str, buckets: Sequence[Tuple[float, float, str]]) -> str:
 
 
 def _rollup_parts(by: Sequence[str], unit: Optional[str], buckets: Sequence[Tuple[float, float, str]],
-                  q: Q.Query, params: Dict[str, Any], days: Tuple[int, int]) -> List[str]:
+                  q: Q.Query, params: Dict[str, Any], days: Tuple[int, int]) -> Tuple[str, str]:
+    """(the whole days' sums, the whole days' jobs and peaks): one SELECT each."""
     has_node = "node" in by or bool(q.nodes)
     table = "rollup_day_node" if has_node else "rollup_day"
     plain = [k for k in by if k not in Q.TIME_KEYS]
@@ -97,18 +98,19 @@ def _rollup_parts(by: Sequence[str], unit: Optional[str], buckets: Sequence[Tupl
     params["r_d0"], params["r_d1"] = days
     where = ["r.day BETWEEN :r_d0 AND :r_d1"] + Q._filters(q, params, _col, "r_")
     sums = ", ".join(f'r."{c}" AS "{c}"' for c in R.FIGURES)
-    nones = ", ".join(f'NULL AS "{c}"' for c in R.FIGURES)
     head = ", ".join(keys + [f'{bucket} AS "_bucket"'])
-    return [
-        f"SELECT {head}, NULL AS jc, NULL AS jid, {sums}, NULL AS peak FROM {table} r JOIN rollup_days d "
+    return (
+        f"SELECT {head}, {sums} FROM {table} r JOIN rollup_days d "
         f"ON d.day = r.day WHERE {' AND '.join(where + ['r.records <> 0'])}",
-        f"SELECT {head}, r.cluster AS jc, r.job_id AS jid, {nones}, r.peak_bytes FROM rollup_jobs r JOIN rollup_days d "
+        f"SELECT {head}, r.cluster AS jc, r.job_id AS jid, r.peak_bytes AS peak FROM rollup_jobs r JOIN rollup_days d "
         f"ON d.day = r.day WHERE {' AND '.join(where)}",
-    ]
+    )
 
 
-def _edge_part(src: Any, by: Sequence[str], lo: float, hi: float, bucket: int, n: int) -> Tuple[str, Dict[str, Any]]:
-    """The records' pieces in [lo, hi), a part of one day, as the raw plan computes them."""
+def _edge_part(src: Any, by: Sequence[str], lo: float, hi: float, bucket: int, n: int
+               ) -> Tuple[str, str, Dict[str, Any]]:
+    """The records' pieces in [lo, hi), a part of one day, as the raw plan computes them: (their
+    sums, their jobs and peaks, the parameters)."""
     q = src.query
     edge = Q.Query(since_s=lo, until_s=hi, users=q.users, accounts=q.accounts, partitions=q.partitions,
                    nodes=q.nodes, clusters=q.clusters, idle_threshold_pct=q.idle_threshold_pct, tz=q.tz)
@@ -120,9 +122,9 @@ def _edge_part(src: Any, by: Sequence[str], lo: float, hi: float, bucket: int, n
     keys = [f'{Q.GROUP_KEYS[k]} AS "{k}"' for k in by if k not in Q.TIME_KEYS]
     figs = ", ".join(f'{exprs[c]} AS "{c}"' for c in R.FIGURES)
     head = ", ".join(keys + [f'{bucket} AS "_bucket"'])
-    sql = (f"SELECT {head}, cluster AS jc, job_id AS jid, {figs}, max_memory_bytes AS peak "
-           f"FROM {src.table} WHERE {where}")
-    return sql, params
+    return (f"SELECT {head}, {figs} FROM {src.table} WHERE {where}",
+            f"SELECT {head}, cluster AS jc, job_id AS jid, max_memory_bytes AS peak FROM {src.table} WHERE {where}",
+            params)
 
 
 def _rename(where: str, n: int) -> str:
@@ -130,24 +132,30 @@ def _rename(where: str, n: int) -> str:
     return re.sub(r":([A-Za-z_]\w*)", lambda m: f":{m.group(1)}_e{n}", where)
 
 
-def _outer(by: Sequence[str], unit: Optional[str], parts: Sequence[str]) -> str:
+def _outer(by: Sequence[str], unit: Optional[str], sums: Sequence[str], jobs: Sequence[str]) -> str:
+    """The sums and the distinct jobs aggregated apart, then joined on the group.
+
+    Apart, because one UNION ALL of both made the server materialise every rollup_jobs row with
+    the sums' thirteen (NULL) DECIMAL columns beside it: a derived table too wide for memory."""
     names = [k if k not in Q.TIME_KEYS else "_bucket" for k in by]
     group = ", ".join(f'"{k}"' for k in names)
-    if unit is None:
-        group_sel = group
-    else:
-        group_sel = ", ".join(f'"{k}"' + (f' AS "{unit}"' if k == "_bucket" else "") for k in names)
+    out = ", ".join(f's."{k}"' + (f' AS "{unit}"' if k == "_bucket" else "") for k in names)
     figs = ["SUM(alloc_s) AS alloc_s",
             "CASE WHEN SUM(util_n) > 0 THEN SUM(util_pct_s) END AS util_pct_s",
             "CASE WHEN SUM(util_n) > 0 THEN SUM(util_known_s) END AS util_known_s",
             "CASE WHEN SUM(mem_n) > 0 THEN SUM(mem_pct_s) END AS mem_pct_s",
             "CASE WHEN SUM(mem_n) > 0 THEN SUM(mem_known_s) END AS mem_known_s",
-            "MAX(peak) AS peak_bytes",
             "CASE WHEN SUM(energy_n) > 0 THEN SUM(energy_j) END AS energy_j",
             "SUM(idle_s) AS idle_s", "SUM(clamped_s) AS clamped_s"]
-    body = "\n  UNION ALL\n  ".join(parts)
-    return (f"SELECT {group_sel},\n  COUNT(DISTINCT jc, jid) AS jobs,\n  " + ",\n  ".join(figs)
-            + f"\nFROM (\n  {body}\n) AS pieces\nGROUP BY {group}\nORDER BY {group}")
+    on = " AND ".join(f's."{k}" <=> j."{k}"' for k in names)
+    order = ", ".join(f's."{k}"' for k in names)
+    s_body = "\n    UNION ALL\n    ".join(sums)
+    j_body = "\n    UNION ALL\n    ".join(jobs)
+    return (f"SELECT {out},\n  COALESCE(j.jobs, 0) AS jobs,\n  s.alloc_s, s.util_pct_s, s.util_known_s, s.mem_pct_s, "
+            f"s.mem_known_s,\n  j.peak_bytes, s.energy_j, s.idle_s, s.clamped_s\n"
+            f"FROM (\n  SELECT {group},\n  " + ",\n  ".join(figs) + f"\n  FROM (\n    {s_body}\n  ) AS sp GROUP BY {group}\n) AS s\n"
+            f"LEFT JOIN (\n  SELECT {group}, COUNT(DISTINCT jc, jid) AS jobs, MAX(peak) AS peak_bytes\n  FROM (\n    {j_body}\n"
+            f"  ) AS jp GROUP BY {group}\n) AS j ON {on}\nORDER BY {order}")
 
 
 def _build(src: Any, by: Sequence[str], unit: Optional[str], buckets: List[Tuple[float, float, str]],
@@ -155,20 +163,22 @@ def _build(src: Any, by: Sequence[str], unit: Optional[str], buckets: List[Tuple
            info: Dict[str, str]) -> Plan:
     q = src.query
     params: Dict[str, Any] = {}
-    parts = _rollup_parts(by, unit, buckets, q, params, days)
+    day_sums, day_jobs = _rollup_parts(by, unit, buckets, q, params, days)
+    sums, jobs = [day_sums], [day_jobs]
     edges = []
     if q.since_s is not None and whole[0] is not None and q.since_s < whole[0]:
         edges.append((q.since_s, whole[0], 0))
     if q.until_s is not None and whole[1] is not None and whole[1] < q.until_s:
         edges.append((whole[1], q.until_s, len(buckets) - 1 if buckets else 0))
     for n, (lo, hi, b) in enumerate(edges):
-        sql, p = _edge_part(src, by, lo, hi, b, n)
-        parts.append(sql)
+        edge_sums, edge_jobs, p = _edge_part(src, by, lo, hi, b, n)
+        sums.append(edge_sums)
+        jobs.append(edge_jobs)
         params.update(p)
     table = "rollup_day_node" if ("node" in by or q.nodes) else "rollup_day"
     span = f"{len(used)} day(s) of {table} and rollup_jobs ({info['rollup_zone']})"
     describe = f"rollups: {span}" + (f" + records of {len(edges)} partial day(s) at the window's edges" if edges else "")
-    return Plan("", _outer(by, unit, parts), params, buckets, unit, describe)
+    return Plan("", _outer(by, unit, sums, jobs), params, buckets, unit, describe)
 
 
 def summary_rows(src: Any, by: Sequence[str]) -> Optional[List[Dict[str, Any]]]:
