@@ -166,7 +166,8 @@ def test_breaker_is_off_at_100_pct():
 
 
 def test_prolog_gate_is_never_suspended_for_a_hardware_fault():
-    for check in ("ecc_uncorrectable", "row_remap_failure", "responsive", "gpu_count", "recovery_action", "nvml"):
+    for check in ("ecc_uncorrectable", "row_remap_failure", "pending_reset", "responsive", "gpu_count",
+                  "recovery_action", "fabric", "nvml"):
         assert not P.gate_suspended([check]) and not P.gate_suspended(["temperature", check])
     assert P.gate_suspended(["temperature", "xid"]) and not P.gate_suspended([])
 

@@ -15,8 +15,9 @@ storm), and a node already drained by us is never counted against itself.  max_d
 turns the breaker off.
 
 Never suspended (HARDWARE): the prolog's gate on the job's own GPUs for a hardware fault.  A job
-never starts on a GPU with uncorrectable ECC errors, a failed row remap, one that is lost or one
-whose driver asks for recovery; the prolog fails and Slurm keeps the job off the node.
+never starts on a GPU with uncorrectable ECC errors, a failed or pending row remap, one that is lost,
+one whose driver asks for recovery or whose NVSwitch fabric is not ready; the prolog fails and Slurm
+keeps the job off the node.
 
 Pure and standard library only: the prolog imports it.
 """
@@ -27,8 +28,11 @@ from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence
 from slurm_gpu.slurm.reason import is_ours, reason_check
 
 # Checks whose FAIL in the prolog always gates the job (issue 26 item 5): the GPU itself is broken,
-# or (nvml: NVML cannot start, e.g. a driver/library mismatch) the driver cannot serve it at all.
-HARDWARE = frozenset({"ecc_uncorrectable", "row_remap_failure", "responsive", "gpu_count", "recovery_action", "nvml"})
+# or (nvml: NVML cannot start, e.g. a driver/library mismatch) the driver cannot serve it at all;
+# pending_reset: an uncorrectable error's row or page is not retired until a reset, so the next job
+# can meet it again; fabric: with the NVSwitch fabric not ready every CUDA program fails at start.
+HARDWARE = frozenset({"ecc_uncorrectable", "row_remap_failure", "pending_reset", "responsive", "gpu_count",
+                      "recovery_action", "fabric", "nvml"})
 REBOOT = "reboot"  # the "check" of remediate's reboot requests: at most the share of a partition rebooting at once
 ANY = "*"  # a reset of every check (`slurm-gpu breaker reset` without --check)
 
