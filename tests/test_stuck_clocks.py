@@ -100,8 +100,9 @@ def test_stuck_clocks_records_nothing_when_the_low_clock_is_explained_or_the_job
     assert res.status == status and words in res.message, res
 
 
-def test_stuck_clocks_not_judged_without_the_jobs_utilisation(sim_node):
+def test_stuck_clocks_not_judged_without_the_jobs_utilisation(sim_node, monkeypatch):
     node = sim_node(simgpu.h100_sxm(1))
+    monkeypatch.setenv("SIMNVML_STATE", str(node.state))  # the in-process reader's GPUs: this node's
     cfg = config.load(str(node.config))
     simgpu.set_gpu(node.state, 0, **STUCK)
     with NvmlReader(cfg.nvml_library, cfg.nvml_timeout_s) as r:

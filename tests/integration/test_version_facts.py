@@ -26,14 +26,14 @@ pytestmark = pytest.mark.slurm
 
 
 class Facts(NamedTuple):
-    nvml_plugin: bool             # Debian ships Slurm's gpu_nvml.so (AutoDetect=nvml works)
+    nvml_plugin: bool             # Debian ships Slurm's gpu_nvml.so (contrib's slurm-wlm-nvml-plugin)
     start_only: bool              # HealthCheckNodeState=START_ONLY exists
     reboot_only: bool             # HealthCheckNodeState=REBOOT_ONLY exists
     health_check_timeout: bool    # HealthCheckTimeout exists (and must stay below HealthCheckInterval)
     sacctmgr_lowercases: bool     # `sacctmgr modify job ... set AdminComment=` lowercases the value
     env_uuid: bool                # gres.conf Flags=env_uuid exists
     hook_cuda_uuids: bool         # AutoDetect: CUDA_VISIBLE_DEVICES in prolog/epilog holds GPU UUIDs
-    ordinal: bool                 # GPU_DEVICE_ORDINAL is set (gres.conf lines: yes; AutoDetect: ENV_NVML only)
+    ordinal: bool                 # GPU_DEVICE_ORDINAL set under AutoDetect (its records: ENV_NVML only); gres.conf lines set it
 
 
 FACTS: Dict[Tuple[int, int], Facts] = {
@@ -44,6 +44,13 @@ FACTS: Dict[Tuple[int, int], Facts] = {
     (26, 5): Facts(nvml_plugin=True, start_only=True, reboot_only=True, health_check_timeout=True,
                    sacctmgr_lowercases=False, env_uuid=True, hook_cuda_uuids=True, ordinal=False),
 }
+
+
+def nvml_plugin_installed() -> bool:
+    """Whether this machine has Slurm's NVML plugin: Debian 13 and unstable ship it in contrib
+    (.ci/rootfs.sh installs it), a machine with main alone does not have it."""
+    return any(os.path.exists(os.path.join(d, "gpu_nvml.so"))
+               for d in ("/usr/lib/x86_64-linux-gnu/slurm-wlm", "/usr/lib/aarch64-linux-gnu/slurm-wlm", "/usr/lib/slurm"))
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +167,7 @@ def _uuids(node: str) -> list:
     return [g["uuid"] for g in simgpu.h100_sxm(4, seed=node)["gpus"]]
 
 
-def _expect(seen: Dict[str, Dict[str, str]], facts: Facts, uuids: list) -> None:
+def _expect(seen: Dict[str, Dict[str, str]], facts: Facts, uuids: list, autodetect: bool) -> None:
     idx = seen["prolog"]["SLURM_JOB_GPUS"]
     assert idx in ("0,1", "2,3"), seen
     as_uuids = ",".join(uuids[int(i)] for i in idx.split(","))
@@ -169,9 +176,9 @@ def _expect(seen: Dict[str, Dict[str, str]], facts: Facts, uuids: list) -> None:
         # the hooks read (slurm/jobenv.py).
         assert seen[where]["SLURM_JOB_GPUS"] == idx, seen
         hook = where != "job"
-        want = as_uuids if hook and facts.hook_cuda_uuids and facts.nvml_plugin else idx
+        want = as_uuids if hook and facts.hook_cuda_uuids and autodetect else idx
         assert seen[where]["CUDA_VISIBLE_DEVICES"] == want, seen
-        assert seen[where]["GPU_DEVICE_ORDINAL"] == (idx if facts.ordinal else ""), seen
+        assert seen[where]["GPU_DEVICE_ORDINAL"] == (idx if facts.ordinal or not autodetect else ""), seen
     # And our hooks judged and recorded exactly those GPUs.
     assert seen["recorded"]["uuids"] == as_uuids, seen
 
@@ -184,12 +191,15 @@ def test_gpu_variables_in_prolog_epilog_and_job(slurm_testbed_factory, dumps, fa
                 for n in ("gpu01", "gpu02")}
     kwargs: Dict[str, Any] = dict(prolog=str(dumps / "prolog"), epilog=str(dumps / "epilog"),
                                   extra_node_env=node_env, slurm_gpu_config=site.config())
-    if facts.nvml_plugin:
+    # AutoDetect where this machine has the plugin its Debian ships (a Debian 13 without contrib
+    # has not: then the testbed's gres.conf, as on 22.05).
+    autodetect = facts.nvml_plugin and nvml_plugin_installed()
+    if autodetect:
         kwargs["gres_conf"] = "AutoDetect=nvml\n"
     uuids = _uuids("gpu02")
-    _expect(_observe(slurm_testbed_factory(**kwargs), dumps, site), facts, uuids)
-    if facts.env_uuid:
+    _expect(_observe(slurm_testbed_factory(**kwargs), dumps, site), facts, uuids, autodetect)
+    if facts.env_uuid and autodetect:
         # 26.05's Flags=env_uuid (gres.conf(5): UUIDs in CUDA_VISIBLE_DEVICES): observed with
         # task/none, the job itself still sees indices and the hooks see what they saw without it.
         kwargs["gres_conf"] = "AutoDetect=nvml\nName=gpu Flags=env_uuid\n"
-        _expect(_observe(slurm_testbed_factory(**kwargs), dumps, site), facts, uuids)
+        _expect(_observe(slurm_testbed_factory(**kwargs), dumps, site), facts, uuids, autodetect)
