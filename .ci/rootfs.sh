@@ -9,7 +9,7 @@
 # SUITE: trixie (Debian 13, Slurm 24.11) or sid (Debian unstable, Slurm 26.05).
 # The root filesystem is cached under $ROOTFS_CACHE (default /var/cache/slurm-gpu/rootfs) and
 # keyed by the suite, the package list and this script's own text: a machine builds each once
-# (1-4 minutes), later runs find it. `run` bind-mounts /proc, /sys, /dev, /dev/pts and the
+# (about 4 minutes), later runs find it. `run` bind-mounts /proc, /sys, /dev, /dev/pts and the
 # checkout in a mount namespace of its own, so they vanish however CMD ends. Processes inside share this machine's
 # network and pid space: the testbed picks free ports and stops its daemons by pid as on the host.
 set -euo pipefail
