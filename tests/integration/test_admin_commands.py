@@ -352,8 +352,14 @@ exec {sys.executable} -m slurm_gpu.cli healthcheck
 
     simgpu.set_gpu(states / "gpu01.state", 3, ecc_volatile_uncorrected=0)
     tb.wait_node_state("gpu01", lambda i: "DRAIN" not in i.get("State", "DRAIN"), timeout=30)
-    log = (tmp_path / "hc.log").read_text()
-    assert "drained" in log and "resumed" in log
+    # The healthcheck logs its resume after scontrol returns, so slurmctld can show the node
+    # resumed a moment before the line is written (seen once on 26.05): wait for the line.
+    log_file = tmp_path / "hc.log"
+    deadline = time.monotonic() + 10
+    while "resumed" not in log_file.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    log = log_file.read_text()
+    assert "drained" in log and "resumed" in log, log
 
 
 # ------------------------------------------------------------------ job facts
