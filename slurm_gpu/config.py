@@ -382,7 +382,7 @@ def _good_entries(spec: Key, table: Dict[str, Any], dotted: str, path: str, erro
     """Lenient tables keep their valid entries: one misspelt check must not undo the other overrides."""
     kept = {}
     for k, v in table.items():
-        problem = spec.check({k: v})
+        problem = spec.check({k: v}) if spec.check else None
         if problem:
             errors.append(ConfigError(f"{path}: key '{dotted}' {problem} (got {{{k!r}: {v!r}}})", "that entry is ignored"))
         else:

@@ -316,6 +316,18 @@ def test_a_gpu_that_faults_again_after_its_remedies_is_a_lemon_and_goes_to_rma(s
     assert out.outcome == "rma" and "lemon" in backend.reason
 
 
+def test_a_reset_fault_that_names_no_gpu_runs_no_reset_command_and_escalates():
+    """A node-wide reset fault (an XID whose bus id matches no GPU) has nothing to reset: the
+    reset step must say so (so remediate escalates) instead of running nothing and verifying."""
+    ran = []
+    env = type("E", (), {"run": lambda self, *a, **k: ran.append(a), "say": lambda self, *a, **k: None,
+                         "get": lambda self, k: 10.0, "node": "gpu01"})()
+    node_wide = R.Remedy("xid", None, "", R.RESET, "NVIDIA XID catalog", "XID 48 on an unknown GPU")
+    assert "names no GPU" in REM._reset_gpus(env, None, [node_wide])
+    assert "names no GPU" in REM._reset_gpus(env, None, [])
+    assert ran == []
+
+
 def test_dry_run_says_the_step_and_changes_nothing(sim_node, tmp_path):
     node = _node(sim_node, tmp_path)
     simgpu.set_gpu(node.state, 1, remapped_pending=1)

@@ -12,9 +12,8 @@ It also holds the options every command spells the same way (docs/admin-guide.md
 """
 from __future__ import annotations
 
-import importlib
-import sys
 import functools
+import importlib
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import click
@@ -221,4 +220,4 @@ def run() -> None:  # pragma: no cover - console entry for `python -m slurm_gpu`
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(run())
+    run()

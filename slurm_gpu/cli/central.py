@@ -247,8 +247,8 @@ def push(app, database, url, password_file, max_seconds, batch_size, status_only
     node database runs at a time: a second one says so on stderr and exits 0.  Connecting
     and each exchange end within central.timeout_s in all, however slowly the server answers.
     """
-    from slurm_gpu.store.node import Store
     from slurm_gpu.store import push as P
+    from slurm_gpu.store.node import Store
     cfg = app.config
     store = Store(database or cfg.path_value("store", "database"), cfg.path_value("store", "spool_dir"),
                   cfg.get("store", "busy_timeout_s"))

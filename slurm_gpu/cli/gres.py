@@ -16,8 +16,8 @@ def _local_inventory(cfg, snapshot_path: Optional[str], hostname: Optional[str],
     import json
 
     from slurm_gpu import config as config_mod
-    from slurm_gpu.gres import inventory
     from slurm_gpu.gpu.snapshot import SnapshotFormatError, node_from_json
+    from slurm_gpu.gres import inventory
 
     if snapshot_path:
         try:

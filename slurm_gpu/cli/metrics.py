@@ -44,7 +44,8 @@ def exporter(app: AppContext, listen: str, once: bool) -> None:
     except (ValueError, OSError) as e:
         raise InputError(f"cannot listen on {listen}: {e}", "give a free HOST:PORT, e.g. 127.0.0.1:9466") from None
     bound = server.server_address
-    where = f"[{bound[0]}]:{bound[1]}" if ":" in str(bound[0]) else f"{bound[0]}:{bound[1]}"
+    host, port = str(bound[0]), bound[1]
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     click.echo(f"slurm-gpu exporter: serving {directory} on http://{where}/metrics", err=True)
     try:
         server.serve_forever()

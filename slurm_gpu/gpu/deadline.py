@@ -18,7 +18,7 @@ import select
 import signal
 import threading
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 
 class DeadlineExceeded(TimeoutError):
@@ -84,7 +84,7 @@ def _child(fn: Callable[[], Any], fd: int) -> None:
 
 def _read_until(fd: int, deadline: float) -> Optional[bytes]:
     """Everything the child writes up to its end of the pipe; None when the deadline passes first."""
-    chunks = []
+    chunks: List[bytes] = []
     while True:
         left = deadline - time.monotonic()
         if left <= 0 or not select.select([fd], [], [], left)[0]:

@@ -28,9 +28,9 @@ from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Seque
 
 import pynvml
 
-from slurm_gpu.gpu.deadline import run_with_deadline
-from slurm_gpu.gpu import snapshot as S
 from slurm_gpu.errors import DriverLibraryMismatch, NvmlUnavailable, NvmlWriteError
+from slurm_gpu.gpu import snapshot as S
+from slurm_gpu.gpu.deadline import run_with_deadline
 from slurm_gpu.gpu.snapshot import GpuSnapshot, MigDevice, NodeSnapshot, NvLink, Process, Reading
 
 # Errors that mean "this GPU does not offer that reading" rather than "something is wrong".
@@ -96,7 +96,7 @@ class _GpuReader:
         self.unreachable = ""
         self.lock = threading.Lock()
 
-    def call(self, name: str, fn: Callable, *args: Any) -> Any:
+    def call(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         with self.lock:
             self.current, self.started = name, time.monotonic()
         try:
@@ -105,7 +105,8 @@ class _GpuReader:
             with self.lock:
                 self.current = None
 
-    def reading(self, field: str, name: str, fn: Callable, *args: Any, convert: Callable = lambda v: v) -> Reading:
+    def reading(self, field: str, name: str, fn: Callable[..., Any], *args: Any,
+                convert: Callable[[Any], Any] = lambda v: v) -> Reading:
         try:
             r = S.value(convert(self.call(name, fn, *args)))
         except pynvml.NVMLError as e:
@@ -280,12 +281,13 @@ class _GpuReader:
         self.fields.pop("_fan")
         return S.Fan(fan, speed, target)
 
-    def _optional(self, field: str, name: str, *args: Any, convert: Callable = lambda v: v) -> Reading:
+    def _optional(self, field: str, name: str, *args: Any, convert: Callable[[Any], Any] = lambda v: v) -> Reading:
         """A reading through a pynvml function that older nvidia-ml-py releases lack."""
         fn = getattr(pynvml, name, None)
         if fn is None:
-            self.fields[field] = S.unsupported(name, _absent())
-            return self.fields[field]
+            absent = S.unsupported(name, _absent())
+            self.fields[field] = absent
+            return absent
         return self.reading(field, name, fn, *args, convert=convert)
 
     def _read_state(self, h: Any) -> None:
@@ -466,7 +468,8 @@ class NvmlReader:
         try:
             _run_with_deadline(pynvml.nvmlInit, self.timeout_s, "nvmlInit")
         except TimeoutError as e:
-            raise NvmlUnavailable(f"{e}: the driver does not answer", "check dmesg for NVIDIA XID errors; the node may need a reboot") from None
+            raise NvmlUnavailable(f"{e}: the driver does not answer",
+                                  "check dmesg for NVIDIA XID errors; the node may need a reboot") from None
         except pynvml.NVMLError as e:
             code = getattr(e, "value", None)
             if code == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
@@ -508,7 +511,8 @@ class NvmlReader:
             return tuple(out)
 
         try:
-            return _run_with_deadline(read_all, self.timeout_s, "nvmlSystemGetDriverVersion")  # type: ignore[return-value]
+            got: Tuple[Reading, Reading, Reading] = _run_with_deadline(read_all, self.timeout_s, "nvmlSystemGetDriverVersion")
+            return got
         except TimeoutError as e:
             return tuple(S.failed(name, str(e)) for name, _, _ in calls)  # type: ignore[return-value]
 
@@ -653,7 +657,7 @@ class NvmlReader:
         not support the operation (nothing to reset is not an error).
         """
         p = pynvml
-        ops: List[Tuple[str, Callable, Tuple[Any, ...]]] = []
+        ops: List[Tuple[str, Callable[..., Any], Tuple[Any, ...]]] = []
         if persistence:
             ops.append(("nvmlDeviceSetPersistenceMode", p.nvmlDeviceSetPersistenceMode, (p.NVML_FEATURE_ENABLED,)))
         if reset_clocks:

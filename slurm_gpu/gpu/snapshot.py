@@ -14,7 +14,7 @@ relies on that, and each has its own ``to_json`` (json.dumps would write a list)
 """
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 OK = "ok"
 UNSUPPORTED = "unsupported"
@@ -160,7 +160,7 @@ class NvLink(NamedTuple):
 
 
 class MigDevice(NamedTuple):
-    index: int
+    index: int  # type: ignore[assignment]  # a field named like tuple's method
     uuid: str
     gpu_instance_id: int
     compute_instance_id: int
@@ -175,7 +175,7 @@ class MigDevice(NamedTuple):
 class GpuSnapshot(NamedTuple):
     """Everything we read about one GPU at one moment."""
 
-    index: int  # NVML index == node-wide ordinal used by SLURM_JOB_GPUS
+    index: int  # type: ignore[assignment]  # NVML index == node-wide ordinal used by SLURM_JOB_GPUS
     minor_number: Reading = _NA  # int, /dev/nvidia<minor>
     uuid: Reading = _NA  # str "GPU-..."
     name: Reading = _NA  # str
@@ -301,9 +301,10 @@ def _reading_from(obj: Any, name: str, kind: Optional[type] = None) -> Reading:
     raise SnapshotFormatError(f"field {name!r}: unknown status {st!r}")
 
 
-_TUPLE_FIELDS = {
+_TUPLE_FIELDS: Dict[str, Callable[[Any], Any]] = {
     "nvlinks": lambda items: tuple(
-        NvLink(int(i["link"]), _reading_from(i["active"], "nvlinks.active"), _reading_from(i["remote_bus_id"], "nvlinks.remote_bus_id"))
+        NvLink(int(i["link"]), _reading_from(i["active"], "nvlinks.active"),
+               _reading_from(i["remote_bus_id"], "nvlinks.remote_bus_id"))
         for i in items
     ),
     "processes": lambda items: tuple(Process(int(i["pid"]), i.get("used_memory_bytes"), i.get("gpu_instance_id"),

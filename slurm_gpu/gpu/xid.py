@@ -124,14 +124,14 @@ def _from_syslog(m: "re.Match[str]", boot: Optional[float], year: Optional[int],
         return None
     clock = tuple(int(g) for g in m.group(2, 3, 4, 5))
     if year is not None:
-        t = timefmt.local_to_unix(year, mon, *clock)  # type: ignore[arg-type]
+        t = timefmt.local_to_unix(year, mon, *clock)
         return None if t is None else t + timefmt.fraction(m.group(6))
     # The latest year that does not put the date beyond the slack: next year too, for a line
     # written just after midnight on 1 January by a clock slightly ahead of ours.  Eight years
     # back always reach a leap year for 29 February.
     this_year = time.localtime(now).tm_year
     for y in range(this_year + 1, this_year - 8, -1):
-        t = timefmt.local_to_unix(y, mon, *clock)  # type: ignore[arg-type]
+        t = timefmt.local_to_unix(y, mon, *clock)
         if t is not None and t <= now + YEARLESS_SLACK_S:
             return t + timefmt.fraction(m.group(6))
     return None

@@ -25,9 +25,9 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from slurm_gpu.slurm import hostlist
 from slurm_gpu.errors import InputError
 from slurm_gpu.gres.inventory import Inventory, InventoryError, format_cpulist, parse_cpulist
+from slurm_gpu.slurm import hostlist
 
 NAMINGS = ("autodetect", "short")
 _TYPE_OK = re.compile(r"^[A-Za-z0-9_.+\-]+$")

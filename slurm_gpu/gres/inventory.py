@@ -48,13 +48,14 @@ import json
 import os
 import re
 import stat
-from dataclasses import dataclass, field as _field
+from dataclasses import dataclass
+from dataclasses import field as _field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from slurm_gpu.errors import InputError
+from slurm_gpu.gpu.snapshot import GpuSnapshot, NodeSnapshot, Reading, cuda_version
 from slurm_gpu.slurm.hostlist import RangeError, parse_index_ranges
-from slurm_gpu.gpu.snapshot import GpuSnapshot, NodeSnapshot, Reading
-from slurm_gpu.store.observations import cuda_version, gpu_state
+from slurm_gpu.store.observations import gpu_state
 from slurm_gpu.store.schema import INVENTORY_STATE
 
 FORMAT = "slurm-gpu-inventory/2"
@@ -559,7 +560,8 @@ def read_file(path: str) -> bytes:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise InventoryError(f"inventory {path}: not a regular file", regenerate)
-        chunks, size = [], 0
+        chunks: List[bytes] = []
+        size = 0
         while size <= MAX_FILE_BYTES:
             b = os.read(fd, 1 << 20)
             if not b:

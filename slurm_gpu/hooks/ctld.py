@@ -54,8 +54,8 @@ def _ctld(run: _Run, sleep) -> str:
         return "config-error"
     run.configure(cfg)
     run.fail_code = 0  # whatever happens: the job is done, slurmctld must not see a failure
-    for e in errors:
-        run.problem("config-error", error=e.message, hint=e.hint)
+    for err in errors:
+        run.problem("config-error", error=err.message, hint=err.hint)
     job_id = _int(run.env, "SLURM_JOB_ID")
     if job_id is None:
         run.problem("bad-environment", error=f"SLURM_JOB_ID={run.job!r} is not a job id")

@@ -231,8 +231,13 @@ def _command(env: Env, run: Any, index: int) -> List[str]:
 
 
 def _reset_gpus(env: Env, run: Any, targets: List[R.Remedy]) -> str:
-    """Run the reset command per GPU (argv, no shell, a deadline); '' when all succeeded, else why not."""
+    """Run the reset command per GPU (argv, no shell, a deadline); '' when all succeeded, else why not.
+    A reset fault that names no GPU (a node-wide one) cannot be cured by a GPU reset: it escalates."""
+    if not targets:
+        return "the fault names no GPU to reset"
     for r in targets:
+        if r.gpu_index is None:
+            return f"{r.check}: the fault names no GPU to reset"
         argv = _command(env, run, r.gpu_index)
         env.say("remediate-reset", gpu=r.gpu_index, command=" ".join(argv))
         try:

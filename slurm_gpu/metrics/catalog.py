@@ -74,7 +74,8 @@ FAMILIES: Tuple[Family, ...] = (
          "1 for each clock event reason active at the last reading (NVML clock event reason bits), else 0."),
     _gpu("slurm_gpu_fabric_state", "gauge", (),
          "NVSwitch fabric registration state (nvmlDeviceGetGpuFabricInfoV): 0 not supported, 1 not started, "
-         "2 in progress, 3 completed; CUDA fails on a GPU of an NVSwitch system below 3.", "absent where the call is not supported"),
+         "2 in progress, 3 completed; CUDA fails on a GPU of an NVSwitch system below 3.",
+         "absent where the call is not supported"),
     _gpu("slurm_gpu_fabric_status", "gauge", (),
          "NVML return code of the fabric registration (0 success; 23 Insufficient Resources, ...).",
          "absent where the call is not supported"),
@@ -144,6 +145,7 @@ def reference_markdown() -> str:
         labels = ", ".join(f"`{label}`" for label in f.labels) or "-"
         lines.append(f"| `{f.name}` | {f.type} | {labels} | {f.help} | {f.written_by} |")
     lines.append("")
-    lines.append("`slurm_gpu_clock_event_reason` reasons: " + ", ".join(f"`{n}` (0x{bit:x})" for bit, n in CLOCK_EVENT_REASONS) + ".")
+    reasons = ", ".join(f"`{n}` (0x{bit:x})" for bit, n in CLOCK_EVENT_REASONS)
+    lines.append(f"`slurm_gpu_clock_event_reason` reasons: {reasons}.")
     lines.append("")
     return "\n".join(lines)

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from slurm_gpu.metrics import jobs as J
 from slurm_gpu.metrics import node as N
 from slurm_gpu.metrics.catalog import NODE_FILE, REMEDIATION_FILE, USAGE_FILE
-from slurm_gpu.metrics.textfile import ensure_dir, merge, remove
+from slurm_gpu.metrics.textfile import Labels, ensure_dir, merge, remove
 
 
 def enabled(cfg: Any) -> bool:
@@ -155,7 +155,7 @@ def write_usage(cfg: Any, directory: str, conn: Any) -> None:
 def write_remediation(directory: str, conn: Any) -> None:
     """slurm_gpu_remediation_total{action,outcome}: the node database's attempts, counted (rows are never
     deleted, so the sums only grow)."""
-    counts = {(("action", str(a)), ("outcome", str(o))): float(n)
+    counts: Dict[Labels, float] = {(("action", str(a)), ("outcome", str(o))): float(n)
               for a, o, n in conn.execute("SELECT action, outcome, COUNT(*) FROM remediations GROUP BY 1, 2")}
     merge(directory, REMEDIATION_FILE, lambda old: {"slurm_gpu_remediation_total": counts})
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from slurm_gpu.config import CHECK_NAMES
-from slurm_gpu.gpu.xid import bus_key
 from slurm_gpu.gpu.snapshot import cuda_version, was_read
+from slurm_gpu.gpu.xid import bus_key
 from slurm_gpu.metrics.catalog import CLOCK_EVENT_REASONS, GPU_FAMILIES, INVENTORY_FAMILIES, STATUSES
 from slurm_gpu.metrics.textfile import Labels, Samples
 

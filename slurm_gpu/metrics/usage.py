@@ -35,8 +35,9 @@ def account_sums(conn: Any) -> Dict[str, Tuple[float, float, float]]:
 
 def usage_samples(sums: Mapping[str, Tuple[float, float, float]], old: Samples, by_account: bool,
                   max_accounts: int) -> Samples:
+    new: Samples
     if not by_account:
-        totals = [sum(v[i] for v in sums.values()) for i in range(3)]
+        totals = [float(sum(v[i] for v in sums.values())) for i in range(3)]
         new = {fam: {(): totals[i]} for i, fam in enumerate(FAMILIES)}
     else:
         named = _named(sums, old, max_accounts)

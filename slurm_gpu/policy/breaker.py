@@ -23,7 +23,7 @@ Pure and standard library only: the prolog imports it.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from slurm_gpu.slurm.reason import is_ours, reason_check
 
@@ -61,7 +61,7 @@ def allowed_nodes(b: Breaker, total: int) -> int:
     return max(1, int(total * b.max_drained_pct // 100))
 
 
-def _counts(b: Breaker, check: str, since: float, node: str, nodes: Sequence[Any], part: str) -> tuple:
+def _counts(b: Breaker, check: str, since: float, node: str, nodes: Sequence[Any], part: str) -> Tuple[int, int]:
     members = [n for n in nodes if not part or part in (getattr(n, "partitions", ()) or ())]
     drained = sum(1 for n in members if n.name != node and _drained_for(n, check, since))
     return drained, len(members)

@@ -28,7 +28,8 @@ class Budget(NamedTuple):
 
     @classmethod
     def from_config(cls, cfg: Any) -> "Budget":
-        get = lambda k: cfg.get("remediation", k)  # noqa: E731
+        def get(k: str) -> Any:
+            return cfg.get("remediation", k)
         return cls(int(get("max_resets_per_gpu_per_day")), int(get("max_reboots_per_node_per_day")),
                    float(get("lemon_window_days")) * DAY_S, int(get("lemon_remedies")))
 

@@ -17,8 +17,11 @@ from slurm_gpu.gpu.snapshot import NodeSnapshot
 from slurm_gpu.gpu.xid import XidEvent
 from slurm_gpu.policy import checks
 from slurm_gpu.policy.checks.thermal import CLOCK_EVENT_NAMES  # noqa: F401  (re-exported)
-from slurm_gpu.policy.judge import (FAIL, PASS, SKIP, WARN, CheckResult, Context, Judge,  # noqa: F401  (re-exported)
-                                    drain_fault, failures, worst)
+from slurm_gpu.policy.judge import FAIL, PASS, SKIP, WARN, CheckResult, Context, Judge, drain_fault, failures, worst  # noqa: F401  (re-exported)
+
+# The check API callers use: statuses and the judge's results, re-exported from policy.judge.
+__all__ = ["CLOCK_EVENT_NAMES", "FAIL", "PASS", "SKIP", "WARN", "CheckResult", "Context", "Judge", "drain_fault",
+           "failures", "worst", "evaluate", "judge_stuck_clocks"]
 
 _HEALTH_KEYS = ("expected_gpu_count", "required_driver_version", "max_temperature_c", "max_retired_pages",
                 "idle_memory_used_mib", "clock_event_mask", "power_cap_tolerance_pct", "stuck_clocks_busy_pct",

@@ -2,7 +2,7 @@
 results (severity overrides, the three-outcome handling of a reading).  Pure; no I/O."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from slurm_gpu.config import Config
 from slurm_gpu.gpu.snapshot import GpuSnapshot, NodeSnapshot, Reading
@@ -76,6 +76,10 @@ class Context(NamedTuple):
     recorded_problem: str = ""
 
 
+# What a check's judge returns for a reading that is not PASS: (status, gpu, message[, hint]).
+Verdict = Tuple[Any, ...]
+
+
 class Judge:
     def __init__(self, cfg: Config):
         self.cfg = cfg
@@ -98,7 +102,7 @@ class Judge:
         self.out.append(CheckResult(check, status, idx, uuid, message, hint))
 
     def reading(self, check: str, gpu: GpuSnapshot, r: Reading, what: str,
-                judge: Callable[[object], Optional[tuple]]) -> None:
+                judge: Callable[[Any], Optional[Verdict]]) -> None:
         """Common three-outcome handling; judge(value) returns (status, message, hint) or None for PASS."""
         if not self.enabled(check):
             return
@@ -113,12 +117,12 @@ class Judge:
         if verdict is None:
             self.add(check, PASS, gpu, f"{what} ok ({fmt(r.value)})")
         else:
-            self.add(check, *verdict)  # type: ignore[arg-type]
+            self.add(check, *verdict)
 
 
 def fmt(v: object) -> str:
     if hasattr(v, "_asdict"):
-        return ", ".join(f"{k} {x}" for k, x in v._asdict().items())  # type: ignore[attr-defined]
+        return ", ".join(f"{k} {x}" for k, x in getattr(v, "_asdict")().items())
     if isinstance(v, tuple):
         return f"{len(v)} items"
     return str(v)

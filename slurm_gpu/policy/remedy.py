@@ -19,7 +19,7 @@ Pure and standard library only: the healthcheck (on the hook path) may import it
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, List, NamedTuple, Optional, Sequence
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence
 
 from slurm_gpu.gpu import xidcatalog
 from slurm_gpu.gpu.xid import bus_key
@@ -124,7 +124,7 @@ def node_action(found: Sequence[Remedy]) -> str:
     return best
 
 
-def table() -> List[dict]:
+def table() -> List[Dict[str, str]]:
     """The map as rows (docs/hooks.md and docs/remediation.md show it; a test keeps them equal)."""
     rows = [{"fault": f"recovery action {code} ({xidcatalog.RECOVERY_ACTIONS[code].split(':')[0]})",
              "remedy": act, "source": "NVML field 230 / XID 154"} for code, act in sorted(RECOVERY_REMEDY.items())]

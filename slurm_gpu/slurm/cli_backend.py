@@ -25,11 +25,20 @@ import subprocess
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurm_gpu.errors import SlurmError
-from slurm_gpu.timefmt import SLURM_ISO, slurm_to_unix
 from slurm_gpu.slurm import hostlist
 from slurm_gpu.slurm.hostlist import compress
-from slurm_gpu.slurm.model import (TERMINAL_JOB_STATES, NodeInfo, NodeLookup, SlurmBackend, final_job_facts, gpu_count,
-                                    hostlist_batches, select_nodes, split_state, tres_gpu_count)
+from slurm_gpu.slurm.model import (
+    NodeInfo,
+    NodeLookup,
+    SlurmBackend,
+    final_job_facts,
+    gpu_count,
+    hostlist_batches,
+    select_nodes,
+    split_state,
+    tres_gpu_count,
+)
+from slurm_gpu.timefmt import SLURM_ISO, slurm_to_unix
 
 FALLBACK_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin")
 PING_HINT = "check that slurmctld is running and reachable: `scontrol ping` (SLURM_CONF={conf})"
@@ -145,11 +154,11 @@ class CliBackend(SlurmBackend):
                 return p
         path_env = self._base_env().get("PATH")
         if path_env:
-            p = shutil.which(tool, path=path_env)
+            on_path = shutil.which(tool, path=path_env)
             tried.append("PATH")
-            if p:
-                self._bins[tool] = p
-                return p
+            if on_path:
+                self._bins[tool] = on_path
+                return on_path
         for d in FALLBACK_DIRS:
             p = os.path.join(d, tool)
             tried.append(d)

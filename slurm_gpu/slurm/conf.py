@@ -23,8 +23,8 @@ import os
 import re
 from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
-from slurm_gpu.slurm import hostlist
 from slurm_gpu.errors import InputError
+from slurm_gpu.slurm import hostlist
 
 # Slurm's own aliases (src/interfaces/gres.c): these spellings fill the same field.
 GRES_KEY_ALIASES = {"files": "file", "cpus": "cores", "link": "links"}
@@ -48,7 +48,7 @@ class GresConfigError(InputError):
 class GresRecord(NamedTuple):
     """One GPU GRES record of this node, as slurmd numbers them (``index`` = Slurm's GPU index)."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # a field named like tuple's method
     type: str  # '' when untyped
     files: Tuple[str, ...]  # ('/dev/nvidia2',) or MIG: ('/dev/nvidia0', '.../nvidia-cap12', '.../nvidia-cap13')
     origin: str  # "gres.conf:7" or "autodetect"

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
 
-from slurm_gpu.slurm import conf as slurmconf
 from slurm_gpu.errors import InputError
+from slurm_gpu.slurm import conf as slurmconf
 from slurm_gpu.slurm.conf import GresConfigError, GresRecord
 
 

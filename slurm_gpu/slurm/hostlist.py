@@ -84,7 +84,9 @@ def parse_index_ranges(text: str, *, strip: Optional[str] = None, max_value: Opt
 
 def _split_top(expr: str) -> List[str]:
     """Split on commas outside brackets."""
-    parts, depth, cur = [], 0, []
+    parts: List[str] = []
+    cur: List[str] = []
+    depth = 0
     for ch in expr:
         if ch == "[":
             depth += 1
@@ -183,8 +185,8 @@ def _expand_one(part: str, expr: str) -> List[str]:
         groups.append(_expand_ranges(body, expr))
         i = k + 1
     total = 1
-    for g in groups:
-        total *= len(g)
+    for group in groups:
+        total *= len(group)
     if total > MAX_NAMES:
         raise ValueError(f"hostlist {expr!r}: expands to more than {MAX_NAMES} names")
     if not groups:
@@ -264,9 +266,9 @@ def _check_name(name: str) -> None:
 def compress(names: Iterable[str]) -> str:
     """The shortest-form hostlist of `names` (duplicates dropped), prefixes in natural order."""
     uniq = set()
-    for n in names:
-        _check_name(n)
-        uniq.add(n)
+    for name in names:
+        _check_name(name)
+        uniq.add(name)
     ordered = sorted(uniq, key=sort_key)
     out: List[str] = []
     i = 0

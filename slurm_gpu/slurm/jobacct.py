@@ -14,9 +14,8 @@ import re
 from typing import Any, List, NamedTuple, Optional
 
 from slurm_gpu.errors import InputError, SlurmError
-from slurm_gpu.slurm.cli_backend import TERMINAL_JOB_STATES
 from slurm_gpu.slurm.hostlist import expand
-from slurm_gpu.slurm.model import tres_gpu_count
+from slurm_gpu.slurm.model import TERMINAL_JOB_STATES, tres_gpu_count
 from slurm_gpu.timefmt import slurm_to_unix
 
 FIELDS = ("JobIDRaw", "JobID", "User", "Account", "Partition", "State", "NNodes", "NodeList", "AllocTRES", "Start",

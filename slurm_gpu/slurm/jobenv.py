@@ -80,7 +80,8 @@ def parse_job_gpus(raw: Optional[str]) -> Tuple[int, ...]:
         if e.kind == "too-large":
             raise InputError(f"SLURM_JOB_GPUS={_show(raw)}: GPU index {_show(e.value)} is out of range (0..{MAX_GPU_INDEX})",
                              _GPU_HINT) from None
-        raise InputError(f"SLURM_JOB_GPUS={_show(raw)}: bad range {_show(e.item)}", "expected node-wide indices like 0-3") from None
+        raise InputError(f"SLURM_JOB_GPUS={_show(raw)}: bad range {_show(e.item)}",
+                         "expected node-wide indices like 0-3") from None
 
 
 def _text(env: Mapping[str, str], name: str, default: str = "") -> str:

@@ -17,8 +17,8 @@ import abc
 import re
 from typing import Any, Callable, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
 
-from slurm_gpu.slurm import reason as _reason
 from slurm_gpu.errors import SlurmError, SlurmGpuError
+from slurm_gpu.slurm import reason as _reason
 
 DRAIN_FLAGS = frozenset({"DRAIN", "DRAINED", "DRAINING"})
 
@@ -83,7 +83,9 @@ _MULT = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4, "P": 
 
 def _split_gres(gres: str) -> List[str]:
     """Split at commas outside parentheses: 'gpu:a:2(IDX:0,2),mps:100' -> 2 items."""
-    items, depth, cur = [], 0, []
+    items: List[str] = []
+    cur: List[str] = []
+    depth = 0
     for ch in gres:
         if ch == "(":
             depth += 1

@@ -28,10 +28,9 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from slurm_gpu.gpu.deadline import call_in_child
 from slurm_gpu.errors import SlurmError
-from slurm_gpu.slurm.model import (NodeInfo, NodeLookup, SlurmBackend, final_job_facts, select_nodes, split_state,
-                                   tres_gpu_count)
+from slurm_gpu.gpu.deadline import call_in_child
+from slurm_gpu.slurm.model import NodeInfo, NodeLookup, SlurmBackend, final_job_facts, select_nodes, split_state, tres_gpu_count
 
 PING_HINT = "check that slurmctld is running and reachable: `scontrol ping`"
 NODES_HINT = "list the cluster's nodes with `sinfo -N`"
@@ -46,7 +45,7 @@ def import_pyslurm() -> Tuple[Any, str]:
     """(module, '') or (None, why-not).  A pyslurm built for another Slurm typically fails
     here already (libslurm.so.NN missing), hence OSError as well as ImportError."""
     try:
-        import pyslurm  # type: ignore
+        import pyslurm
     except (ImportError, OSError) as e:
         return None, str(e) or type(e).__name__
     except Exception as e:  # slurm_init() at import can fail in odd ways (no slurm.conf)
@@ -268,7 +267,8 @@ class PyslurmBackend(SlurmBackend):
             end = None  # scontrol's EndTime=Unknown: no time limit, slurmctld's end is a placeholder
         return {"job_id": job_id, "user": j.user_name or "", "account": j.account or "",
                 "partition": j.partition or "", "state": j.state or "", "nodes": j.allocated_nodes or "",
-                "gres": gres_dict_to_str(getattr(j, "gres_per_node", None)), "tres": tres_text(getattr(j, "allocated_tres", None)),
+                "gres": gres_dict_to_str(getattr(j, "gres_per_node", None)),
+                "tres": tres_text(getattr(j, "allocated_tres", None)),
                 "start_time": _t(j.start_time), "end_time": end, "source": "slurmctld"}
 
     def _db_job(self, job_id: int) -> Dict[str, Any]:

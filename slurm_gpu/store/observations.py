@@ -17,6 +17,7 @@ from slurm_gpu.gpu.snapshot import GpuSnapshot, NodeSnapshot, Reading, cuda_vers
 from slurm_gpu.gpu.xid import bus_key
 from slurm_gpu.store.schema import INVENTORY_STATE
 
+
 def _int(r: Reading) -> Optional[int]:
     return int(r.value) if r.ok and r.value is not None else None
 

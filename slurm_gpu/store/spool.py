@@ -17,7 +17,7 @@ import os
 import re
 import stat
 import time
-from typing import Any, List, Optional
+from typing import Any, FrozenSet, List, Optional
 
 from slurm_gpu.errors import StoreError
 
@@ -26,7 +26,7 @@ MAX_FILE_BYTES = 4 << 20  # a record is a few KiB; anything this big was not wri
 STALE_CLAIM_S = 3600.0  # a claim this old is stale even if a process with its pid exists (pid reuse)
 
 
-def trusted_uids() -> frozenset:
+def trusted_uids() -> FrozenSet[int]:
     """Who may own what root reads and writes here: root (and the user running an admin command)."""
     return frozenset((0, os.geteuid()))
 

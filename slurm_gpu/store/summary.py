@@ -55,7 +55,7 @@ DETAILS = ("gpu", "node", "central")
 
 class GpuUse(NamedTuple):
     node: str
-    index: Optional[int]
+    index: Optional[int]  # type: ignore[assignment]  # a field named like tuple's method
     model: Optional[str]
     start: Optional[float]
     end: Optional[float]
@@ -67,7 +67,7 @@ class GpuUse(NamedTuple):
     ecc_uncorrected: Optional[int]
     xids: List[int]
     mig: bool
-    count: int = 1  # GPUs this row stands for: >1 only in a per-node summary
+    count: int = 1  # type: ignore[assignment]  # GPUs this row stands for: >1 only in a per-node summary
 
 
 class Summary(NamedTuple):
@@ -195,7 +195,7 @@ def fit(s: Summary, limit: int = MAX_BYTES) -> str:
 
 
 def is_ours(text: Optional[str]) -> bool:
-    return bool(text) and text.strip().lower().startswith(PREFIX)
+    return text is not None and text.strip().lower().startswith(PREFIX)
 
 
 def decode(text: str) -> Summary:

@@ -8,21 +8,23 @@ drain reason, so the order is part of the behaviour.  A new check touches one fa
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, TypeVar
 
-GPU_CHECKS: List[Callable] = []
-NODE_CHECKS: Dict[str, List[Callable]] = {"before": [], "after": []}
+Check = Callable[..., None]
+GPU_CHECKS: List[Check] = []
+NODE_CHECKS: Dict[str, List[Check]] = {"before": [], "after": []}
+F = TypeVar("F", bound=Check)
 
 FAMILIES = ("memory", "thermal", "links", "versions", "processes", "xids")
 
 
-def gpu_check(fn: Callable) -> Callable:
+def gpu_check(fn: F) -> F:
     GPU_CHECKS.append(fn)
     return fn
 
 
-def node_check(phase: str) -> Callable[[Callable], Callable]:
-    def register(fn: Callable) -> Callable:
+def node_check(phase: str) -> Callable[[F], F]:
+    def register(fn: F) -> F:
         NODE_CHECKS[phase].append(fn)
         return fn
     return register
@@ -31,4 +33,4 @@ def node_check(phase: str) -> Callable[[Callable], Callable]:
 def load() -> None:
     """Import every family once (their decorators fill the registry)."""
     # Importing a family registers its checks; Python imports each module once.
-    from slurm_gpu.policy.checks import memory, thermal, links, versions, processes, xids  # noqa: F401
+    from slurm_gpu.policy.checks import links, memory, processes, thermal, versions, xids  # noqa: F401

@@ -1,8 +1,7 @@
 """Link checks: the PCIe link, NvLinks and the NVSwitch fabric registration."""
 from __future__ import annotations
 
-from slurm_gpu.gpu.snapshot import (FABRIC_STATE_COMPLETED, FABRIC_STATE_NAMES, FABRIC_STATE_NOT_SUPPORTED,
-                                    GpuSnapshot)
+from slurm_gpu.gpu.snapshot import FABRIC_STATE_COMPLETED, FABRIC_STATE_NAMES, FABRIC_STATE_NOT_SUPPORTED, GpuSnapshot
 from slurm_gpu.policy.checks import gpu_check
 from slurm_gpu.policy.judge import FAIL, PASS, SKIP, WARN, Context, Judge
 

@@ -7,7 +7,7 @@ from typing import Any, List, Optional
 
 from slurm_gpu.gpu.snapshot import GpuSnapshot, was_read
 from slurm_gpu.policy.checks import gpu_check
-from slurm_gpu.policy.judge import FAIL, PASS, SKIP, Context, Judge
+from slurm_gpu.policy.judge import FAIL, PASS, SKIP, Context, Judge, Verdict
 
 
 @gpu_check
@@ -64,7 +64,7 @@ def remap_spare_rows(j: Judge, g: GpuSnapshot, ctx: Context) -> None:
         j.reading("remap_spare_rows", g, g.remap_histogram, "row-remapper histogram", lambda v: _no_spare_rows(g, v))
 
 
-def _no_spare_rows(g: GpuSnapshot, hist: Any) -> Optional[tuple]:
+def _no_spare_rows(g: GpuSnapshot, hist: Any) -> Optional[Verdict]:
     """A bank without spare rows cannot take another remap (NVIDIA, memory error management)."""
     if hist.none <= 0:
         return None

@@ -2,7 +2,7 @@
 below the board's default, and fans."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from slurm_gpu.gpu.snapshot import GpuSnapshot
 from slurm_gpu.policy.checks import gpu_check
@@ -106,7 +106,7 @@ def _fan_short(speed: Optional[int], target: Optional[int]) -> bool:
 GPU_IDLE, APPLICATIONS_CLOCKS = 0x1, 0x2
 
 
-def stuck_clocks(j: Judge, g: GpuSnapshot, util_pct: Optional[float], hc: dict) -> None:
+def stuck_clocks(j: Judge, g: GpuSnapshot, util_pct: Optional[float], hc: Dict[str, Any]) -> None:
     """One GPU at the job's end: SM clock under stuck_clocks_ratio_pct of its maximum after a job at
     stuck_clocks_busy_pct or more, with no clock event reason at all.  Every explained low clock SKIPs."""
     busy = float(hc["stuck_clocks_busy_pct"])

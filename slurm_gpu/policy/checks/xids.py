@@ -2,7 +2,7 @@
 (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, field 230)."""
 from __future__ import annotations
 
-from typing import Dict
+from typing import Any, Dict, Tuple
 
 from slurm_gpu.gpu.snapshot import RECOVERY_ACTION_NAMES, GpuSnapshot
 from slurm_gpu.gpu.xid import XidEvent, bus_key
@@ -50,7 +50,7 @@ def xid(j: Judge, ctx: Context) -> None:
     window = cfg.get("xid", "window_s")
     by_bus = {bus_key(g.pci_bus_id.get("")): g for g in snap.gpus if g.pci_bus_id.ok}
     judged_idx = {g.index for g in judged}
-    seen: Dict[tuple, XidEvent] = {}
+    seen: Dict[Tuple[Any, ...], XidEvent] = {}
     for e in events:
         if now is not None and e.time is not None and e.time < now - window:
             continue
