@@ -7,7 +7,9 @@ ports and directories), points Prolog=/Epilog= at slurm-gpu's hooks, runs a few 
 unprivileged user `sgtest` while the simulated driver counts energy and utilisation, breaks one
 node's GPUs (uncorrectable ECC errors), shows the drained node with its reason and a per-job GPU
 usage table, ships both nodes' records to a central database on the same MariaDB (`db push`)
-and reports the cluster from there, and tears everything down.
+and reports the cluster from there, closes the loop with `slurm-gpu remediate` (reset, verify,
+resume; a pending row remap cured the same way; a failed remap left drained as an RMA), and tears
+everything down.
 """
 from __future__ import annotations
 
@@ -81,7 +83,12 @@ def main() -> int:
               f'[store]\ndatabase = "{site}/%n/usage.db"\nspool_dir = "{site}/%n/spool"\n'
               f'[log]\nsyslog = false\nfile = "{site}/%n/hooks.log"\n[xid]\nsource = "none"\n'
               f'[metrics]\ntextfile_dir = "{site}/%n/metrics"\n'
-              '[job]\nmin_runtime_s = 1\n')
+              '[job]\nmin_runtime_s = 1\n'
+              # `remediate` resets a GPU with the stand-in nvidia-smi that drives the simulated GPUs
+              # (production: the real `nvidia-smi --gpu-reset -i <bus id>`, the default).
+              f'[remediation]\nreset_command = ["{sys.executable}", "{simgpu.STAND_IN_NVIDIA_SMI}", '
+              f'"--state", "{site}/%n.state", "--gpu-reset", "-i", "{{pci_bus_id}}"]\n'
+              f'verify_passes = 2\nverify_interval_s = 1\nlock_file = "{site}/%n/remediate.lock"\n')
     bed = SlurmTestbed(work / "cluster", prolog=prolog, epilog=epilog, slurm_gpu_config=config)
     try:
         say("Starting a 2-node Slurm 22.05 cluster (munge, MariaDB, slurmdbd, slurmctld, 2x slurmd) on 127.0.0.1")
@@ -155,6 +162,7 @@ def main() -> int:
             print(f"{DIM}$ slurm-gpu job {job}    # as sgtest, through sacct: no root, no database{RESET}")
             cp = user_cli("sgtest", ["job", str(job)], env)
             sys.stdout.write(cp.stdout + (cp.stderr if cp.returncode not in (0,) else ""))
+        _remediation(bed, site, env)
         say("What the hooks logged on gpu01")
         log = (site / "gpu01" / "hooks.log").read_text().splitlines()
         print("\n".join(line for line in log if " drain " in line or " check " in line)[:2000])
@@ -164,6 +172,44 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
         print("all daemons stopped, work directory removed")
     return 0
+
+
+def _remediation(bed, site: Path, env: dict) -> None:
+    """Issue 26's loop with nobody touching it: gpu01's drain is cured by a GPU reset and verified;
+    a pending row remap is drained by the prolog and cured the same way; a failed remap is an RMA."""
+    import simgpu
+    node_env = dict(env, SLURMD_NODENAME="gpu01", SIMNVML_STATE=str(site / "gpu01.state"))
+
+    def remediate() -> None:
+        print(f"{DIM}$ slurm-gpu remediate --node gpu01{RESET}")
+        run_cli("remediate", "--node", "gpu01", env=node_env)
+
+    def drained_by_a_job() -> int:
+        """A job for gpu01: its prolog finds the fault, drains the node; Slurm requeues the job."""
+        job = bed.sbatch("sleep 1", args=["-p", "gpu", "-A", "physics", "--gres=gpu:4", "-w", "gpu01"])
+        # remediate acts only once Slurm has the node idle: wait for the requeue to finish
+        bed.wait_node_state("gpu01", lambda i: "DRAIN" in i["State"] and "COMPLETING" not in i["State"], timeout=60)
+        print(f"job {job} for gpu01: {bed.job_info(job).get('JobState')} (requeued: the prolog refused the GPU)")
+        print(bed.run("sinfo", "-R", "-h", "-o", "%15N %E").stdout, end="")
+        return job
+
+    say("Closing the loop: `slurm-gpu remediate` resets gpu01's GPUs, verifies them twice and resumes the node")
+    print(f"{DIM}only our own drain, only while Slurm says idle and no process holds a GPU; the reset is the "
+          f"stand-in nvidia-smi of the simulated driver{RESET}")
+    remediate()
+
+    say("GPU 2 of gpu01 has a row remap pending (it takes effect at a reset): drained by the prolog, reset, back to work")
+    simgpu.set_gpu(site / "gpu01.state", 2, remapped_pending=1)
+    job = drained_by_a_job()
+    remediate()
+    print(f"job {job}, which waited for gpu01: {bed.wait_job(job, timeout=120)} on {bed.job_info(job).get('NodeList')}")
+
+    say("GPU 1 of gpu01: row remapping failed (no spare rows): no reset cures it, the drain stays as an RMA")
+    simgpu.set_gpu(site / "gpu01.state", 1, remapped_failure=1)
+    job = drained_by_a_job()
+    remediate()
+    print(bed.run("sinfo", "-R", "-h", "-o", "%15N %E").stdout, end="")
+    bed.run("scancel", str(job))
 
 
 def _show_metrics(path: Path) -> None:
