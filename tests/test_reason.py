@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurm_gpu.slurm import reason as R
-from slurm_gpu.slurm.reason import PREFIX, auto_resumable, format_reason, is_manual, is_ours, reason_context
+from slurm_gpu.slurm.reason import PREFIX, auto_resumable, format_reason, is_manual, is_ours, reason_check, reason_context
 
 HOSTILE = [
     "line one\nline two\r\nline three",
@@ -117,3 +117,17 @@ def test_manual_drains_are_ours_but_not_auto_resumable():
     assert not auto_resumable("maintenance")
     assert reason_context(prolog) == "prolog job 4711"
     assert reason_context("slurm-gpu: no context") == ""
+
+
+def test_slurm_appending_reboot_issued_and_complete_to_our_reason_keeps_its_check_and_owner():
+    """slurmctld appends ' : reboot issued' and ' : reboot complete' to the reason of a node it
+    reboots (node_mgr.c set_node_reason; seen on the testbed): the reason must still name its check
+    (the reboot breaker counts by it) and stay remediate's (healthcheck must not lift it)."""
+    ours = format_reason("GPU 2 pending row remap: needs a GPU reset", "remediate: reboot", check="reboot")
+    for slurm_said in (" : reboot issued", " : reboot issued : reboot complete", " : Not responding"):
+        reason = ours + slurm_said
+        assert reason_context(reason) == "remediate: reboot; check reboot", reason
+        assert reason_check(reason) == "reboot"
+        assert not auto_resumable(reason)
+    manual = format_reason("bad cable", f"{R.MANUAL} by alice") + " : reboot issued"
+    assert is_manual(manual)

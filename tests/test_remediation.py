@@ -141,8 +141,11 @@ class MemSlurm(slurm.SlurmBackend):
         self.actions.append(("reboot", reason))
 
     def boot(self):
-        """What RebootProgram and slurmd's return do with nextstate=DOWN: DOWN, our reason kept."""
-        self.flags = {"DOWN", "DRAIN"} if "DRAIN" in self.flags else {"DOWN"}
+        """What slurmctld does to a node it rebooted with nextstate=DOWN (node_mgr.c, set_node_reason
+        appends): " : reboot issued" when it sends the reboot, and when the node registers again
+        DOWN, DRAIN cleared, " : reboot complete" (seen on 22.05, 24.11 and 26.05's testbeds)."""
+        self.flags = {"DOWN"}
+        self.reason += " : reboot issued : reboot complete"
 
     def job(self, job_id):
         raise SlurmError("no jobs here", "")
@@ -372,3 +375,41 @@ def test_healthcheck_without_remediation_keeps_the_drain_and_remediate_command_a
 
 def test_docs_remediation_shows_the_same_remedy_map():
     assert R.markdown_table() in (DOCS / "remediation.md").read_text()
+
+
+def test_a_verification_that_fails_after_the_reboot_puts_our_reason_back(sim_node, tmp_path, monkeypatch):
+    """Slurm's "reboot complete" must not stay the reason of a node whose check failed after our
+    reboot: nothing of ours would then ever look at it again."""
+    node = _node(sim_node, tmp_path)
+    simgpu.set_gpu(node.state, 1, remapped_pending=1, reset_sticky=1)
+    backend = MemSlurm(reason=PROLOG_REASON)
+    assert _run(node, backend).outcome == "requested"
+    backend.boot()
+    simgpu.set_gpu(node.state, 1, remapped_pending=0, reset_sticky=0)
+    monkeypatch.setattr(REM, "_verify", lambda env, info: "pass 2 of 2: GPU 1 pending row remap")
+    out = _run(node, backend)
+    assert (out.action, out.outcome) == ("reboot", "failed"), out
+    assert backend.reason.startswith("slurm-gpu: ") and "[remediate: verify after reboot]" in backend.reason
+
+
+@pytest.mark.parametrize("cured", [True, False])
+def test_a_node_slurm_returned_to_service_after_our_reboot_is_checked_and_drained_when_still_faulty(sim_node, tmp_path,
+                                                                                                   cured):
+    """ReturnToService=2 returns a rebooted node to service on its next registration although the
+    reboot asked nextstate=DOWN (seen on the 24.11 testbed): remediate still checks it."""
+    node = _node(sim_node, tmp_path)
+    simgpu.set_gpu(node.state, 1, remapped_pending=1, reset_sticky=1)
+    backend = MemSlurm(reason=PROLOG_REASON)
+    assert _run(node, backend).outcome == "requested"
+    backend.boot()
+    backend.flags, backend.reason = {"IDLE"}, ""  # Slurm's own return to service
+    if cured:
+        simgpu.set_gpu(node.state, 1, remapped_pending=0, reset_sticky=0)
+    out = _run(node, backend)
+    assert (out.action, out.outcome) == ("reboot", "resumed" if cured else "failed"), out
+    assert [r["outcome"] for r in _rows(node)] == ["escalated", "resumed" if cured else "failed"]
+    if cured:
+        assert backend.flags == {"IDLE"} and backend.reason == ""
+    else:
+        assert "DRAIN" in backend.flags and backend.reason.endswith("[remediate: verify after reboot]")
+    assert _run(node, backend).outcome != "requested"  # the reboot is not asked for twice

@@ -88,6 +88,10 @@ def remediate(env: Env) -> Outcome:
 def _remediate(env: Env) -> Outcome:
     info = env.backend.node(env.node)
     why = _not_ours(info)
+    if why and not (info.drained or info.down or info.states & REBOOTING_STATES):
+        rebooted = _pending_reboot(env)
+        if rebooted is not None:
+            return _returned_by_slurm(env, info, rebooted)
     if why:
         return Outcome(env.node, "none", "left-alone", f"{env.node}: {why}")
     if info.states & REBOOTING_STATES:
@@ -288,12 +292,15 @@ def _resume(env: Env, action: str, what: str) -> Outcome:
     return Outcome(env.node, action, "resumed", f"{env.node}: {what}; resumed (was: {now.reason})")
 
 
-def _verify_and_resume(env: Env, info: Any, action: str, ids: Sequence[int], what: str) -> Outcome:
+def _verify_and_resume(env: Env, info: Any, action: str, ids: Sequence[int], what: str,
+                       rebooted: bool = False) -> Outcome:
     if env.dry_run:
         return Outcome(env.node, action, "would-verify", f"{env.node}: {what}: would verify and resume")
     verdict = _verify(env, info)
     if verdict:
         _finish(env, ids, "failed", verdict)
+        if rebooted:  # the reason says what is wrong now, not "reboot ... : reboot complete"
+            _redrain(env, verdict, "verify after reboot")
         return Outcome(env.node, action, "failed", f"{env.node}: {what}, but verification failed: {verdict}")
     _finish(env, ids, "resumed", "verified")
     return _resume(env, action, f"{what}; verified")
@@ -335,11 +342,27 @@ def _reboot_breaker(env: Env) -> str:
 def _after_reboot(env: Env, info: Any, run: Any, row: Dict[str, Any]) -> Outcome:
     """The first run after the reboot Slurm did for us: verify, then resume; a fault that survived it is an RMA."""
     if not failures(run):
-        return _verify_and_resume(env, info, "reboot", [row["id"]], "rebooted")
+        return _verify_and_resume(env, info, "reboot", [row["id"]], "rebooted", rebooted=True)
     _finish(env, [row["id"]], "escalated", drain_fault(failures(run)))
     found = R.remedies(run, run.snapshot, getattr(run, "xid_events", ()))
     gpu = next((r for r in found if r.gpu_index is not None), found[0])
     return _rma(env, run, gpu, "the fault survived the reboot")
+
+
+def _returned_by_slurm(env: Env, info: Any, row: Dict[str, Any]) -> Outcome:
+    """Our reboot is done but Slurm put the node back in service itself (ReturnToService=2 returns a
+    DOWN node on its next registration, nextstate=DOWN or not): check it now, drain it if it fails."""
+    what = f"{env.node}: returned to service by Slurm after our reboot, before our verification"
+    if env.dry_run:
+        return Outcome(env.node, "reboot", "would-verify", f"{what}: would check it")
+    found = failures(env.checker(info))
+    if found:
+        _finish(env, [row["id"]], "failed", drain_fault(found))
+        text = _reason.format_reason(drain_fault(found), "remediate: verify after reboot")
+        env.backend.drain(env.node, text)
+        return Outcome(env.node, "reboot", "failed", f"{what}; the check failed: drained again: {text}")
+    _finish(env, [row["id"]], "resumed", "returned to service by Slurm; checked")
+    return Outcome(env.node, "reboot", "resumed", f"{what}; checked: healthy")
 
 
 def _rma(env: Env, run: Any, r: R.Remedy, why: str) -> Outcome:

@@ -30,7 +30,9 @@ CHECK_SEP = "; "  # between the context and the check it names: `[prolog job 7; 
 _WS = re.compile(r"\s+")
 _CHECK_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 _CHECK_AT_END = re.compile(r"(?:^|;\s*)check ([A-Za-z0-9_.-]+)$")
-_CONTEXT_AT_END = re.compile(r"\[([^\[\]]*)\]\s*$")
+# The trailing [context], then whatever slurmctld appended (set_node_reason adds " : reboot issued",
+# " : reboot complete", " : Not responding", ...: texts of its own without brackets or colons).
+_CONTEXT_AT_END = re.compile(r"\[([^\[\]]*)\](?:\s+:\s+[^\[\]:]+?)*\s*$")
 # Smallest sensible fault budget before we start shortening the context as well.
 _MIN_FAULT = 24
 

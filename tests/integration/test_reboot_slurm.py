@@ -1,0 +1,76 @@
+"""Issue 26's reboot path on real Slurm.  A GPU reset that does not cure (the simulated GPU keeps
+its pending row remap through the reset) escalates to `scontrol reboot ASAP nextstate=DOWN`;
+slurmctld sends the reboot to slurmd, which runs the testbed's RebootProgram, and the testbed boots
+the node: that slurmd stopped, the boot applies the pending remap on the simulated GPUs, slurmd
+started again with -b (Slurm's "report node reboot now").  Slurm then has the node DOWN, our reason
+with its own " : reboot issued : reboot complete" appended; the next `slurm-gpu remediate` verifies
+and resumes it and the node takes a job.  Slurm's accounting shows no job on the node between its drain and its resume.
+
+The cluster runs ReturnToService=1: with the testbed's usual 2, Slurm (24.11 here) returns the
+DOWN node to service by itself on its next registration, before any verification; remediate's
+answer to that is tests/test_remediation.py's returned-to-service test."""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+import simgpu
+from tests.integration.test_remediation_slurm import RemediationSite, _drained_by_prolog, _jobs_on, _remediate
+from tests.integration.test_hooks_slurm import _reasons, _script
+
+pytestmark = pytest.mark.slurm
+
+
+class RebootSite(RemediationSite):
+    def boot(self, node: str) -> None:
+        """What a power cycle does to the simulated GPUs: a pending remap is applied."""
+        state = simgpu.read_state(self.state(node))
+        for i in range(4):
+            if state.get(f"gpu.{i}.remapped_pending", "0") != "0":
+                simgpu.set_gpu(self.state(node), i, remapped_pending=0, reset_sticky=0)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    s = RebootSite(Path("/tmp") / f"slurm-gpu-reboot-{os.getpid()}")
+    yield s
+    shutil.rmtree(s.root, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster(site, slurm_testbed_factory):
+    site.reset()
+    return slurm_testbed_factory(prolog=_script("slurm-gpu-prolog"), epilog=_script("slurm-gpu-epilog"),
+                                 slurm_gpu_config=site.config(), prolog_epilog_timeout=60, on_reboot=site.boot,
+                                 extra_slurm_conf="ReturnToService=1")
+
+
+def test_a_reset_that_does_not_cure_reboots_through_slurm_and_the_booted_node_is_verified_and_resumed(cluster, site):
+    simgpu.set_gpu(site.state("gpu01"), 2, remapped_pending=1, reset_sticky=1)
+    drained_at = _drained_by_prolog(cluster, site)
+    r = _remediate(cluster, "gpu01")
+    assert "reboot requested through Slurm" in r.stdout, r.stdout + r.stderr
+    # Slurm, not we, reboots it: REBOOT_REQUESTED (drained ASAP), REBOOT_ISSUED, RebootProgram, the boot.
+    seen = set()
+    cluster.wait_node_state("gpu01", lambda i: seen.add(i["State"]) or ("DOWN" in i["State"] and "REBOOT" not in i["State"]),
+                            timeout=90)
+    assert [n for n, _ in cluster.reboots] == ["gpu01"], sorted(seen)
+    # slurmctld appends its own words to our reason (set_node_reason): the reason is still ours,
+    # still remediate's, still names its check (the reboot breaker counts by it).
+    reason = {r["node"]: r["reason"] for r in _reasons(cluster)}["gpu01"]  # sinfo -R: no [user@time]
+    assert reason.startswith("slurm-gpu: ") and reason.endswith(
+        "[remediate: reboot; check reboot] : reboot issued : reboot complete"), reason
+    r = _remediate(cluster, "gpu01")
+    resumed_at = time.time()
+    assert r.returncode == 0 and "rebooted; verified; resumed" in r.stdout, r.stdout + r.stderr
+    assert "DOWN" not in cluster.node_info("gpu01")["State"]
+    assert site.rows("gpu01", "SELECT action, outcome FROM remediations ORDER BY id") == [
+        {"action": "reset", "outcome": "escalated"}, {"action": "reboot", "outcome": "resumed"}]
+    assert _jobs_on(cluster, "gpu01", drained_at, resumed_at) == []
+    print(f"\ndrain-to-resume (reboot path: reset, reboot through Slurm, verify): {resumed_at - drained_at:.1f} s")
+    job = cluster.sbatch("sleep 1", args=["-p", "gpu", "--gres=gpu:4", "-w", "gpu01"])
+    assert cluster.wait_job(job, timeout=90) == "COMPLETED"
