@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 from slurm_gpu import render
 from slurm_gpu.errors import ExitCode, SlurmGpuError, StoreError
-from slurm_gpu.report.query import format_duration
+from slurm_gpu.report.units import format_duration
 from slurm_gpu.slurm.jobacct import JobRecord, job_record
 from slurm_gpu.store import summary as sg
 
