@@ -140,8 +140,9 @@ def inline_sql(path: str, by: Sequence[str]) -> str:
     prelude = ""
     if plan.buckets:
         # The shell builds the same calendar table (tiny: a year of months is 12 rows).
-        values = ", ".join(f"({a!r}, {b!r}, '{lab}')" for a, b, lab in plan.buckets)
-        prelude = ("CREATE TEMP TABLE cal (b_start REAL NOT NULL, b_end REAL NOT NULL, label TEXT NOT NULL);\n"
+        values = ", ".join(f"({i}, {a!r}, {b!r}, '{lab}')" for i, (a, b, lab) in enumerate(plan.buckets))
+        prelude = ("CREATE TEMP TABLE cal (idx INTEGER NOT NULL, b_start REAL NOT NULL, b_end REAL NOT NULL, "
+                   "label TEXT NOT NULL);\n"
                    f"INSERT INTO temp.cal VALUES {values};\nCREATE INDEX temp.cal_start ON cal (b_start);\n")
     return prelude + sql + ";\n"
 
