@@ -21,7 +21,7 @@ Not run in CI (needs Debian's mariadb-server and root, like tests/test_central.p
      --tz utc --explain --db URL --format csv` as the reporter account (exactly the GRANTs of
      slurm_gpu.store.central.grants()); the plan it printed is reported;
    - the same aggregation over the records in the `mariadb` command-line client (root over the
-     socket): the statements report.summary_plan() makes through a CentralSource for the same
+     socket): the statements report/plan.py's summary_plan() makes through a CentralSource for the same
      window (the raw plan, what the CLI ran before the rollups: a scan of the window's records),
      with the parameters inlined by PyMySQL's own escaping;
    and checks once, in-process, that the rollup plan's CSV equals the raw plan's byte for byte;
@@ -53,7 +53,9 @@ sys.path.insert(0, str(ROOT))
 
 import mariadb as testdb  # noqa: E402  (tests/mariadb.py: the throwaway server of the tests)
 
-from slurm_gpu.report import query as report  # noqa: E402
+from slurm_gpu.report import plan as P  # noqa: E402
+from slurm_gpu.report import reports as report  # noqa: E402
+from slurm_gpu.report.query import Query  # noqa: E402
 from slurm_gpu.report.central import CentralSource, translate  # noqa: E402
 from slurm_gpu.store import central as C  # noqa: E402
 from slurm_gpu.store import writers as W  # noqa: E402
@@ -256,7 +258,7 @@ class Recorder:
         self.log.append((text, time.perf_counter() - t0))
 
 
-def open_source(url: str, password: str, timeout_s: float, query: report.Query,
+def open_source(url: str, password: str, timeout_s: float, query: Query,
                 raw: bool = False) -> CentralSource:
     central = C.Central(C.parse_url(url), password, timeout_s)
     try:
@@ -273,14 +275,14 @@ class RawSource(CentralSource):
         return None
 
 
-def window_query(window: Tuple[Any, ...]) -> report.Query:
-    return report.Query(since_s=float(window[3]), until_s=float(window[4]), tz="utc")
+def window_query(window: Tuple[Any, ...]) -> Query:
+    return Query(since_s=float(window[3]), until_s=float(window[4]), tz="utc")
 
 
-def plan_statements(url: str, password: str, timeout_s: float, by: Sequence[str], query: report.Query) -> List[str]:
-    """The statements of report.summary_plan(by) on the server (calendar table, then the SELECT)."""
+def plan_statements(url: str, password: str, timeout_s: float, by: Sequence[str], query: Query) -> List[str]:
+    """The statements of summary_plan(by) on the server (calendar table, then the SELECT)."""
     with open_source(url, password, timeout_s, query, raw=True) as src:
-        plan = report.summary_plan(src, by)
+        plan = P.summary_plan(src, by)
         assert plan is not None, "no records"
         rec = Recorder(src)
         plan.run(src, rec)
@@ -311,7 +313,7 @@ def last_digit_cells(a: str, b: str) -> Optional[int]:
     return n
 
 
-def same_figures(url: str, password: str, timeout_s: float, by: Sequence[str], query: report.Query
+def same_figures(url: str, password: str, timeout_s: float, by: Sequence[str], query: Query
                  ) -> Tuple[str, Optional[int]]:
     """(the rollup plan's description, the cells its CSV has other than the raw plan's: see
     last_digit_cells), in-process."""

@@ -7,7 +7,7 @@ Builds node databases with the real schema (a year of jobs: ~500 users, 50 accou
 
 - in-process: open + `report.summary()` for `--by user` and `--by account,month`;
 - whole CLI: `python -m slurm_gpu.cli report --db FILE --by ... --format csv` as a child process;
-- the same aggregation as one SELECT (report.summary_plan, the plan report.py uses where its
+- the same aggregation as one SELECT (report/plan.py's summary_plan, the plan used where its
   per-group index queries do not apply; parameters inlined) in the sqlite3 shell
   (/usr/bin/sqlite3) on the same file;
 
@@ -29,7 +29,11 @@ from typing import Callable, Dict, List, Sequence, Tuple
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from slurm_gpu.report import query as report
+from slurm_gpu.report import plan as P  # noqa: E402
+from slurm_gpu.report import reports as report  # noqa: E402
+from slurm_gpu.report.query import Query  # noqa: E402
+from slurm_gpu.report.sources import open_sources  # noqa: E402
+from slurm_gpu.store.liveread import readonly_uri  # noqa: E402
 from slurm_gpu.store import schema  # noqa: E402
 
 YEAR_START = 1735689600.0  # 2025-01-01T00:00:00Z
@@ -121,14 +125,14 @@ def median_s(fn: Callable[[], object], runs: int) -> float:
 
 
 def in_process(path: str, by: Sequence[str]) -> None:
-    with report.open_sources([path], report.Query()) as src:
+    with open_sources([path], Query()) as src:
         report.summary(src, by)
 
 
 def inline_sql(path: str, by: Sequence[str]) -> str:
-    """The SELECT report.py runs (unpartitioned), parameters inlined, with its calendar table, for the shell."""
-    with report.open_sources([path], report.Query()) as src:
-        plan = report.summary_plan(src, by)
+    """The SELECT report/plan.py runs (unpartitioned), parameters inlined, with its calendar table, for the shell."""
+    with open_sources([path], Query()) as src:
+        plan = P.summary_plan(src, by)
     assert plan is not None
     sql = plan.sql
     for name, value in sorted(plan.params.items(), key=lambda kv: -len(kv[0])):
@@ -136,8 +140,9 @@ def inline_sql(path: str, by: Sequence[str]) -> str:
     prelude = ""
     if plan.buckets:
         # The shell builds the same calendar table (tiny: a year of months is 12 rows).
-        values = ", ".join(f"({a!r}, {b!r}, '{lab}')" for a, b, lab in plan.buckets)
-        prelude = ("CREATE TEMP TABLE cal (b_start REAL NOT NULL, b_end REAL NOT NULL, label TEXT NOT NULL);\n"
+        values = ", ".join(f"({i}, {a!r}, {b!r}, '{lab}')" for i, (a, b, lab) in enumerate(plan.buckets))
+        prelude = ("CREATE TEMP TABLE cal (idx INTEGER NOT NULL, b_start REAL NOT NULL, b_end REAL NOT NULL, "
+                   "label TEXT NOT NULL);\n"
                    f"INSERT INTO temp.cal VALUES {values};\nCREATE INDEX temp.cal_start ON cal (b_start);\n")
     return prelude + sql + ";\n"
 
@@ -194,13 +199,13 @@ def main() -> int:
             cli_s, rss_kib = child_median(env_py + ["report", "--db", path, "--by", label, "--format", "csv"], args.runs)
             sql = inline_sql(path, by).encode()
             # Same open mode as the report (mode=ro, immutable for a checkpointed WAL file).
-            shell_s, _ = child_median([SQLITE3, report.readonly_uri(path)], args.runs, sql)
-            saved = report.PARALLEL_MIN_ROWS
-            report.PARALLEL_MIN_ROWS = 1 << 62
+            shell_s, _ = child_median([SQLITE3, readonly_uri(path)], args.runs, sql)
+            saved = P.PARALLEL_MIN_ROWS
+            P.PARALLEL_MIN_ROWS = 1 << 62
             try:
                 serial = median_s(lambda: in_process(path, by), args.runs)
             finally:
-                report.PARALLEL_MIN_ROWS = saved
+                P.PARALLEL_MIN_ROWS = saved
             ratio = inproc / shell_s
             results.setdefault(n, {})[label] = (inproc, cli_s, shell_s, rss_kib)
             print(f"{n:>9} {label:<14} {inproc:>9.3f} {serial:>9.3f} {cli_s:>7.3f} {shell_s:>9.3f} {ratio:>6.2f} "

@@ -7,12 +7,16 @@ naive datetime (fold=0): a time inside the hour a DST change skips is read with 
 force before the change (02:30 on a spring-forward night is 03:30 summer time); a time inside
 the hour a change repeats is its first occurrence (still summer time).
 
+The one way back: unix_to_local (Slurm's local ISO form, for people reading our output beside
+Slurm's).
+
 Imported by every prolog (through gpu/xid.py): `datetime` is imported, and the patterns
 compiled (re's own cache), on first use only.
 """
 from __future__ import annotations
 
 import re
+import time
 from typing import Optional
 
 # ISO 8601 as journals and `dmesg --time-format iso` print it: date, 'T' or a space, seconds,
@@ -91,3 +95,8 @@ def slurm_to_unix(text: Optional[str]) -> Optional[float]:
         return None
     return local_to_unix(int(text[0:4]), int(text[5:7]), int(text[8:10]),
                          int(text[11:13]), int(text[14:16]), int(text[17:19]))
+
+
+def unix_to_local(t: float) -> str:
+    """Unix seconds -> local wall-clock time in Slurm's ISO form ('2024-05-01T10:00:00', no offset)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))

@@ -18,7 +18,13 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import pytest
 from click.testing import CliRunner
 
-from slurm_gpu.report import query as report
+from slurm_gpu.cli.report import parse_by
+from slurm_gpu.errors import InputError
+from slurm_gpu.report import plan
+from slurm_gpu.report import reports as report
+from slurm_gpu.report.query import Query
+from slurm_gpu.report.sources import open_sources
+from slurm_gpu.report.tables import Table
 from slurm_gpu.store import schema
 from slurm_gpu.cli import main
 
@@ -172,7 +178,7 @@ def expected(rows: Sequence[Dict[str, Any]], key: Callable[[Dict[str, Any]], Tup
     return out
 
 
-def assert_matches(table: report.Table, want: Dict[Tuple[Any, ...], Dict[str, Any]]) -> None:
+def assert_matches(table: Table, want: Dict[Tuple[Any, ...], Dict[str, Any]]) -> None:
     got = {tuple(r[k] for k in table.keys): r for r in table.rows}
     assert set(got) == set(want)
     for k, w in want.items():
@@ -183,9 +189,9 @@ def assert_matches(table: report.Table, want: Dict[Tuple[Any, ...], Dict[str, An
                 assert got[k][col] == pytest.approx(v, abs=0.006), (k, col)
 
 
-def run_summary(paths: Sequence[pathlib.Path], by: Sequence[str], **query: Any) -> report.Table:
-    with report.open_sources([str(p) for p in paths], report.Query(**query)) as src:
-        return report.summary(src, report.parse_by(by))
+def run_summary(paths: Sequence[pathlib.Path], by: Sequence[str], **query: Any) -> Table:
+    with open_sources([str(p) for p in paths], Query(**query)) as src:
+        return report.summary(src, parse_by(by))
 
 
 # ---------------------------------------------------------------- numbers
@@ -245,7 +251,7 @@ def test_filters_and_gpu_model_grouping(db):
 
 def _all_reports(db: pathlib.Path) -> list:
     out: list = [run_summary([db], by).rows for by in (["user"], ["account", "month"], ["node", "day"])]
-    with report.open_sources([str(db)], report.Query()) as src:
+    with open_sources([str(db)], Query()) as src:
         for sort, limit in (("-gpu_hours_alloc", 3), ("gpu_util_mean_pct", None), ("-mem_util_mean_pct", 4),
                             ("user", None)):
             out.append(report.jobs(src, sort=sort, limit=limit).rows)
@@ -254,12 +260,12 @@ def _all_reports(db: pathlib.Path) -> list:
 
 def test_parallel_partitions_give_the_single_pass_numbers(db, monkeypatch):
     serial = _all_reports(db)
-    monkeypatch.setattr(report, "PARALLEL_MIN_ROWS", 0)
-    monkeypatch.setattr(report.os, "cpu_count", lambda: 3)
-    if hasattr(report.os, "sched_getaffinity"):
-        monkeypatch.setattr(report.os, "sched_getaffinity", lambda pid: {0, 1, 2})
-    with report.open_sources([str(db)], report.Query()) as src:
-        assert report._partitions(src) == 3
+    monkeypatch.setattr(plan, "PARALLEL_MIN_ROWS", 0)
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    if hasattr(os, "sched_getaffinity"):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    with open_sources([str(db)], Query()) as src:
+        assert plan._partitions(src) == 3
     assert _all_reports(db) == serial
 
 
@@ -273,14 +279,14 @@ def test_covering_index_plan_gives_the_v1_scan_numbers(tmp_path, monkeypatch, qu
     groupings = (["user"], ["account"], ["partition"], ["node"], ["gpu-model"], ["account", "month"],
                  ["user", "week"], ["node", "day"], ["month", "gpu-model"], ["account", "user"], ["month"])
     q = {k: (ts(v) if k in ("since", "until") else v) for k, v in query.items()}
-    args = report.Query(since_s=q.pop("since", None), until_s=q.pop("until", None), **q)
+    args = Query(since_s=q.pop("since", None), until_s=q.pop("until", None), **q)
     used = 0
     for threads in (1, 3):
-        monkeypatch.setattr(report, "_partitions", lambda src, n=threads: n)
+        monkeypatch.setattr(plan, "_partitions", lambda src, n=threads: n)
         for by in groupings:
-            with report.open_sources([str(v1)], args) as s1, report.open_sources([str(v2)], args) as s2:
-                assert report._summary_by_index(s1, by) is None  # v1: no covering index
-                used += report._summary_by_index(s2, by) is not None
+            with open_sources([str(v1)], args) as s1, open_sources([str(v2)], args) as s2:
+                assert plan._summary_by_index(s1, by) is None  # v1: no covering index
+                used += plan._summary_by_index(s2, by) is not None
                 assert report.summary(s2, by).rows == report.summary(s1, by).rows, (by, query, threads)
     assert used > 0
 
@@ -309,14 +315,14 @@ def test_week_and_day_groups_in_local_time_follow_dst(tmp_path, monkeypatch):
 
 
 def test_jobs_idle_lists_only_jobs_that_held_an_idle_gpu(db):
-    with report.open_sources([str(db)], report.Query()) as src:
+    with open_sources([str(db)], Query()) as src:
         table = report.jobs(src, idle_only=True)
     assert [(r["cluster"], r["job_id"], r["restart"]) for r in table.rows] == [("c1", 102, 0), ("c1", 104, 0)]
     assert table.rows[0]["gpu_hours_idle"] == pytest.approx(2.0)
 
 
 def test_jobs_sort_and_limit(db):
-    with report.open_sources([str(db)], report.Query()) as src:
+    with open_sources([str(db)], Query()) as src:
         top = report.jobs(src, sort="-energy_kwh", limit=2)
         asc = report.jobs(src, sort="job_id")
     assert [r["job_id"] for r in top.rows] == [105, 101]
@@ -326,13 +332,13 @@ def test_jobs_sort_and_limit(db):
 
 
 def test_jobs_rejects_unknown_sort_column(db):
-    with report.open_sources([str(db)], report.Query()) as src:
-        with pytest.raises(report.InputError, match="unknown --sort column 'bogus'"):
+    with open_sources([str(db)], Query()) as src:
+        with pytest.raises(InputError, match="unknown --sort column 'bogus'"):
             report.jobs(src, sort="bogus")
 
 
 def test_job_shows_every_node_gpu_and_restart(db):
-    with report.open_sources([str(db)], report.Query(job_id=102, clusters=("c1",))) as src:
+    with open_sources([str(db)], Query(job_id=102, clusters=("c1",))) as src:
         table = report.job(src)
     assert [(r["restart"], r["node"], r["gpu_index"], r["idle"]) for r in table.rows] == [(0, "n2", 0, True),
                                                                                          (1, "n2", 0, False)]

@@ -131,7 +131,9 @@ def test_reports_racing_hook_writers_never_give_wrong_totals(tmp_path: pathlib.P
 
 
 def test_writer_arriving_during_an_immutable_read_makes_the_report_read_again(tmp_path: pathlib.Path):
-    from slurm_gpu.report import query as report
+    from slurm_gpu.report import reports as report
+    from slurm_gpu.report.query import Query
+    from slurm_gpu.report.sources import read_consistently
 
     db, spool = tmp_path / "usage.db", tmp_path / "spool"
     st = Store(str(db), str(spool))
@@ -150,7 +152,7 @@ def test_writer_arriving_during_an_immutable_read_makes_the_report_read_again(tm
             subprocess.run([sys.executable, "-c", write_one], check=True, timeout=60)
         return seen[-1][1]
 
-    rows = report.read_consistently([str(db)], report.Query(), read)
+    rows = read_consistently([str(db)], Query(), read)
     assert [frozen for frozen, _ in seen] == [True, False]  # the second read went through the WAL
     assert sum(r["jobs"] for r in rows) == 2
     # The writer could not checkpoint under the report's lock: its records wait in the -wal file.

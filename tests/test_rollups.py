@@ -14,7 +14,11 @@ import pytest
 
 import mariadb as testdb
 from test_central import Site, cli, cli_env
-from slurm_gpu.report import query as Q
+from slurm_gpu.report import reports as Q
+from slurm_gpu.report import sql as S
+from slurm_gpu.report.calendar import calendar
+from slurm_gpu.report.query import Query
+from slurm_gpu.report.sources import FileSource
 from slurm_gpu.report.central import CentralSource
 from slurm_gpu.store import central as C
 from slurm_gpu.store import rollups as R
@@ -124,7 +128,7 @@ def _render(table, src, fmt):
 
 def _both(s, files, query, by):
     """Every format of the summary from the node files and from the server: (node texts, server texts, plan)."""
-    with Q.Source(files, query) as src:
+    with FileSource(files, query) as src:
         table = Q.summary(src, by)
         a = [_render(table, src, f) for f in ("table", "csv", "json", "markdown")] + [table.notes]
     central = C.Central(C.parse_url(s.server.url(s.reporter, s.db)), s.reporter_pw, 30)
@@ -168,7 +172,7 @@ def test_a_report_from_the_rollups_equals_the_report_from_the_records_byte_for_b
     for by in COMBOS:
         keys = by + ((unit,) if unit else ())
         for tz in ("local", "utc"):
-            a, b, plan = _both(s, files, Q.Query(since_s=since, until_s=until, tz=tz), keys)
+            a, b, plan = _both(s, files, Query(since_s=since, until_s=until, tz=tz), keys)
             assert b == a, (keys, tz, plan, _diff(a[1], b[1]))
             # The rollups cut Berlin's days: only a --tz utc calendar must read the records.
             assert plan.startswith("rollups") == (tz == "local" or unit is None), (keys, tz, plan)
@@ -179,11 +183,11 @@ def test_a_report_from_the_rollups_equals_the_report_from_the_records_byte_for_b
 def test_filters_and_a_narrow_window_use_the_rollups_and_equal_the_records(year, berlin):
     s, files = year
     day = T0 + 100 * 86400 - 7200  # Berlin's midnight (summer time)
-    for q, by in ((Q.Query(users=("alice", "Carol"), tz="local"), ("account", "month")),
-                  (Q.Query(nodes=("n2",), accounts=("chem",), tz="local"), ("user", "day")),
-                  (Q.Query(since_s=day, until_s=day + 3 * 86400, clusters=("d",), tz="local"), ("partition", "day")),
-                  (Q.Query(since_s=day + 3600, until_s=day + 7200, tz="local"), ("user",)),
-                  (Q.Query(idle_threshold_pct=10.0, tz="local"), ("user",))):
+    for q, by in ((Query(users=("alice", "Carol"), tz="local"), ("account", "month")),
+                  (Query(nodes=("n2",), accounts=("chem",), tz="local"), ("user", "day")),
+                  (Query(since_s=day, until_s=day + 3 * 86400, clusters=("d",), tz="local"), ("partition", "day")),
+                  (Query(since_s=day + 3600, until_s=day + 7200, tz="local"), ("user",)),
+                  (Query(idle_threshold_pct=10.0, tz="local"), ("user",))):
         a, b, plan = _both(s, files, q, by)
         assert b == a, (q, by, plan)
         rolled = q.idle_threshold_pct == R.IDLE_THRESHOLD_PCT and q.until_s != day + 7200
@@ -260,15 +264,15 @@ def test_migrating_a_server_with_records_builds_its_rollups(server, tmp_path):
 
 
 def test_the_rollups_rules_are_the_reports(monkeypatch):
-    assert (R.UTIL, R.MEM_UTIL, R.OUT_OF_RANGE) == (Q.UTIL, Q.MEM_UTIL, Q._OUT_OF_RANGE)
-    assert R.VALID == (Q._valid_sql().replace("+", "").replace(":tmin", repr(Q.TIME_MIN_S))
-                       .replace(":tmax", repr(Q.TIME_MAX_S)).replace(":maxdur", repr(Q.MAX_RECORD_S)))
+    assert (R.UTIL, R.MEM_UTIL, R.OUT_OF_RANGE) == (S.UTIL, S.MEM_UTIL, S.OUT_OF_RANGE)
+    assert R.VALID == (S.valid_sql().replace("+", "").replace(":tmin", repr(S.TIME_MIN_S))
+                       .replace(":tmax", repr(S.TIME_MAX_S)).replace(":maxdur", repr(S.MAX_RECORD_S)))
     # The rollups' days are the report calendar's days, in Berlin across both DST changes.
     monkeypatch.setenv("TZ", "Europe/Berlin")
     time.tzset()
     try:
         days = [d for d in R.day_rows(utc=False) if d[1].startswith("2026")]
-        cal = Q.calendar(days[0][2], days[-1][3], "day", "local")
+        cal = calendar(days[0][2], days[-1][3], "day", "local")
         assert [(a, b, c) for _, c, a, b in days] == cal
         assert sorted({b - a for _, _, a, b in days}) == [82800.0, 86400.0, 90000.0]
     finally:

@@ -10,6 +10,7 @@ import click
 
 from slurm_gpu.cli import dry_run_option
 from slurm_gpu.errors import ExitCode, InputError, SlurmError
+from slurm_gpu.timefmt import unix_to_local
 
 _url_opt = click.option("--url", metavar="URL", default=None,
                         help="mysql://USER@HOST[:PORT]/DATABASE (default: central.url). Never put a password here.")
@@ -305,7 +306,7 @@ class _NoBar:
 
 def _print_backlog(b, last: Optional[float]) -> None:
     rows = ", ".join(f"{t} {n}" for t, n in b.rows.items())
-    when = "never" if last is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(last))
+    when = "never" if last is None else unix_to_local(last)
     click.echo(f"waiting: {b.total} ({rows}); oldest {_age(b.oldest_time)} old; last push {when}")
 
 

@@ -183,7 +183,7 @@ def backup(app, database, dest):
     Gather node databases for a report this way, not with cp or rsync: a copy without the
     -wal file misses records.  DEST is never overwritten.
     """
-    from slurm_gpu.report.query import copy_database
+    from slurm_gpu.store.backup import copy_database
     path = database or app.config.path_value("store", "database")
     n = copy_database(path, dest)
     click.echo(f"copied {path} to {dest} ({n} GPU records)")

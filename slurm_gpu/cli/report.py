@@ -1,16 +1,45 @@
-"""`slurm-gpu report`: thin click shell over slurm_gpu.report.query (docs/report.md)."""
+"""`slurm-gpu report`: thin click shell over slurm_gpu.report (docs/report.md): the options, their
+parsing into a Query, and the one consistent read that builds and renders the table."""
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import click
 
 from slurm_gpu import render
 from slurm_gpu.cli import apply_options, emit_output, output_file_option, output_options
 from slurm_gpu.errors import InputError
+from slurm_gpu.report.query import BY_CHOICES, TIME_KEYS
 
 FORMAT_CHOICES = render.FORMATS + ("html",)
+_BY_ALIASES = {"gpu_model": "gpu-model", "model": "gpu-model", "users": "user", "accounts": "account",
+               "partitions": "partition", "nodes": "node", "days": "day", "weeks": "week", "months": "month",
+               "daily": "day", "weekly": "week", "monthly": "month"}
+
+
+def parse_by(values: Sequence[str]) -> Tuple[str, ...]:
+    """`--by account,month` (comma lists, repeatable) -> ('account', 'month'); InputError on unknown keys."""
+    out: List[str] = []
+    for v in values:
+        for part in v.split(","):
+            name = part.strip().lower()
+            if not name:
+                continue
+            name = _BY_ALIASES.get(name, name)
+            if name not in BY_CHOICES:
+                raise InputError(f"unknown --by key {part.strip()!r}", "choose from " + ", ".join(BY_CHOICES)
+                                 + " (comma-separated, e.g. --by account,month)")
+            if name not in out:
+                out.append(name)
+    if sum(1 for k in out if k in TIME_KEYS) > 1:
+        raise InputError("--by takes at most one of day, week, month", "e.g. --by account,month")
+    return tuple(out) or ("user",)
+
+
+def split_list(values: Sequence[str]) -> Tuple[str, ...]:
+    """Comma lists, repeatable options: ('a,b', 'c') -> ('a', 'b', 'c')."""
+    return tuple(p.strip() for v in values for p in v.split(",") if p.strip())
 
 
 def _common_options(f: Callable) -> Callable:
@@ -86,7 +115,7 @@ def _config(ctx: click.Context):
 
 
 def _build_query(ctx: click.Context, o: Dict[str, Any], job_id: Optional[int] = None):
-    from slurm_gpu.report import query as report
+    from slurm_gpu.report.query import Query
     from slurm_gpu.report.timespec import parse_time
 
     cfg = _config(ctx)
@@ -95,11 +124,11 @@ def _build_query(ctx: click.Context, o: Dict[str, Any], job_id: Optional[int] = 
     since = parse_time(o["since"], now_s=now, tz=tz, option="--since") if o.get("since") else None
     until = parse_time(o["until"], now_s=now, tz=tz, option="--until") if o.get("until") else None
     threshold = o.get("idle_threshold")
-    query = report.Query(
+    query = Query(
         since_s=since, until_s=until,
-        users=report.split_list(o.get("users") or ()), accounts=report.split_list(o.get("accounts") or ()),
-        partitions=report.split_list(o.get("partitions") or ()), nodes=report.split_list(o.get("nodes") or ()),
-        clusters=report.split_list(o.get("clusters") or ()),
+        users=split_list(o.get("users") or ()), accounts=split_list(o.get("accounts") or ()),
+        partitions=split_list(o.get("partitions") or ()), nodes=split_list(o.get("nodes") or ()),
+        clusters=split_list(o.get("clusters") or ()),
         idle_threshold_pct=cfg.get("report", "idle_threshold_pct") if threshold is None else threshold,
         tz=tz, job_id=job_id,
     )
@@ -114,7 +143,7 @@ def _emit(o: Dict[str, Any], text: str) -> None:
 
 
 def _render(o: Dict[str, Any], table, src) -> str:
-    from slurm_gpu.report import query as report
+    from slurm_gpu.report.units import human_view
 
     fmt = o.get("fmt") or "table"
     if fmt == "html":
@@ -122,7 +151,7 @@ def _render(o: Dict[str, Any], table, src) -> str:
         return report_html.render_report(table, src, table.kind)
     if fmt in ("json", "csv"):
         return render.render(list(table.rows), table.columns, fmt)
-    headers, formats = report.human_view(table)
+    headers, formats = human_view(table)
     rows = list(table.rows)
     if fmt == "table" and table.kind == "summary" and len(rows) > 1 and table.total:
         rows.append(table.total)
@@ -131,7 +160,7 @@ def _render(o: Dict[str, Any], table, src) -> str:
 
 def _produce(ctx: click.Context, o: Dict[str, Any], build: Callable[[Any], Any], job_id: Optional[int] = None) -> None:
     """Build the table and its text from one consistent read of the databases, then print it."""
-    from slurm_gpu.report import query as report
+    from slurm_gpu.report.sources import read_consistently
 
     query, dbs = _build_query(ctx, o, job_id=job_id)
 
@@ -145,7 +174,7 @@ def _produce(ctx: click.Context, o: Dict[str, Any], build: Callable[[Any], Any],
     if is_central(dbs):
         table, text = read_central(_config(ctx), dbs, query, read, o.get("password_file"))
     else:
-        table, text = report.read_consistently(dbs, query, read)
+        table, text = read_consistently(dbs, query, read)
     for note in table.notes:
         click.echo(f"slurm-gpu: note: {note}", err=True)
     if not table.rows:
@@ -188,8 +217,8 @@ def report_cmd(ctx: click.Context, by: Tuple[str, ...], **opts: Any) -> None:
         return
 
     def go() -> None:
-        from slurm_gpu.report import query as report
-        keys = report.parse_by(by)
+        from slurm_gpu.report import reports as report
+        keys = parse_by(by)
         _produce(ctx, opts, lambda src: report.summary(src, keys))
 
     _run(go)
@@ -220,7 +249,7 @@ def jobs_cmd(ctx: click.Context, sort: Optional[str], limit: Optional[int], limi
     o = _merged(ctx, opts)
 
     def go() -> None:
-        from slurm_gpu.report import query as report
+        from slurm_gpu.report import reports as report
         _produce(ctx, o, lambda src: report.jobs(src, sort=sort, limit=limit, idle_only=idle_only))
 
     _run(go)
@@ -240,7 +269,7 @@ def job_cmd(ctx: click.Context, job_id: str, **opts: Any) -> None:
         o[k] = ()
 
     def go() -> None:
-        from slurm_gpu.report import query as report
+        from slurm_gpu.report import reports as report
         try:
             jid = int(job_id)
             if jid < 0:

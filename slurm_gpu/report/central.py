@@ -1,6 +1,6 @@
 """Reports from the central SQL server (`report --db mysql://...`): the same queries as on node files.
 
-report/query.py writes its SQL once, for SQLite and the server alike: double-quoted names and
+report/sql.py and report/plan.py write their SQL once, for SQLite and the server alike: double-quoted names and
 `||` (the server's session runs with ANSI_QUOTES and PIPES_AS_CONCAT, store/central.py), and
 the few spellings that differ come from the source (LEAST/GREATEST for two-argument MIN/MAX,
 FLOOR, the calendar's temporary table).  This module adds the server's source: one read-only
@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from slurm_gpu.errors import CentralError
-from slurm_gpu.report.query import Query, SourceBase
+from slurm_gpu.report.query import Query
+from slurm_gpu.report.sources import ReportSource
 from slurm_gpu.store.central import SCHEMA_VERSION, Central, is_url
 
 # Single-quoted SQL string literals ('' is an escaped quote): left alone by the translation.
@@ -66,7 +67,7 @@ class _Cursor:
 
 
 class ServerConnection:
-    """The slice of sqlite3.Connection that report/query.py uses, on the central server."""
+    """The slice of sqlite3.Connection that the report's planner uses, on the central server."""
 
     def __init__(self, central: Central):
         self.central = central
@@ -88,8 +89,8 @@ class ServerConnection:
             raise self.central.error(e) from None
 
 
-class CentralSource(SourceBase):
-    """The cluster's records on the central server, as report/query.py reads a node file."""
+class CentralSource(ReportSource):
+    """The cluster's records on the central server, read as a node file is (report/sources.py)."""
 
     LEAST, GREATEST = "LEAST", "GREATEST"
     PLUS = ""  # the server's planner needs no hint (and a unary plus on a name would be a no-op)
@@ -101,9 +102,6 @@ class CentralSource(SourceBase):
         self.conn = ServerConnection(central)
         self.table = "job_gpus_current"  # without the rows nodes withdrew
         self.files = [central.target.describe()]
-        self.reading = None
-        self.indexed = False
-        self.covering: frozenset = frozenset()
         version = central.schema_version()
         if version is None:
             raise CentralError(f"central server {central.target.describe()}: no slurm-gpu schema",
@@ -117,6 +115,18 @@ class CentralSource(SourceBase):
 
     def floor(self, expr: str) -> str:
         return f"FLOOR({expr})"
+
+    def covering_keys(self) -> FrozenSet[str]:
+        return frozenset()  # the server's planner picks its own indexes; the summary's own plan is the rollups
+
+    def use_end_index(self) -> bool:
+        return False  # (the server's planner decides; SQLite's needs the hint)
+
+    def parallel_connect(self) -> None:
+        return None  # the snapshot lives in this session's one transaction
+
+    def unchanged(self) -> bool:
+        return True  # one transaction with a consistent snapshot: pushes meanwhile are not seen
 
     def summary_rows(self, by: Sequence[str]) -> Optional[List[Dict[str, Any]]]:
         from slurm_gpu.report.rollup import summary_rows

@@ -14,7 +14,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurm_gpu import __version__
 from slurm_gpu.render import _cell
+from slurm_gpu.report import reports as report
 from slurm_gpu.report.timespec import format_time
+from slurm_gpu.report.units import ENERGY_UNITS, TIME_UNITS, human_view, pick_unit
 
 TEMPLATE = "report.html.j2"
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759")
@@ -127,7 +129,6 @@ def column_chart(title: str, items: Sequence[Tuple[str, Optional[float]]], unit:
 
 def _scaled(values: Sequence[Optional[float]], units: Sequence[Tuple[str, float]]) -> Tuple[str, float]:
     """The display unit for a chart: the largest in which its largest value is at least 1."""
-    from slurm_gpu.report.query import pick_unit
     return pick_unit(max([v for v in values if v is not None] or [0.0]), units)
 
 
@@ -140,9 +141,6 @@ def _group_label(row: Dict[str, Any], keys: Sequence[str]) -> str:
 
 
 def _charts(table: Any, src: Any, kind: str) -> List[Dict[str, str]]:
-    from slurm_gpu.report import query as report
-    from slurm_gpu.report.query import ENERGY_UNITS, TIME_UNITS
-
     charts: List[Dict[str, str]] = []
     rows = list(table.rows)
     hours = ("gpu_hours_alloc", "gpu_hours_used", "gpu_hours_idle")
@@ -200,7 +198,6 @@ def render_report(table: Any, src: Any, kind: str, now_s: Optional[float] = None
     filters = [f"{name}: {', '.join(vals)}" for name, vals in (("users", q.users), ("accounts", q.accounts),
                                                                    ("partitions", q.partitions), ("nodes", q.nodes),
                                                                    ("clusters", q.clusters)) if vals]
-    from slurm_gpu.report.query import human_view
     headers, formats = human_view(table)
     numeric = [all(r.get(c) is None or (isinstance(r.get(c), (int, float)) and not isinstance(r.get(c), bool))
                    for r in table.rows) for c in table.columns]

@@ -19,9 +19,10 @@ from urllib.parse import quote
 
 from slurm_gpu import render
 from slurm_gpu.errors import ExitCode, SlurmGpuError, StoreError
-from slurm_gpu.report.query import format_duration
+from slurm_gpu.report.units import format_duration
 from slurm_gpu.slurm.jobacct import JobRecord, job_record
 from slurm_gpu.store import summary as sg
+from slurm_gpu.timefmt import unix_to_local
 
 Rows = List[Dict[str, Any]]
 Fallback = Callable[[JobRecord], Tuple[Rows, str, str]]  # job -> (its job_gpus rows, source, where in words)
@@ -347,7 +348,7 @@ def total_energy_wh(s: sg.Summary) -> Optional[float]:
 
 
 def _when(t: Optional[float]) -> str:
-    return "-" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+    return "-" if t is None else unix_to_local(t)
 
 
 def header_lines(view: JobView) -> List[Tuple[str, str]]:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from slurm_gpu.report import query as Q
+from slurm_gpu.report import sql as S
+from slurm_gpu.report.calendar import calendar
+from slurm_gpu.report.query import GROUP_KEYS, TIME_KEYS, Query
 from slurm_gpu.store import rollups as R
 
 _KEY_COLUMN = {"user": "user", "account": "account", "partition": "partition", "gpu-model": "gpu_model",
@@ -59,14 +61,14 @@ def plan(src: Any, by: Sequence[str]) -> Plan:
               (max(d_lo, first[0]), min(d_hi, first[1]))).fetchall()
     whole_lo = ex("SELECT d_start FROM rollup_days WHERE day = ?", (d_lo,)).fetchone()[0] if q.since_s is not None else None
     whole_hi = ex("SELECT d_end FROM rollup_days WHERE day = ?", (d_hi,)).fetchone()[0] if q.until_s is not None else None
-    unit = next((k for k in by if k in Q.TIME_KEYS), None)
+    unit = next((k for k in by if k in TIME_KEYS), None)
     buckets: List[Tuple[float, float, str]] = []
     if not used:
         return Plan("no rollup rows in the window's whole days")
     if unit is not None:
         lo = q.since_s if q.since_s is not None else used[0][1]
         hi = q.until_s if q.until_s is not None else used[-1][2]
-        buckets = Q.calendar(lo, hi, unit, q.tz)
+        buckets = calendar(lo, hi, unit, q.tz)
         if not _in_one_bucket(used, buckets):
             return Plan(f"the rollups' days ({info['rollup_zone']}) are not the {unit}s of --tz {q.tz}")
     return _build(src, by, unit, buckets, (d_lo, d_hi), (whole_lo, whole_hi), used, info)
@@ -84,19 +86,19 @@ def _in_one_bucket(used: Sequence[Tuple[Any, ...]], buckets: Sequence[Tuple[floa
 
 
 def _bucket_of(col: str, buckets: Sequence[Tuple[float, float, str]]) -> str:
-    return Q._bucket_tree(col, buckets, str) if buckets else "0"
+    return S.bucket_tree(col, buckets, str) if buckets else "0"
 
 
 def _rollup_parts(by: Sequence[str], unit: Optional[str], buckets: Sequence[Tuple[float, float, str]],
-                  q: Q.Query, params: Dict[str, Any], days: Tuple[int, int]) -> Tuple[str, str]:
+                  q: Query, params: Dict[str, Any], days: Tuple[int, int]) -> Tuple[str, str]:
     """(the whole days' sums, the whole days' jobs and peaks): one SELECT each."""
     has_node = "node" in by or bool(q.nodes)
     table = "rollup_day_node" if has_node else "rollup_day"
-    plain = [k for k in by if k not in Q.TIME_KEYS]
+    plain = [k for k in by if k not in TIME_KEYS]
     keys = [f'{_col(_KEY_COLUMN[k])} AS "{k}"' for k in plain]
     bucket = _bucket_of("d.d_start", buckets)
     params["r_d0"], params["r_d1"] = days
-    where = ["r.day BETWEEN :r_d0 AND :r_d1"] + Q._filters(q, params, _col, "r_")
+    where = ["r.day BETWEEN :r_d0 AND :r_d1"] + S.filters(q, params, _col, "r_")
     sums = ", ".join(f'r."{c}" AS "{c}"' for c in R.FIGURES)
     head = ", ".join(keys + [f'{bucket} AS "_bucket"'])
     return (
@@ -112,14 +114,14 @@ def _edge_part(src: Any, by: Sequence[str], lo: float, hi: float, bucket: int, n
     """The records' pieces in [lo, hi), a part of one day, as the raw plan computes them: (their
     sums, their jobs and peaks, the parameters)."""
     q = src.query
-    edge = Q.Query(since_s=lo, until_s=hi, users=q.users, accounts=q.accounts, partitions=q.partitions,
+    edge = Query(since_s=lo, until_s=hi, users=q.users, accounts=q.accounts, partitions=q.partitions,
                    nodes=q.nodes, clusters=q.clusters, idle_threshold_pct=q.idle_threshold_pct, tz=q.tz)
-    where, params = Q._where(edge)
+    where, params = S.where(edge)
     params = {f"{k}_e{n}": v for k, v in params.items()}
     where = _rename(where, n)
     t = f"(LEAST(end_time, :until_e{n}) - GREATEST(start_time, :since_e{n}))"
     exprs = {c: e.replace(R._T, t) for c, e in R.SUMS + R.COUNTS}
-    keys = [f'{Q.GROUP_KEYS[k]} AS "{k}"' for k in by if k not in Q.TIME_KEYS]
+    keys = [f'{GROUP_KEYS[k]} AS "{k}"' for k in by if k not in TIME_KEYS]
     figs = ", ".join(f'{exprs[c]} AS "{c}"' for c in R.FIGURES)
     head = ", ".join(keys + [f'{bucket} AS "_bucket"'])
     return (f"SELECT {head}, {figs} FROM {src.table} WHERE {where}",
@@ -137,7 +139,7 @@ def _outer(by: Sequence[str], unit: Optional[str], sums: Sequence[str], jobs: Se
 
     Apart, because one UNION ALL of both made the server materialise every rollup_jobs row with
     the sums' thirteen (NULL) DECIMAL columns beside it: a derived table too wide for memory."""
-    names = [k if k not in Q.TIME_KEYS else "_bucket" for k in by]
+    names = [k if k not in TIME_KEYS else "_bucket" for k in by]
     group = ", ".join(f'"{k}"' for k in names)
     out = ", ".join(f's."{k}"' + (f' AS "{unit}"' if k == "_bucket" else "") for k in names)
     figs = ["SUM(alloc_s) AS alloc_s",
