@@ -275,7 +275,8 @@ def job_cmd(ctx: click.Context, job_id: str, **opts: Any) -> None:
             if jid < 0:
                 raise ValueError
         except ValueError:
-            raise InputError(f"job id {job_id!r} is not a number", "give the numeric Slurm job id, e.g. report job 4711") from None
+            raise InputError(f"job id {job_id!r} is not a number",
+                             "give the numeric Slurm job id, e.g. report job 4711") from None
         _produce(ctx, o, report.job, job_id=jid)
 
     _run(go)

@@ -279,24 +279,25 @@ def _use_notes(rec: JobRecord, s: sg.Summary, idle_pct: float, low_pct: float, f
                                   "a job that runs on CPUs only should not request GPUs.", "warn"))
     elif idle:
         per_node = max(Counter(g.node for g in used).values())
-        notes.append(Note("idle", f"{len(idle)} of the job's {len(s.gpus)} GPUs {'was' if len(idle) == 1 else 'were'} idle the whole job (mean "
+        were = "was" if len(idle) == 1 else "were"
+        notes.append(Note("idle", f"{len(idle)} of the job's {len(s.gpus)} GPUs {were} idle the whole job (mean "
                                   f"utilisation below {idle_pct:g} %: {_names(idle)}). Request only the GPUs the "
                                   f"program uses: --gres=gpu:{per_node}"
                                   + (" (per node)" if len({g.node for g in s.gpus}) > 1 else "") + ".", "warn"))
-    busy = [g for g in used if g.util_pct is not None]
+    busy = [g.util_pct for g in used if g.util_pct is not None]
     if busy:
-        mean = sum(g.util_pct for g in busy) / len(busy)
+        mean = sum(busy) / len(busy)
         if mean < low_pct:
             notes.append(Note("low_util", f"Mean utilisation of the GPUs in use was {mean:.1f} %, below {low_pct:g} %: "
                                           "they waited most of the time. Common causes: too few data-loading workers, "
                                           "small batches, CPU work between GPU calls; a profiler such as Nsight "
                                           "Systems shows where the time goes.", "warn"))
-    sized = [g for g in used if not g.mig and g.peak_mib is not None and g.total_mib]
+    sized = [(g.peak_mib, g.total_mib) for g in used if not g.mig and g.peak_mib is not None and g.total_mib]
     if sized and frac > 0:
-        top = max(sized, key=lambda g: g.peak_mib / g.total_mib)
-        if top.peak_mib < frac * top.total_mib:
-            notes.append(Note("small_memory", f"Peak GPU memory was {_gib(top.peak_mib)} of {_gib(top.total_mib)} GiB "
-                                              f"({100.0 * top.peak_mib / top.total_mib:.0f} %): a GPU with less memory "
+        peak, total = max(sized, key=lambda pt: pt[0] / pt[1])
+        if peak < frac * total:
+            notes.append(Note("small_memory", f"Peak GPU memory was {_gib(peak)} of {_gib(total)} GiB "
+                                              f"({100.0 * peak / total:.0f} %): a GPU with less memory "
                                               "or a MIG slice would do, and such jobs often start sooner.", "info"))
     return notes
 
@@ -382,7 +383,8 @@ def one_model(s: sg.Summary) -> Optional[str]:
 
 
 def _gpu_rows(s: sg.Summary, util_bw: int, mem_bw: int) -> List[Dict[str, Any]]:
-    return [{"node": render.printable(g.node), "gpu": f"{g.count} GPUs" if g.count > 1 else "-" if g.index is None else g.index, "model": _model(g),
+    return [{"node": render.printable(g.node),
+             "gpu": f"{g.count} GPUs" if g.count > 1 else "-" if g.index is None else g.index, "model": _model(g),
              "util": bar(g.util_pct, util_bw), "mem": bar(g.mem_util_pct, mem_bw), "peak": memory_text(g),
              "energy": energy_text(g.energy_wh), "events": events_text(g)} for g in s.gpus]
 

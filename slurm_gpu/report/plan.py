@@ -243,7 +243,7 @@ def _index_buckets(src: ReportSource, unit: str, n_keys: int) -> Optional[Tuple[
                            f"ORDER BY end_time - start_time DESC LIMIT 1", (S.MAX_RECORD_S,)).fetchone()
     longest = row[0] if row else None
     lo_end, hi_end = src.end_time_range()
-    if longest is None or lo_end is None:
+    if longest is None or lo_end is None or hi_end is None:
         return None
     lo = q.since_s if q.since_s is not None else lo_end - max(longest, 0.0)
     hi = q.until_s if q.until_s is not None else hi_end

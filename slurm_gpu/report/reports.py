@@ -32,8 +32,20 @@ from slurm_gpu.errors import InputError
 from slurm_gpu.report import plan as P
 from slurm_gpu.report.sources import ReportSource, describe_files
 from slurm_gpu.report.sql import SKIP_REASONS
-from slurm_gpu.report.tables import (GIB, HOURS_ND, JOB_DETAIL_COLUMNS, JOB_DETAIL_HEADERS, JOB_LIST_COLUMNS,
-                                     JOB_LIST_HEADERS, SUMMARY_COLUMNS, SUMMARY_HEADERS, Table, figures, rounded, total)
+from slurm_gpu.report.tables import (
+    GIB,
+    HOURS_ND,
+    JOB_DETAIL_COLUMNS,
+    JOB_DETAIL_HEADERS,
+    JOB_LIST_COLUMNS,
+    JOB_LIST_HEADERS,
+    SUMMARY_COLUMNS,
+    SUMMARY_HEADERS,
+    Table,
+    figures,
+    rounded,
+    total,
+)
 from slurm_gpu.report.timespec import format_time
 from slurm_gpu.report.units import format_gpu_time
 

@@ -21,8 +21,7 @@ from slurm_gpu.errors import InputError, StoreError
 from slurm_gpu.report import sql as S
 from slurm_gpu.report.query import Query
 from slurm_gpu.store import schema
-from slurm_gpu.store.liveread import (CORRUPT_HINT, READ_ATTEMPTS, FileRead, SourceChanged, check_database, connect,
-                                      reread)
+from slurm_gpu.store.liveread import CORRUPT_HINT, READ_ATTEMPTS, FileRead, SourceChanged, check_database, connect, reread
 
 Buckets = Sequence[Tuple[float, float, str]]
 

@@ -3,7 +3,8 @@ job's GPU time as Slurm prints elapsed time, and the headers and cell formats of
 Markdown and HTML outputs.  JSON and CSV always carry GPU-hours and kWh (6 decimals)."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from functools import partial
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from slurm_gpu.report.tables import Table
 
@@ -47,7 +48,7 @@ def human_view(table: Table) -> Tuple[Tuple[str, ...], Dict[str, Callable[[Any],
     rows = list(table.rows) + ([table.total] if table.total else [])
 
     def largest(cols: Sequence[str]) -> Optional[float]:
-        vals = [r.get(c) for r in rows for c in cols if isinstance(r.get(c), (int, float))]
+        vals: List[float] = [v for r in rows for c in cols if isinstance(v := r.get(c), (int, float))]
         return max(vals) if vals else None
 
     formats: Dict[str, Callable[[Any], str]] = {}
@@ -58,11 +59,15 @@ def human_view(table: Table) -> Tuple[Tuple[str, ...], Dict[str, Callable[[Any],
         if col in TIME_COLUMNS:
             if table.kind == "summary":
                 headers[i] = headers[i].replace("GPU-h", t_name)
-                formats[col] = lambda v, per=t_per: "-" if v is None else f"{v * per:.2f}"
+                formats[col] = partial(_scaled, per=t_per)
             else:
                 headers[i] = headers[i].replace("GPU-h", "GPU time")
                 formats[col] = format_duration
         elif col == "energy_kwh":
             headers[i] = headers[i].replace("kWh", e_name)
-            formats[col] = lambda v, per=e_per: "-" if v is None else f"{v * per:.2f}"
+            formats[col] = partial(_scaled, per=e_per)
     return tuple(headers), formats
+
+
+def _scaled(v: Optional[float], per: float) -> str:
+    return "-" if v is None else f"{v * per:.2f}"

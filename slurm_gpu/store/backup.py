@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+
 from slurm_gpu.errors import InputError, StoreError
 from slurm_gpu.store.liveread import CORRUPT_HINT, READ_ATTEMPTS, FileRead, SourceChanged, check_database, connect, reread
 
