@@ -3,14 +3,13 @@ reboot (recovery action), and a driver/library version mismatch each drain the n
 was sent to, with a reason that names the fault, and the job finishes on the other node."""
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 import pytest
-
 import simgpu
-from tests.integration.test_hooks_slurm import Site, _reasons, _script
+
+from tests.integration.test_hooks_slurm import Site, _reasons, hooked_cluster, site_fixture
 
 pytestmark = pytest.mark.slurm
 
@@ -34,18 +33,12 @@ class FaultSite(Site):
                 .replace("nvml_timeout_s = 2.0\n", f'nvml_timeout_s = 2.0\nnvidia_version_file = "{self.root}/nvidia-version"\n'))
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    s = FaultSite(Path("/tmp") / f"slurm-gpu-faults-{os.getpid()}")
-    yield s
-    shutil.rmtree(s.root, ignore_errors=True)
+site = site_fixture(FaultSite, "faults")
 
 
 @pytest.fixture
 def cluster(site, slurm_testbed_factory):
-    site.reset()
-    return slurm_testbed_factory(prolog=_script("slurm-gpu-prolog"), epilog=_script("slurm-gpu-epilog"),
-                                 slurm_gpu_config=site.config(), prolog_epilog_timeout=60)
+    return hooked_cluster(site, slurm_testbed_factory)
 
 
 def _drained_with(cluster, site, job, words):

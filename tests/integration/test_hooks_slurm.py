@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 import simgpu
 
 pytestmark = pytest.mark.slurm
@@ -73,20 +72,29 @@ class Site:
                 '[hooks]\nprolog_deadline_s = 20\nepilog_deadline_s = 30\nkill_grace_s = 1.0\n')
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Site:
-    root = Path("/tmp") / f"slurm-gpu-hooks-{os.getpid()}"
-    s = Site(root)
-    yield s
-    shutil.rmtree(root, ignore_errors=True)
+def site_fixture(cls: type, name: str):
+    """A module's `site` fixture: a `cls` (a Site) under /tmp/slurm-gpu-<name>-<pid>, removed after."""
+    @pytest.fixture(scope="module")
+    def site(tmp_path_factory):
+        s = cls(Path("/tmp") / f"slurm-gpu-{name}-{os.getpid()}")
+        yield s
+        shutil.rmtree(s.root, ignore_errors=True)
+    return site
+
+
+def hooked_cluster(site: Site, factory, **extra):
+    """The two-node cluster with slurm-gpu's prolog and epilog on `site`'s config (testbed kwargs in extra)."""
+    site.reset()
+    return factory(prolog=_script("slurm-gpu-prolog"), epilog=_script("slurm-gpu-epilog"),
+                   slurm_gpu_config=site.config(), prolog_epilog_timeout=60, **extra)
+
+
+site = site_fixture(Site, "hooks")
 
 
 @pytest.fixture
 def cluster(site, slurm_testbed_factory):
-    site.reset()
-    bed = slurm_testbed_factory(prolog=_script("slurm-gpu-prolog"), epilog=_script("slurm-gpu-epilog"),
-                                slurm_gpu_config=site.config(), prolog_epilog_timeout=60)
-    return bed
+    return hooked_cluster(site, slurm_testbed_factory)
 
 
 def play_work(site: Site, node: str, gpu: int, *, energy_j: float, pid: int, util: int, mem_util: int,
@@ -146,7 +154,8 @@ def test_job_on_gpu_with_uncorrectable_ecc_drains_node_and_finishes_elsewhere(cl
     assert "uncorrectable ECC errors: 2" in ours[0]["reason"] and f"[prolog job {job}; check " in ours[0]["reason"]
     assert reasons["gpu01"] == ours[0]["reason"], reasons  # Slurm kept our reason, not "Prolog error"
     # The requeued run is recorded on gpu02 with restart count 1.
-    assert [r["restart_count"] for r in site.rows("gpu02", "SELECT DISTINCT restart_count FROM job_gpus WHERE job_id=?", job)] == [1]
+    restarts = site.rows("gpu02", "SELECT DISTINCT restart_count FROM job_gpus WHERE job_id=?", job)
+    assert [r["restart_count"] for r in restarts] == [1]
     # gpu01's epilog runs after the requeue (SLURM_JOB_RESTART_COUNT already 1): the job never
     # ran there, so no usage - not even a partial record - may be recorded for it.
     assert site.rows("gpu01", "SELECT job_id, restart_count, partial FROM job_gpus WHERE job_id=?", job) == [], site.log("gpu01")

@@ -11,16 +11,13 @@ DOWN node to service by itself on its next registration, before any verification
 answer to that is tests/test_remediation.py's returned-to-service test."""
 from __future__ import annotations
 
-import os
-import shutil
 import time
-from pathlib import Path
 
 import pytest
-
 import simgpu
+
+from tests.integration.test_hooks_slurm import _reasons, hooked_cluster, site_fixture
 from tests.integration.test_remediation_slurm import RemediationSite, _drained_by_prolog, _jobs_on, _remediate
-from tests.integration.test_hooks_slurm import _reasons, _script
 
 pytestmark = pytest.mark.slurm
 
@@ -34,19 +31,12 @@ class RebootSite(RemediationSite):
                 simgpu.set_gpu(self.state(node), i, remapped_pending=0, reset_sticky=0)
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    s = RebootSite(Path("/tmp") / f"slurm-gpu-reboot-{os.getpid()}")
-    yield s
-    shutil.rmtree(s.root, ignore_errors=True)
+site = site_fixture(RebootSite, "reboot")
 
 
 @pytest.fixture
 def cluster(site, slurm_testbed_factory):
-    site.reset()
-    return slurm_testbed_factory(prolog=_script("slurm-gpu-prolog"), epilog=_script("slurm-gpu-epilog"),
-                                 slurm_gpu_config=site.config(), prolog_epilog_timeout=60, on_reboot=site.boot,
-                                 extra_slurm_conf="ReturnToService=1")
+    return hooked_cluster(site, slurm_testbed_factory, on_reboot=site.boot, extra_slurm_conf="ReturnToService=1")
 
 
 def test_a_reset_that_does_not_cure_reboots_through_slurm_and_the_booted_node_is_verified_and_resumed(cluster, site):
