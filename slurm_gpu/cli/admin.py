@@ -116,7 +116,7 @@ def _backend(app: Any):
     return get_backend(app.config)
 
 
-def _record_drains(app: Any, drains: List[dict]) -> None:
+def _record_drains(app: Any, drains: List[Any]) -> None:
     """Every drain goes into this node's database (drains table), like the hooks' own.
 
     A drain of several nodes run from one machine is recorded in that machine's database
@@ -126,20 +126,21 @@ def _record_drains(app: Any, drains: List[dict]) -> None:
         return
     try:
         from slurm_gpu.store.node import Store
+        from slurm_gpu.store.record import Drains
         st = Store.from_config(app.config)
-        where = st.write({"kind": "drain", "drains": drains}, ingest=False)
+        written = st.write(Drains(drains), ingest=False)
     except Exception as e:
         msg = e.message if isinstance(e, SlurmGpuError) else f"{type(e).__name__}: {e}"
         click.echo(f"slurm-gpu: warning: drain not recorded in the node database: {msg}", err=True)
         return
-    if not where.startswith("db"):
-        click.echo(f"slurm-gpu: warning: drain record kept in {where.split(':', 1)[1]} ({st.unavailable or 'refused'}); "
+    if not written.in_database:
+        click.echo(f"slurm-gpu: warning: drain record kept in {written.path} ({st.unavailable or 'refused'}); "
                    "`slurm-gpu db ingest` writes it to the database", err=True)
 
 
-def _drain_row(node: str, source: str, reason: str, outcome: str, kept: Optional[str] = None) -> dict:
-    return {"time": time.time(), "node": node, "source": source, "job_id": None, "reason": reason,
-            "ok": int(outcome == "drained"), "outcome": outcome, "kept_reason": kept}
+def _drain_row(node: str, source: str, reason: str, outcome: str, kept: Optional[str] = None) -> Any:
+    from slurm_gpu.store.record import drain
+    return drain(node, source, reason, outcome, time.time(), kept_reason=kept)
 
 
 def _when(ts: Optional[float]) -> str:

@@ -21,6 +21,7 @@ from slurm_gpu.slurm.gpumap import JobGpu, JobGpuMap, MissingGpu, map_job_gpus  
 from slurm_gpu.policy.health import CheckResult
 from slurm_gpu.slurm.jobenv import JobEnv
 from slurm_gpu.gpu.snapshot import GpuSnapshot, NodeSnapshot
+from slurm_gpu.store import record as R
 
 
 def make_reader(cfg: Config, library: Optional[str] = None):
@@ -275,14 +276,15 @@ def _without_pids(snap: NodeSnapshot, pids: Iterable[int]) -> NodeSnapshot:
     return snap._replace(gpus=gpus)
 
 
-def _results_events(results: Sequence[CheckResult], node: str, source: str, job_id: Optional[int], t: float) -> List[Dict[str, Any]]:
-    return [{"time": t, "node": node, "source": source, "job_id": job_id, "gpu_index": r.gpu_index,
-             "gpu_uuid": r.gpu_uuid or None, "check_name": r.check, "status": r.status, "message": r.message}
+def _results_events(results: Sequence[CheckResult], node: str, source: str, job_id: Optional[int],
+                    t: float) -> List[R.HealthEvent]:
+    return [R.HealthEvent(time=t, node=node, source=source, job_id=job_id, gpu_index=r.gpu_index,
+                          gpu_uuid=r.gpu_uuid or None, check_name=r.check, status=r.status, message=r.message)
             for r in results if r.status in (health.WARN, health.FAIL)]
 
 
 def _drain_node(deps: HookDeps, job: JobEnv, source: str, fault: str, check: str = "",
-                breaker: bool = False) -> Tuple[bool, Dict[str, Any]]:
+                breaker: bool = False) -> Tuple[bool, R.Drain]:
     """Drain this node with our reason (naming the check).  Returns (the hook may exit 0: the node
     is drained now, or the circuit breaker keeps it in service), the drain record).
 
@@ -316,10 +318,8 @@ def _drain_node(deps: HookDeps, job: JobEnv, source: str, fault: str, check: str
             outcome = "failed"
     else:
         deps.log.warning("fault-no-drain", job=job.job_id, node=job.node, reason=reason)
-    record = {"kind": "drain", "drain": {"time": deps.now(), "node": job.node, "source": source, "job_id": job.job_id,
-                                         "cluster": job.cluster, "restart_count": job.restart_count, "reason": reason,
-                                         "ok": int(outcome == "drained"), "outcome": outcome, "kept_reason": kept}}
-    return drained, record
+    return drained, R.drain(job.node, source, reason, outcome, deps.now(), kept_reason=kept, job_id=job.job_id,
+                            cluster=job.cluster, restart_count=job.restart_count)
 
 
 def _breaker_open(deps: HookDeps, job: JobEnv, check: str) -> bool:
@@ -333,23 +333,22 @@ def _drain(deps: HookDeps, job: JobEnv, source: str, fault: str, seen: Any = Non
     """Drain this node with our reason; record it.  Returns True when the node is drained now (or
     the breaker, asked when breaker=True, keeps it in service).
     seen (metrics' Observed, when metrics are on) learns the drain state and the check."""
-    drained, record = _drain_node(deps, job, source, fault, check, breaker)
-    _write(deps, record, job)
-    _seen_drain(seen, record, check)
+    drained, d = _drain_node(deps, job, source, fault, check, breaker)
+    _write(deps, R.Drains([d]), job)
+    _seen_drain(seen, d, check)
     return drained
 
 
-def _seen_drain(seen: Any, record: Optional[Dict[str, Any]], check: str) -> None:
+def _seen_drain(seen: Any, d: Optional[R.Drain], check: str) -> None:
     """The node's drain state as the metrics say it: drained by us for this check, already
     drained by us (cause known to an earlier writer), or drained by someone else."""
-    if seen is None or record is None:
+    if seen is None or d is None:
         return
     from slurm_gpu.slurm.reason import is_ours
-    d = record["drain"]
-    if d["outcome"] == "drained":
+    if d.outcome == R.DRAINED:
         seen.drain = ("set", check)
-    elif d["outcome"] == "kept":
-        seen.drain = ("ours", check) if is_ours(d["kept_reason"]) else ("clear", "")
+    elif d.outcome == R.KEPT:
+        seen.drain = ("ours", check) if is_ours(d.kept_reason) else ("clear", "")
 
 
 def _fault_check(results: Sequence[CheckResult]) -> str:
@@ -385,34 +384,38 @@ def _write_metrics(deps: HookDeps, job: JobEnv, hook: str, seen: Any) -> None:
     deps.log.event("metrics", "debug", job=job.job_id, node=job.node, ms=round((time.monotonic() - t0) * 1000, 2))
 
 
-def _write(deps: HookDeps, record: Dict[str, Any], job: JobEnv) -> str:
+def _write(deps: HookDeps, record: R.Record, job: JobEnv) -> str:
     """Database, else spool, else — whatever went wrong, even a bug of ours — the hook log and the
     fallback log as one line of complete JSON that `slurm-gpu db ingest --from-log` replays.
     Never raises: the drain decision must still run after a record that fits nowhere."""
     # The job start a record belongs to: re-runs and replays of it are recognised by this.
-    record.setdefault("cluster", job.cluster)
-    record.setdefault("restart_count", job.restart_count)
+    record.cluster = job.cluster if record.cluster is None else record.cluster
+    record.restart_count = job.restart_count if record.restart_count is None else record.restart_count
     try:
-        where = deps.store.write(record, ingest=False)
+        written = deps.store.write(record, ingest=False)
     except Exception as e:
-        error = e.message if isinstance(e, SlurmGpuError) else f"{type(e).__name__}: {e}"
-        try:
-            data = _dumps(record, sort_keys=True, default=str)
-        except Exception as je:  # a record that JSON cannot hold is a bug: say so, keep what is known
-            data = _dumps({"kind": record.get("kind"), "unserialisable": f"{type(je).__name__}: {je}"})
-        fields = dict(job=job.job_id, node=job.node, kind=record.get("kind"), error=error,
-                      hint="replay with `slurm-gpu db ingest --from-log FILE`", record=data)
-        deps.log.error("record-lost-to-log", **fields)
-        from slurm_gpu.hooks.log import fallback_path, write_fallback
-        write_fallback(fallback_path(), getattr(deps.log, "hook", "hook"), "record-lost-to-log", **fields)
+        _lost_to_log(deps, job, record, e)
         return "log"
-    if where.startswith("spool:"):
-        deps.log.warning("record-spooled", job=job.job_id, node=job.node, kind=record["kind"], file=where[6:],
+    if written.where == "spool":
+        deps.log.warning("record-spooled", job=job.job_id, node=job.node, kind=record.kind, file=written.path,
                          reason=getattr(deps.store, "unavailable", "") or None)
-    elif where.startswith("quarantine:"):
-        deps.log.error("record-quarantined", job=job.job_id, node=job.node, kind=record["kind"], file=where[11:],
+    elif written.where == "quarantine":
+        deps.log.error("record-quarantined", job=job.job_id, node=job.node, kind=record.kind, file=written.path,
                        hint="the database refused this record; `slurm-gpu db check` lists it")
-    return where
+    return written
+
+
+def _lost_to_log(deps: HookDeps, job: JobEnv, record: R.Record, e: Exception) -> None:
+    error = e.message if isinstance(e, SlurmGpuError) else f"{type(e).__name__}: {e}"
+    try:
+        data = _dumps(R.as_dict(record), sort_keys=True, default=str)
+    except Exception as je:  # a record that JSON cannot hold is a bug: say so, keep what is known
+        data = _dumps({"kind": record.kind, "unserialisable": f"{type(je).__name__}: {je}"})
+    fields = dict(job=job.job_id, node=job.node, kind=record.kind, error=error,
+                  hint="replay with `slurm-gpu db ingest --from-log FILE`", record=data)
+    deps.log.error("record-lost-to-log", **fields)
+    from slurm_gpu.hooks.log import fallback_path, write_fallback
+    write_fallback(fallback_path(), getattr(deps.log, "hook", "hook"), "record-lost-to-log", **fields)
 
 
 # What a hook spends at most on the spool (files, seconds) after its own records and its drain
@@ -527,7 +530,7 @@ def _prolog(job: JobEnv, deps: HookDeps, seen: Any) -> int:
     _log_results(log, job, results)
     if health.worst(results) == health.FAIL and (gmap is None or not _gate_suspended(deps, job, results)):
         _drain(deps, job, "prolog", health.drain_fault(results), seen, _fault_check(results))
-        _write(deps, {"kind": "health", "events": _results_events(results, job.node, "prolog", job.job_id, t)}, job)
+        _write(deps, R.Health(_results_events(results, job.node, "prolog", job.job_id, t)), job)
         _housekeeping(deps, job, "prolog")
         return PROLOG_FAULT
     assert gmap is not None  # a mapping failure is a FAIL above
@@ -547,10 +550,10 @@ def _prolog(job: JobEnv, deps: HookDeps, seen: Any) -> int:
             log.error("reset-failed", job=job.job_id, node=job.node, gpu=uuid, error=outcome.message)
         starts.append(_start_row(job, g, jg, uuid, t))
         log.info("pass", job=job.job_id, node=job.node, gpu=uuid, index=g.index, slurm_index=jg.slurm_index)
-    _write(deps, {"kind": "job_start", "starts": starts}, job)
+    _write(deps, R.JobStart(starts), job)
     warn = _results_events(results, job.node, "prolog", job.job_id, t)
     if warn:
-        _write(deps, {"kind": "health", "events": warn}, job)
+        _write(deps, R.Health(warn), job)
     _housekeeping(deps, job, "prolog")
     _seen_start(seen, deps, gmap, snap, prepared)
     return PROLOG_OK
@@ -575,17 +578,10 @@ def _gate_suspended(deps: HookDeps, job: JobEnv, results: Sequence[CheckResult])
     return bool(why)
 
 
-def _start_row(job: JobEnv, g: GpuSnapshot, jg: JobGpu, uuid: str, t: float) -> Dict[str, Any]:
+def _start_row(job: JobEnv, g: GpuSnapshot, jg: JobGpu, uuid: str, t: float) -> R.StartCounters:
     """The prolog's start counters of one GPU or MIG slice (job_starts)."""
-    return {
-        "cluster": job.cluster, "job_id": job.job_id, "restart_count": job.restart_count, "node": job.node,
-        "gpu_uuid": uuid, "gpu_index": g.index, "start_time": t,
-        # The energy counter is the whole GPU's: a MIG slice's share of it is unknown.
-        "energy_mj": None if jg.mig is not None else g.energy_mj.get(),
-        "ecc_corrected": g.ecc_volatile_corrected.get(), "ecc_uncorrected": g.ecc_volatile_uncorrected.get(),
-        "retired_pages": _sum(g.retired_pages_sbe, g.retired_pages_dbe),
-        "remapped_rows": _sum(g.remapped_rows_corrected, g.remapped_rows_uncorrected),
-    }
+    return R.StartCounters(cluster=job.cluster, job_id=job.job_id, restart_count=job.restart_count, node=job.node,
+                           gpu_uuid=uuid, gpu_index=g.index, start_time=t, **R.read_counters(g, jg.mig is None))
 
 
 def _seen_start(seen: Any, deps: HookDeps, gmap: JobGpuMap, snap: NodeSnapshot, prepared: Dict[int, Any]) -> None:
@@ -617,11 +613,6 @@ def _prepare(deps: HookDeps, job: JobEnv, gmap: JobGpuMap) -> Dict[int, Any]:
         if cfg.get("hooks", "persistence_mode"):
             out.update(deps.reader.prepare(sorted(sliced), persistence=True))
     return out
-
-
-def _sum(*rs: Any) -> Optional[int]:
-    vals = [r.get() for r in rs if r.ok]
-    return sum(int(v) for v in vals) if vals else None
 
 
 def _leftovers(deps: HookDeps, job: JobEnv, gmap: JobGpuMap) -> Tuple[Dict[int, List[int]], Dict[int, List[int]]]:
@@ -695,7 +686,7 @@ MIG_NOT_MEASURED = ("MIG slice: energy, utilisation and peak memory are counted 
 
 
 def _usage(g: GpuSnapshot, jg: JobGpu, start: Optional[Dict[str, Any]], acct: Any, end: float, job: JobEnv,
-           xids: List[Dict[str, Any]]) -> Dict[str, Any]:
+           xids: List[Dict[str, Any]]) -> R.GpuUsage:
     start_time = start["start_time"] if start else None
     records = list(acct.value) if acct is not None and acct.ok and jg.mig is None else None
     if start_time is None:
@@ -705,53 +696,24 @@ def _usage(g: GpuSnapshot, jg: JobGpu, start: Optional[Dict[str, Any]], acct: An
         start_time = min(starts) if starts else end
     if records is not None:
         records = [rec for rec in records if not rec.start_time_us or rec.start_time_us / 1e6 >= start_time - 2.0]
-    duration = max(0.0, end - start_time)
-
-    def delta(now_v: Optional[int], key: str, scale: float = 1.0) -> Optional[float]:
-        then = start.get(key) if start else None
-        if now_v is None or then is None or now_v < then:
-            return None  # unknown, or the counter was reset (driver reload) during the job
-        return (now_v - then) / scale
-
-    def mean(attr: str) -> Optional[float]:
-        if records is None:
-            return None
-        if duration <= 0:
-            return 0.0
-        busy = sum(getattr(rec, attr) * rec.time_ms / 1000.0 for rec in records)
-        return round(min(100.0, busy / duration), 3)
-
-    energy = None if jg.mig is not None else delta(g.energy_mj.get(), "energy_mj", 1000.0)
+    mig = jg.mig
     peaks = [rec.max_memory_bytes for rec in records or [] if rec.max_memory_bytes is not None]
-    return {
-        "cluster": job.cluster, "job_id": job.job_id, "restart_count": job.restart_count, "node": job.node,
-        "gpu_uuid": _record_key(g, jg), "gpu_index": g.index,
-        "gpu_model": jg.mig.name or g.name.get() if jg.mig is not None else g.name.get(), "user": job.user,
-        "account": job.account, "partition": job.partition, "start_time": start_time, "end_time": end,
-        "duration_s": round(duration, 3), "energy_j": None if energy is None else round(energy, 3),
-        "gpu_util_mean_pct": mean("gpu_utilization_pct"), "mem_util_mean_pct": mean("memory_utilization_pct"),
-        "max_memory_bytes": max(peaks) if peaks else None,  # NULL, never 0, when no process reported it
-        "memory_total_bytes": jg.mig.memory_total_bytes if jg.mig is not None else g.memory_total_bytes.get(),
-        "process_count": None if records is None else len(records),
-        "ecc_corrected_delta": delta(g.ecc_volatile_corrected.get(), "ecc_corrected"),
-        "ecc_uncorrected_delta": delta(g.ecc_volatile_uncorrected.get(), "ecc_uncorrected"),
-        "retired_pages_delta": delta(_sum(g.retired_pages_sbe, g.retired_pages_dbe), "retired_pages"),
-        "remapped_rows_delta": delta(_sum(g.remapped_rows_corrected, g.remapped_rows_uncorrected), "remapped_rows"),
-        "clock_event_reasons": g.clock_event_reasons.get(),
-        "xid_events": _dumps(xids) if xids else None,
-        "parent_gpu_uuid": g.uuid_or_index if jg.mig is not None else None,
-        "notes": MIG_NOT_MEASURED if jg.mig is not None else None,
-    }
+    return R.GpuUsage(
+        cluster=job.cluster, job_id=job.job_id, restart_count=job.restart_count, node=job.node,
+        gpu_uuid=_record_key(g, jg), gpu_index=g.index,
+        gpu_model=mig.name or g.name.get() if mig is not None else g.name.get(), user=job.user,
+        account=job.account, partition=job.partition, start_time=start_time, end_time=end,
+        **R.usage(start, R.read_counters(g, mig is None), None if records is None else R.busy(records), start_time, end),
+        max_memory_bytes=max(peaks) if peaks else None,
+        memory_total_bytes=mig.memory_total_bytes if mig is not None else g.memory_total_bytes.get(),
+        process_count=None if records is None else len(records), clock_event_reasons=g.clock_event_reasons.get(),
+        xid_events=xids, parent_gpu_uuid=g.uuid_or_index if mig is not None else None,
+        notes=MIG_NOT_MEASURED if mig is not None else None)
 
 
 def _dumps(v: Any, **kw: Any) -> str:
     import json  # on first use (module docstring)
     return json.dumps(v, **kw)
-
-
-def _loads(text: str) -> Any:
-    import json
-    return json.loads(text)
 
 
 def _job_xids(events: Sequence[xid.XidEvent], g: GpuSnapshot, jg: JobGpu, t0: float) -> List[Dict[str, Any]]:
@@ -841,7 +803,7 @@ def _epilog(job: JobEnv, deps: HookDeps, seen: Any) -> int:
     results.extend(_stuck_clocks(deps, job, snap, rows))  # a health event, never a drain
     _record_usage(deps, job, rows, _results_events(results, job.node, "epilog", job.job_id, end), end)
     if drain_record is not None:
-        _write(deps, drain_record, job)
+        _write(deps, R.Drains([drain_record]), job)
     # Housekeeping last, bounded: a spool backlog never delays the drain or this job's record.
     _housekeeping(deps, job, "epilog")
     # Drained with our reason: exit 0 so Slurm does not overwrite it with "Epilog error".
@@ -849,17 +811,17 @@ def _epilog(job: JobEnv, deps: HookDeps, seen: Any) -> int:
     return 0 if drained else 1
 
 
-def _stuck_clocks(deps: HookDeps, job: JobEnv, snap: NodeSnapshot, rows: List[Dict[str, Any]]) -> List[CheckResult]:
+def _stuck_clocks(deps: HookDeps, job: JobEnv, snap: NodeSnapshot, rows: List[R.GpuUsage]) -> List[CheckResult]:
     """The job's whole GPUs judged for clocks stuck low on the job's utilisation; only WARN/FAIL
     are kept (the metrics' steady stuck_clocks status is healthcheck's, from these events)."""
-    util = {r["gpu_index"]: r["gpu_util_mean_pct"] for r in rows if r.get("parent_gpu_uuid") is None}
+    util = {r.gpu_index: r.gpu_util_mean_pct for r in rows if r.parent_gpu_uuid is None}
     found = [r for r in health.judge_stuck_clocks(snap, util, deps.cfg) if r.status in (health.WARN, health.FAIL)]
     _log_results(deps.log, job, found)
     return found
 
 
 def _usage_rows(deps: HookDeps, job: JobEnv, gmap: JobGpuMap, snap: NodeSnapshot, events: Sequence[xid.XidEvent],
-                acct: Dict[int, Any], end: float) -> List[Dict[str, Any]]:
+                acct: Dict[int, Any], end: float) -> List[R.GpuUsage]:
     """One usage row per GPU or slice, against the prolog's start counters (docs/hooks.md,
     "Nothing is lost": the rule for a missing start record)."""
     lookup = _find_start(deps, job)
@@ -889,24 +851,22 @@ def _usage_rows(deps: HookDeps, job: JobEnv, gmap: JobGpuMap, snap: NodeSnapshot
     return rows
 
 
-def _record_usage(deps: HookDeps, job: JobEnv, gpu_rows: List[Dict[str, Any]], events: List[Dict[str, Any]],
+def _record_usage(deps: HookDeps, job: JobEnv, gpu_rows: List[R.GpuUsage], events: List[R.HealthEvent],
                   end: float) -> None:
     """The job's record (job row, GPU rows, health events) in one write; without usage, the events."""
     if not gpu_rows:
         if events:
-            _write(deps, {"kind": "health", "events": events}, job)
+            _write(deps, R.Health(events), job)
         return
-    job_row = {"cluster": job.cluster, "job_id": job.job_id, "restart_count": job.restart_count,
-               "node": job.node, "user": job.user, "uid": job.uid, "account": job.account,
-               "partition": job.partition, "gpu_count": len(job.gpus),
-               "start_time": min([g["start_time"] for g in gpu_rows], default=end), "end_time": end,
-               "exit_code": job.exit_code, "partial": int(any(g.get("partial") for g in gpu_rows))}
-    _write(deps, {"kind": "job_end", "job": job_row, "gpus": gpu_rows, "events": events}, job)
+    job_row = R.JobRow(cluster=job.cluster, job_id=job.job_id, restart_count=job.restart_count, node=job.node,
+                       user=job.user, uid=job.uid, account=job.account, partition=job.partition,
+                       gpu_count=len(job.gpus), start_time=min([g.start_time for g in gpu_rows], default=end),
+                       end_time=end, exit_code=job.exit_code, partial=int(any(g.partial for g in gpu_rows)))
+    _write(deps, R.JobEnd(job_row, gpu_rows, events), job)
     for row in gpu_rows:
-        deps.log.info("record", job=job.job_id, node=job.node, gpu=row["gpu_uuid"], energy_j=row["energy_j"],
-                      gpu_util=row["gpu_util_mean_pct"], max_mem=row["max_memory_bytes"],
-                      xids=len(_loads(row["xid_events"])) if row["xid_events"] else 0,
-                      partial=1 if row.get("partial") else None)
+        deps.log.info("record", job=job.job_id, node=job.node, gpu=row.gpu_uuid, energy_j=row.energy_j,
+                      gpu_util=row.gpu_util_mean_pct, max_mem=row.max_memory_bytes, xids=len(row.xid_events),
+                      partial=1 if row.partial else None)
 
 
 PARTIAL_NOTE = ("partial: the prolog's start record was not found{why}; start_time is the first process's start "
@@ -914,20 +874,11 @@ PARTIAL_NOTE = ("partial: the prolog's start record was not found{why}; start_ti
                 "processes may include an earlier job's")
 
 
-def _mark_partial(row: Dict[str, Any], g: GpuSnapshot, jg: JobGpu, acct: Any, unreadable: str) -> None:
+def _mark_partial(row: R.GpuUsage, g: GpuSnapshot, jg: JobGpu, acct: Any, unreadable: str) -> None:
     """A usage row without its start record: marked partial, with the end counters kept so that
     the store completes the row if the start record turns up (spool, `db ingest --from-log`)."""
     records = list(acct.value) if acct is not None and acct.ok and jg.mig is None else None
-
-    def busy_s(attr: str) -> Optional[float]:
-        return None if records is None else sum(getattr(r, attr) * r.time_ms / 1000.0 for r in records)
-
-    end = {"energy_mj": None if jg.mig is not None else g.energy_mj.get(),
-           "ecc_corrected": g.ecc_volatile_corrected.get(), "ecc_uncorrected": g.ecc_volatile_uncorrected.get(),
-           "retired_pages": _sum(g.retired_pages_sbe, g.retired_pages_dbe),
-           "remapped_rows": _sum(g.remapped_rows_corrected, g.remapped_rows_uncorrected),
-           "gpu_busy_s": busy_s("gpu_utilization_pct"), "mem_busy_s": busy_s("memory_utilization_pct"),
-           "xids": _loads(row["xid_events"]) if row["xid_events"] else [], "notes": row["notes"]}
     note = PARTIAL_NOTE.format(why=" (database unreadable)" if unreadable else "")
-    row.update(partial=1, end_counters=_dumps(end, sort_keys=True),
-               notes=note if not row["notes"] else f"{note}; {row['notes']}")
+    row.end_counters = R.end_counters(R.read_counters(g, jg.mig is None), None if records is None else R.busy(records),
+                                      row.xid_events, row.notes)
+    row.partial, row.notes = 1, note if not row.notes else f"{note}; {row.notes}"

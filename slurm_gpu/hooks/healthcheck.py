@@ -244,15 +244,16 @@ def record_observations(cfg: Any, run: Any, node: str) -> None:
         _not_recorded(cfg, node, e)
 
 
-def mismatch_event(e: DriverLibraryMismatch, node: str, now: float, since: Any) -> dict:
+def mismatch_event(e: DriverLibraryMismatch, node: str, now: float, since: Any) -> Any:
     """The health event of nvmlInit's LIB_RM_VERSION_MISMATCH: one per episode, not one per run.
     Its key holds both versions and the time of the node's newest inventory row (`since`): the
     same mismatch seen again keeps its first time; after a healthy read (a new inventory row)
     it is a new event.  The message names both versions (errors.mismatch_versions reads them)."""
     from slurm_gpu.store.node import MISMATCH_CHECK
-    return dict(time=now, node=node, source="healthcheck", job_id=None, gpu_index=None, gpu_uuid=None,
-                check_name=MISMATCH_CHECK, status="FAIL", message=e.message,
-                key=f"{e.kernel_version}|{e.library_version}|after {since!r}")
+    from slurm_gpu.store.record import HealthEvent
+    return HealthEvent(time=now, node=node, source="healthcheck", job_id=None, gpu_index=None, gpu_uuid=None,
+                       check_name=MISMATCH_CHECK, status="FAIL", message=e.message,
+                       key=f"{e.kernel_version}|{e.library_version}|after {since!r}")
 
 
 def record_mismatch(cfg: Any, e: DriverLibraryMismatch, node: str) -> None:
@@ -260,6 +261,7 @@ def record_mismatch(cfg: Any, e: DriverLibraryMismatch, node: str) -> None:
     lists the node while the event is newer than its inventory).  Never raises."""
     try:
         from slurm_gpu.store.node import Store
+        from slurm_gpu.store.record import Health
         store = Store(cfg.path_value("store", "database"), cfg.path_value("store", "spool_dir"),
                       min(cfg.get("store", "busy_timeout_s"), 2.0))
         try:
@@ -267,7 +269,7 @@ def record_mismatch(cfg: Any, e: DriverLibraryMismatch, node: str) -> None:
                 since = store.latest_inventory_time(node)
             except Exception:  # unreadable: the event is still written (spooled if need be)
                 since = "unknown"
-            store.write({"kind": "health", "events": [mismatch_event(e, node, _time.time(), since)]})
+            store.write(Health([mismatch_event(e, node, _time.time(), since)]))
         finally:
             store.close()
     except Exception as err:
