@@ -11,6 +11,7 @@ from slurm_gpu.gpu import xid
 from slurm_gpu.gpu.snapshot import NodeSnapshot
 from slurm_gpu.policy import health
 from slurm_gpu.policy.health import CheckResult
+from slurm_gpu.policy.observed import Observed
 from slurm_gpu.slurm.gpumap import JobGpuMap, scope_to_instances, scope_xids
 
 if TYPE_CHECKING:
@@ -37,8 +38,9 @@ def check_node(
     reader=None,
     snapshot: Optional[NodeSnapshot] = None,
     now: Optional[float] = None,
-) -> Tuple[NodeSnapshot, List[CheckResult]]:
-    """Read (or take) a snapshot, read XIDs, and judge.  Raises NvmlUnavailable when there is no driver."""
+) -> Tuple[NodeSnapshot, Observed]:
+    """Read (or take) a snapshot, read XIDs, and judge: (the snapshot, the results with what they were
+    judged on).  Raises NvmlUnavailable when there is no driver."""
     now = time.time() if now is None else now
     if snapshot is None:
         reader = reader or make_reader(cfg)
@@ -51,7 +53,7 @@ def check_node(
     results = health.evaluate(snapshot, cfg, gpus=indices, idle=idle, expected_count=expected_count,
                               xid_events=events, xid_problem=problem, xid_undated=undated, now=now,
                               recorded_events=recorded, recorded_problem=recorded_problem)
-    return snapshot, CheckRun(results, snapshot, events, all_gpus=indices is None)
+    return snapshot, Observed(results, snapshot, events, all_gpus=indices is None)
 
 
 def recorded_stuck_clocks(cfg: Config, now: float) -> Tuple[Optional[List[Dict[str, Any]]], str]:
@@ -67,26 +69,14 @@ def recorded_stuck_clocks(cfg: Config, now: float) -> Tuple[Optional[List[Dict[s
         return [], describe_error(e)
 
 
-class CheckRun(list):
-    """check_node's results (a list of CheckResult), with what they were judged on: the
-    snapshot and the XIDs.  `healthcheck` gets only results from its checker; from a CheckRun it
-    also writes the GPUs' state into its metrics (hooks/healthcheck.py, write_metrics)."""
-
-    def __init__(self, results: Iterable[CheckResult], snapshot: Optional[NodeSnapshot] = None,
-                 xid_events: Sequence[xid.XidEvent] = (), all_gpus: bool = False):
-        super().__init__(results)
-        self.snapshot = snapshot
-        self.xid_events = xid_events
-        self.all_gpus = all_gpus  # the snapshot holds every GPU of the node
-
-
 def mismatch_metric(cfg: Config, log: Any, hook: str, e: Exception) -> None:
     """A driver/library mismatch as a metric (never raises: metrics never change a hook's outcome)."""
     from slurm_gpu.errors import DriverLibraryMismatch
     if not isinstance(e, DriverLibraryMismatch):
         return
-    from slurm_gpu.metrics import hookwrite
-    if hookwrite.enabled(cfg):
+    from slurm_gpu.config import metrics_enabled
+    if metrics_enabled(cfg):
+        from slurm_gpu.metrics import hookwrite
         hookwrite.mismatch(cfg, log, hook, node_name(), e.kernel_version, e.library_version, time.time())
 
 

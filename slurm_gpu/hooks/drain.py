@@ -64,7 +64,7 @@ def drain(deps: HookDeps, job: JobEnv, source: str, fault: str, seen: Any = None
           breaker: bool = False) -> bool:
     """Drain this node with our reason; record it.  Returns True when the node is drained now (or
     the breaker, asked when breaker=True, keeps it in service).
-    seen (metrics' Observed, when metrics are on) learns the drain state and the check."""
+    seen (the flow's Observed, for its metrics) learns the drain state and the check."""
     drained, d = drain_node(deps, job, source, fault, check, breaker)
     write(deps, R.Drains([d]), job)
     seen_drain(seen, d, check)

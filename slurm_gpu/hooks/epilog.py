@@ -9,11 +9,12 @@ from slurm_gpu.gpu.snapshot import NodeSnapshot
 from slurm_gpu.hooks.check import fault_check, log_results, read_and_judge
 from slurm_gpu.hooks.deps import HookDeps, map_gpus
 from slurm_gpu.hooks.drain import drain, drain_node
-from slurm_gpu.hooks.observe import HookExit, seen_check, seen_drain, with_metrics
+from slurm_gpu.hooks.observe import FlowResult, HookExit, run_flow, seen_drain
 from slurm_gpu.hooks.procs import kill_leftovers
 from slurm_gpu.hooks.records import housekeeping, record_usage, results_events, usage_rows, write
 from slurm_gpu.policy import health
 from slurm_gpu.policy.health import CheckResult
+from slurm_gpu.policy.observed import Observed
 from slurm_gpu.slurm.gpumap import JobGpuMap, MissingGpu
 from slurm_gpu.slurm.jobenv import JobEnv
 from slurm_gpu.store import record as R
@@ -21,43 +22,41 @@ from slurm_gpu.store import record as R
 
 def epilog(job: JobEnv, deps: HookDeps) -> int:
     """Record what the job did with its GPUs, clean up, and check the GPUs again."""
-    return with_metrics(job, deps, "epilog", _epilog)
+    return run_flow(job, deps, "epilog", _epilog)
 
 
-def _epilog(job: JobEnv, deps: HookDeps, seen: Any) -> HookExit:
-    if not job.gpus:
-        deps.job_log(job).info("no-gpus")
-        return HookExit.OK
-    # The job ended when the epilog started: what the epilog spends is not the job's GPU time.
-    end = deps.started if deps.started is not None else deps.now()
+def _epilog(job: JobEnv, deps: HookDeps, end: float) -> FlowResult:
+    # The job ended when the epilog started (end): what the epilog spends is not the job's GPU time.
+    log, seen = deps.job_log(job), Observed()
     try:
         gmap = map_gpus(deps, job)  # which GPUs (and MIG slices) are the job's
     except MissingGpu as e:
-        deps.job_log(job).error("check", check="gpu_count", status=health.FAIL, message=e.message)
-        seen_check(seen, None, [CheckResult("gpu_count", health.FAIL, None, "", e.message, e.hint)], ())
-        return HookExit.OK if drain(deps, job, "epilog", e.message, seen, "gpu_count", breaker=True) else HookExit.FAULT
+        log.error("check", check="gpu_count", status=health.FAIL, message=e.message)
+        seen.saw(None, [CheckResult("gpu_count", health.FAIL, None, "", e.message, e.hint)], ())
+        drained = drain(deps, job, "epilog", e.message, seen, "gpu_count", breaker=True)
+        return FlowResult(HookExit.OK if drained else HookExit.FAULT, seen)
     # The job's own processes go; everyone else's stay and are judged.
     survivors, killed = kill_leftovers(deps, job, gmap)
     acct = _read_accounting(deps, job, gmap)
     snap, results, events = read_and_judge(deps, gmap, deps.now(), end, killed)
+    seen.saw(snap, results, events)  # from here on the results are seen's: what the metrics say
     _reset_after(deps, job, gmap, snap)
     # Judge and drain before anything is stored: a GPU fault reaches Slurm whatever the storage does.
-    fault = _epilog_fault(results, survivors, snap)
-    log_results(deps.job_log(job), results)
-    check = "leftover_processes" if survivors else fault_check(results)
+    fault = _epilog_fault(seen, survivors, snap)
+    log_results(log, seen)
+    check = "leftover_processes" if survivors else fault_check(seen)
     drained, drain_record = drain_node(deps, job, "epilog", fault, check, breaker=True) if fault else (True, None)
-    seen_check(seen, snap, results, events)
     seen_drain(seen, drain_record, check)
     rows = usage_rows(deps, job, gmap, snap, events, acct, end)
-    results.extend(_stuck_clocks(deps, job, snap, rows))  # a health event, never a drain
-    record_usage(deps, job, rows, results_events(results, job.node, "epilog", job.job_id, end), end)
+    seen.extend(_stuck_clocks(deps, job, snap, rows))  # a health event, never a drain
+    record_usage(deps, job, rows, results_events(seen, job.node, "epilog", job.job_id, end), end)
     if drain_record is not None:
         write(deps, R.Drains([drain_record]), job)
     # Housekeeping last, bounded: a spool backlog never delays the drain or this job's record.
     housekeeping(deps, job, "epilog")
     # Drained with our reason: exit 0 so Slurm does not overwrite it with "Epilog error".
     # If the drain did not reach slurmctld, fail the epilog so that Slurm drains the node.
-    return HookExit.OK if drained else HookExit.FAULT
+    return FlowResult(HookExit.OK if drained else HookExit.FAULT, seen)
 
 
 def _read_accounting(deps: HookDeps, job: JobEnv, gmap: JobGpuMap) -> Dict[int, Any]:

@@ -15,7 +15,7 @@ _HOMES = {
     "epilog": "epilog",
     "HookDeps": "deps", "map_gpus": "deps",
     "HookExit": "observe",
-    "CheckRun": "check", "check_node": "check", "make_reader": "check", "mismatch_metric": "check",
+    "Observed": "check", "check_node": "check", "make_reader": "check", "mismatch_metric": "check",
     "UNKNOWN_JOB": "procs", "process_belongs_to_job": "procs", "process_identity": "procs",
     "process_start_time": "procs",
 }

@@ -52,8 +52,8 @@ def node_health_cycle(
 
     With ``metrics_cfg`` (the Config; something happens only when it configures metrics), the
     node's metrics are written afterwards: the drain state always, and the GPUs' state and check
-    statuses when the checker returned a hooks.check.CheckRun (results with their snapshot).
-    A dry run, a timeout or an error writes none.  With ``store_cfg`` (the Config), a CheckRun
+    statuses when the checker returned a policy/observed.Observed (results with their snapshot).
+    A dry run, a timeout or an error writes none.  With ``store_cfg`` (the Config), an Observed
     of every GPU goes into the node database (record_observations), drain or Slurm error alike,
     and so does a driver/library mismatch (record_mismatch: `fleet versions` names the node).
     With ``breaker_cfg`` (the Config), a drain is first put to the circuit breaker (hooks/breaker.py):
@@ -314,23 +314,25 @@ def _drain_state(outcome: HealthOutcome) -> Any:
 
 def write_metrics(cfg: Any, run: Any, outcome: HealthOutcome, now: Any = None, mismatch: Any = None) -> None:
     """The node file after a healthcheck: the drain state, the spool and the push backlog, and
-    with a CheckRun (run) every GPU and every check; with a DriverLibraryMismatch (mismatch)
+    with an Observed (run) every GPU and every check; with a DriverLibraryMismatch (mismatch)
     slurm_gpu_driver_library_mismatch with both versions.  Never raises; nothing when the run did
     not finish or metrics are off."""
     state = _drain_state(outcome)
     if state is None:
         return
     try:
-        from slurm_gpu.metrics import hookwrite
-        if not hookwrite.enabled(cfg):
+        from slurm_gpu.config import metrics_enabled
+        if not metrics_enabled(cfg):
             return
         from slurm_gpu.hooks.log import HookLog
+        from slurm_gpu.metrics import hookwrite
+        from slurm_gpu.policy.observed import Observed
         from slurm_gpu.metrics.storestats import store_samples
-        obs = hookwrite.Observed()
+        obs = Observed()
+        if run is not None:  # what the checker returned: an Observed (check_node), or bare results
+            obs = Observed(run, getattr(run, "snapshot", None), getattr(run, "xid_events", ()),
+                           getattr(run, "all_gpus", False))
         obs.drain = state
-        if run is not None:
-            obs.snapshot, obs.results = getattr(run, "snapshot", None), list(run)
-            obs.xid_events, obs.all_gpus = getattr(run, "xid_events", ()), getattr(run, "all_gpus", False)
         if mismatch is not None:
             obs.mismatch = (mismatch.kernel_version, mismatch.library_version)
         hookwrite.healthcheck(cfg, HookLog.from_config("healthcheck", cfg), outcome.node, obs,

@@ -1,14 +1,14 @@
-"""The metrics side channel of the prolog and epilog: what a flow saw (metrics/hookwrite.Observed),
+"""The metrics side channel of the prolog and epilog: what a flow saw (policy/observed.Observed),
 written after the flow when metrics are configured; it never changes a hook's outcome."""
 from __future__ import annotations
 
 import enum
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, NamedTuple, Optional
 
-from slurm_gpu.gpu import xid
+from slurm_gpu.config import metrics_enabled
 from slurm_gpu.gpu.snapshot import NodeSnapshot
-from slurm_gpu.policy.health import CheckResult
+from slurm_gpu.policy.observed import Observed
 from slurm_gpu.slurm.gpumap import JobGpuMap
 from slurm_gpu.slurm.jobenv import JobEnv
 from slurm_gpu.store import record as R
@@ -25,30 +25,27 @@ class HookExit(enum.IntEnum):
     FAULT = 1
 
 
-def observer(deps: HookDeps, job: JobEnv) -> Any:
-    """An Observed for the metrics when the config asks for metrics and the job has GPUs, else None
-    (the metrics package is then not even imported)."""
-    try:
-        wanted = deps.cfg.get("metrics", "textfile_dir") or deps.cfg.get("metrics", "dcgm_job_mapping_dir")
-    except (KeyError, AttributeError):  # a stand-in config without the section
-        return None
-    if not job.gpus or not wanted:
-        return None
-    from slurm_gpu.metrics.hookwrite import Observed
-    return Observed()
+class FlowResult(NamedTuple):
+    """What a flow returns: its exit code and what it saw (for the metrics)."""
+
+    code: HookExit
+    seen: Observed
 
 
-def with_metrics(job: JobEnv, deps: HookDeps, hook: str,
-                 flow: Callable[[JobEnv, HookDeps, Any], HookExit]) -> HookExit:
-    """Run the flow; then, when metrics are configured, write what it saw (never changes the code)."""
-    seen = observer(deps, job)
-    code = flow(job, deps, seen)
-    if seen is not None:
+def run_flow(job: JobEnv, deps: HookDeps, hook: str, flow: Callable[[JobEnv, HookDeps, float], FlowResult]) -> HookExit:
+    """Run a hook's flow from the time slurmd started the hook (deps.started; else now), then, when
+    metrics are configured, write what it saw (never changes the code; without metrics, nothing
+    of them is imported).  A job without GPUs has nothing to gate or record: done at once."""
+    if not job.gpus:
+        deps.job_log(job).info("no-gpus")
+        return HookExit.OK
+    code, seen = flow(job, deps, deps.started if deps.started is not None else deps.now())
+    if metrics_enabled(deps.cfg):
         write_metrics(deps, job, hook, seen)
     return code
 
 
-def write_metrics(deps: HookDeps, job: JobEnv, hook: str, seen: Any) -> None:
+def write_metrics(deps: HookDeps, job: JobEnv, hook: str, seen: Observed) -> None:
     """The hook's metrics, last: a few milliseconds, never an exception (metrics/hookwrite.py)."""
     from slurm_gpu.metrics import hookwrite
     t0 = time.monotonic()
@@ -62,13 +59,7 @@ def write_metrics(deps: HookDeps, job: JobEnv, hook: str, seen: Any) -> None:
     deps.job_log(job).event("metrics", "debug", ms=round((time.monotonic() - t0) * 1000, 2))
 
 
-def seen_check(seen: Any, snap: Optional[NodeSnapshot], results: Sequence[CheckResult],
-               events: Sequence[xid.XidEvent]) -> None:
-    if seen is not None:
-        seen.snapshot, seen.results, seen.xid_events = snap, results, events
-
-
-def seen_drain(seen: Any, d: Optional[R.Drain], check: str) -> None:
+def seen_drain(seen: Optional[Observed], d: Optional[R.Drain], check: str) -> None:
     """The node's drain state as the metrics say it: drained by us for this check, already
     drained by us (cause known to an earlier writer), or drained by someone else."""
     if seen is None or d is None:
@@ -80,10 +71,8 @@ def seen_drain(seen: Any, d: Optional[R.Drain], check: str) -> None:
         seen.drain = ("ours", check) if is_ours(d.kept_reason) else ("clear", "")
 
 
-def seen_start(seen: Any, deps: HookDeps, gmap: JobGpuMap, snap: NodeSnapshot, prepared: Dict[int, Any]) -> None:
+def seen_start(seen: Observed, deps: HookDeps, gmap: JobGpuMap, snap: NodeSnapshot, prepared: Dict[int, Any]) -> None:
     """For the metrics: the GPUs (and slices) the job now holds, and where persistence is on now."""
-    if seen is None:
-        return
     seen.held = [(snap.gpu(jg.nvml_index), jg) for jg in gmap.gpus]
     if deps.cfg.get("hooks", "persistence_mode"):
         seen.persistence_on = [i for i, out in prepared.items()

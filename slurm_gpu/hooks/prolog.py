@@ -10,10 +10,11 @@ from slurm_gpu.gpu.snapshot import NodeSnapshot
 from slurm_gpu.hooks.check import fault_check, log_results, read_and_judge
 from slurm_gpu.hooks.deps import HookDeps, map_gpus
 from slurm_gpu.hooks.drain import drain, gate_suspended
-from slurm_gpu.hooks.observe import HookExit, seen_check, seen_start, with_metrics
+from slurm_gpu.hooks.observe import FlowResult, HookExit, run_flow, seen_start
 from slurm_gpu.hooks.records import housekeeping, record_key, results_events, start_row, write
 from slurm_gpu.policy import health
 from slurm_gpu.policy.health import CheckResult
+from slurm_gpu.policy.observed import Observed
 from slurm_gpu.slurm.gpumap import JobGpuMap, MissingGpu
 from slurm_gpu.slurm.jobenv import JobEnv
 from slurm_gpu.store import record as R
@@ -23,24 +24,20 @@ PROLOG_OK, PROLOG_FAULT = HookExit.OK, HookExit.FAULT
 
 def prolog(job: JobEnv, deps: HookDeps) -> int:
     """Gate the job on its GPUs' health, then reset them and record the job start."""
-    return with_metrics(job, deps, "prolog", _prolog)
+    return run_flow(job, deps, "prolog", _prolog)
 
 
-def _prolog(job: JobEnv, deps: HookDeps, seen: Any) -> HookExit:
-    log = deps.job_log(job)
-    if not job.gpus:
-        log.info("no-gpus")
-        return PROLOG_OK
-    # GPU time starts when the prolog does: Slurm's allocation (PrologFlags=Alloc) began then,
+def _prolog(job: JobEnv, deps: HookDeps, t: float) -> FlowResult:
+    # GPU time starts when the prolog does (t): Slurm's allocation (PrologFlags=Alloc) began then,
     # and sreport/sacct count the prolog's run time as the job's.
-    t = deps.started if deps.started is not None else deps.now()
+    log, seen = deps.job_log(job), Observed()
     gmap, snap, results = _job_gpu_snapshot(deps, job, seen)
     log_results(log, results)
     if health.worst(results) == health.FAIL and (gmap is None or not gate_suspended(deps, job, results)):
         drain(deps, job, "prolog", health.drain_fault(results), seen, fault_check(results))
         write(deps, R.Health(results_events(results, job.node, "prolog", job.job_id, t)), job)
         housekeeping(deps, job, "prolog")
-        return PROLOG_FAULT
+        return FlowResult(PROLOG_FAULT, seen)
     assert gmap is not None  # a mapping failure is a FAIL above
     prepared = _prepare(deps, job, gmap)
     starts = []
@@ -55,7 +52,7 @@ def _prolog(job: JobEnv, deps: HookDeps, seen: Any) -> HookExit:
                 drain(deps, job, "prolog", f"{g.label} stopped responding during reset: {outcome.message}", seen,
                       "responsive")
                 housekeeping(deps, job, "prolog")
-                return PROLOG_FAULT
+                return FlowResult(PROLOG_FAULT, seen)
             log.error("reset-failed", gpu=uuid, error=outcome.message)
         starts.append(start_row(job, g, jg, uuid, t))
         log.info("pass", gpu=uuid, index=g.index, slurm_index=jg.slurm_index)
@@ -65,21 +62,21 @@ def _prolog(job: JobEnv, deps: HookDeps, seen: Any) -> HookExit:
         write(deps, R.Health(warn), job)
     housekeeping(deps, job, "prolog")
     seen_start(seen, deps, gmap, snap, prepared)
-    return PROLOG_OK
+    return FlowResult(PROLOG_OK, seen)
 
 
-def _job_gpu_snapshot(deps: HookDeps, job: JobEnv, seen: Any = None
+def _job_gpu_snapshot(deps: HookDeps, job: JobEnv, seen: Observed
                       ) -> Tuple[Optional[JobGpuMap], NodeSnapshot, List[CheckResult]]:
     """Map the job's GPUs, read them, and judge them (they must be idle)."""
     try:
         gmap = map_gpus(deps, job)
     except MissingGpu as e:
         results = [CheckResult("gpu_count", health.FAIL, None, "", e.message, e.hint)]
-        seen_check(seen, None, results, ())
+        seen.saw(None, results, ())
         return None, NodeSnapshot(node_name(), deps.now()), results
     now = deps.now()
     snap, results, events = read_and_judge(deps, gmap, now, now)
-    seen_check(seen, snap, results, events)
+    seen.saw(snap, results, events)
     return gmap, snap, results
 
 
