@@ -57,11 +57,11 @@ def test_a_drain_of_the_cli_and_one_of_a_hook_are_one_record_shape(tmp_path):
     hook = R.Drains([R.drain("n1", "prolog", "slurm-gpu: GPU 0 ECC", R.DRAINED, 1.0, job_id=7, cluster="c",
                              restart_count=0)])
     cli = R.Drains([R.drain(n, "manual", "slurm-gpu: rack work", R.KEPT, 2.0, kept_reason="maint") for n in ("n2", "n3")])
-    assert set(hook.as_dict()) >= {"kind", "drains"} and set(cli.as_dict()) == {"kind", "drains"}
+    assert set(R.as_dict(hook)) >= {"kind", "drains"} and set(R.as_dict(cli)) == {"kind", "drains"}
     st = Store(str(tmp_path / "usage.db"), str(tmp_path / "spool"))
     assert st.write(hook) == "db" and st.write(cli) == "db"
     # A drain spooled by an older version ({"drain": {...}}) is still one drain.
-    old = {"kind": "drain", "drain": dict(hook.as_dict()["drains"][0], time=3.0)}
+    old = {"kind": "drain", "drain": dict(R.as_dict(hook)["drains"][0], time=3.0)}
     assert st.write(old) == "db"
     c = sqlite3.connect(st.path)
     got = c.execute("SELECT node, ok, outcome, kept_reason, restart_count FROM drains ORDER BY time").fetchall()

@@ -25,8 +25,8 @@ def write(deps: HookDeps, record: R.Record, job: JobEnv) -> str:
     fallback log as one line of complete JSON that `slurm-gpu db ingest --from-log` replays.
     Never raises: the drain decision must still run after a record that fits nowhere."""
     # The job start a record belongs to: re-runs and replays of it are recognised by this.
-    record.cluster = job.cluster if record.cluster is None else record.cluster
-    record.restart_count = job.restart_count if record.restart_count is None else record.restart_count
+    record = record._replace(cluster=job.cluster if record.cluster is None else record.cluster,
+                             restart_count=job.restart_count if record.restart_count is None else record.restart_count)
     try:
         written = deps.store.write(record, ingest=False)
     except Exception as e:
@@ -134,7 +134,7 @@ def usage_rows(deps: HookDeps, job: JobEnv, gmap: JobGpuMap, snap: NodeSnapshot,
         xids = _job_xids(events, g, jg, start["start_time"] if start else 0.0)
         row = _usage(g, jg, start, acct.get(g.index), end, job, xids)
         if start is None:
-            _mark_partial(row, g, jg, acct.get(g.index), lookup.unreadable)
+            row = _mark_partial(row, g, jg, acct.get(g.index), lookup.unreadable)
         rows.append(row)
     return rows
 
@@ -165,7 +165,7 @@ def _usage(g: GpuSnapshot, jg: JobGpu, start: Optional[Dict[str, Any]], acct: An
         max_memory_bytes=max(peaks) if peaks else None,
         memory_total_bytes=mig.memory_total_bytes if mig is not None else g.memory_total_bytes.get(),
         process_count=None if records is None else len(records), clock_event_reasons=g.clock_event_reasons.get(),
-        xid_events=xids, parent_gpu_uuid=g.uuid_or_index if mig is not None else None,
+        xid_events=tuple(xids), parent_gpu_uuid=g.uuid_or_index if mig is not None else None,
         notes=MIG_NOT_MEASURED if mig is not None else None)
 
 
@@ -188,14 +188,14 @@ PARTIAL_NOTE = ("partial: the prolog's start record was not found{why}; start_ti
                 "processes may include an earlier job's")
 
 
-def _mark_partial(row: R.GpuUsage, g: GpuSnapshot, jg: JobGpu, acct: Any, unreadable: str) -> None:
+def _mark_partial(row: R.GpuUsage, g: GpuSnapshot, jg: JobGpu, acct: Any, unreadable: str) -> R.GpuUsage:
     """A usage row without its start record: marked partial, with the end counters kept so that
     the store completes the row if the start record turns up (spool, `db ingest --from-log`)."""
     records = list(acct.value) if acct is not None and acct.ok and jg.mig is None else None
     note = PARTIAL_NOTE.format(why=" (database unreadable)" if unreadable else "")
-    row.end_counters = R.end_counters(R.read_counters(g, jg.mig is None), None if records is None else R.busy(records),
-                                      row.xid_events, row.notes)
-    row.partial, row.notes = 1, note if not row.notes else f"{note}; {row.notes}"
+    kept = R.end_counters(R.read_counters(g, jg.mig is None), None if records is None else R.busy(records),
+                          row.xid_events, row.notes)
+    return row._replace(partial=1, end_counters=kept, notes=note if not row.notes else f"{note}; {row.notes}")
 
 
 def record_usage(deps: HookDeps, job: JobEnv, gpu_rows: List[R.GpuUsage], events: List[R.HealthEvent],

@@ -8,7 +8,7 @@ usage, and the typed records that the hooks and the CLI hand to `Store.write`.
   store (store/node.py) with the end counters a partial row kept when its start record turns up.
 - `JobStart`, `JobEnd`, `Health`, `Drains`: the records; `StartCounters`, `JobRow`, `GpuUsage`,
   `HealthEvent` and `Drain` their rows.  The node database's column tuples are their fields.
-  `as_dict()` is a record's JSON shape: what the spool and the hook log keep, and what
+  `as_dict(record)` is its JSON shape: what the spool and the hook log keep, and what
   `Store.write` also takes back (spool files, `db ingest --from-log`).  XID events stay lists of
   dicts until the SQL boundary (`xid_text`).
 
@@ -16,9 +16,7 @@ Light to import (the hook path builds these): no sqlite3, no json until a record
 """
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, ClassVar, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 # --------------------------------------------------------------------------- the counters
 
@@ -42,13 +40,6 @@ def read_counters(g: Any, whole_gpu: bool = True) -> Dict[str, Optional[int]]:
             "ecc_corrected": g.ecc_volatile_corrected.get(), "ecc_uncorrected": g.ecc_volatile_uncorrected.get(),
             "retired_pages": _sum(g.retired_pages_sbe, g.retired_pages_dbe),
             "remapped_rows": _sum(g.remapped_rows_corrected, g.remapped_rows_uncorrected)}
-
-
-class Busy(NamedTuple):
-    """What the driver's per-process accounting says a GPU was busy: utilisation x time, in seconds."""
-
-    gpu_s: Optional[float]
-    mem_s: Optional[float]
 
 
 def busy(records: Iterable[Any]) -> Busy:
@@ -124,13 +115,54 @@ def xids_after(xids: Any, t0: float) -> List[Dict[str, Any]]:
 # --------------------------------------------------------------------------- rows
 
 
-def columns(row_type: Any) -> Tuple[str, ...]:
-    """A row type's columns: its fields, in order."""
-    return tuple(f.name for f in dataclasses.fields(row_type))
+class _Row:
+    """A typed row or record: its annotated fields in order (`_fields`: a row's are its table's
+    columns), those with a class value defaulted.  A plain class, not a dataclass or NamedTuple: it
+    is built on every job's start and end (`dataclasses` pulls in `inspect`, ~17 ms; the eight
+    NamedTuples took ~9 ms to create)."""
+
+    _fields: ClassVar[Tuple[str, ...]] = ()
+
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        names = [n for base in reversed(cls.__mro__) for n in vars(base).get("__annotations__", {})
+                 if not n.startswith("_")]
+        cls._fields = tuple(dict.fromkeys(names))
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        if len(args) > len(self._fields):
+            raise TypeError(f"{type(self).__name__}: {len(args)} values for {len(self._fields)} fields")
+        kw.update(zip(self._fields, args))
+        unknown = set(kw) - set(self._fields)
+        if unknown:
+            raise TypeError(f"{type(self).__name__}: no field {', '.join(sorted(unknown))}")
+        for name in self._fields:
+            if name in kw:
+                setattr(self, name, kw[name])
+            elif not hasattr(type(self), name):
+                raise TypeError(f"{type(self).__name__}: {name} is missing")
+
+    def _asdict(self) -> Dict[str, Any]:
+        return {n: getattr(self, n) for n in self._fields}
+
+    def _replace(self, **kw: Any) -> Any:
+        return type(self)(**dict(self._asdict(), **kw))
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._asdict() == other._asdict()  # type: ignore[attr-defined]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._asdict().items())})"
 
 
-@dataclass
-class _JobKey:
+class Busy(_Row):
+    """What the driver's per-process accounting says a GPU was busy: utilisation x time, in seconds."""
+
+    gpu_s: Optional[float]
+    mem_s: Optional[float]
+
+
+class _JobKey(_Row):
     """One job start on one node: the key of every job table (a requeued job is a new start)."""
 
     cluster: str
@@ -139,15 +171,13 @@ class _JobKey:
     node: str
 
 
-@dataclass
 class _GpuKey(_JobKey):
-    """...and one GPU or MIG slice of it (the MIG device's UUID for a slice)."""
+    """...and one GPU or MIG slice of it."""
 
-    gpu_uuid: str
+    gpu_uuid: str  # the MIG device's UUID for a slice
     gpu_index: int
 
 
-@dataclass
 class StartCounters(_GpuKey):
     """One GPU's (or MIG slice's) counters at the job's start: a job_starts row."""
 
@@ -159,7 +189,6 @@ class StartCounters(_GpuKey):
     remapped_rows: Optional[int] = None
 
 
-@dataclass
 class JobRow(_JobKey):
     """A job start on one node: a jobs row."""
 
@@ -174,7 +203,6 @@ class JobRow(_JobKey):
     partial: int = 0
 
 
-@dataclass
 class GpuUsage(_GpuKey):
     """What a job did with one GPU or MIG slice: a job_gpus row.  The columns up to xid_events are
     the ones reports read (JOB_GPU_COLUMNS: databases of every version read alike)."""
@@ -196,7 +224,7 @@ class GpuUsage(_GpuKey):
     retired_pages_delta: Optional[float] = None
     remapped_rows_delta: Optional[float] = None
     clock_event_reasons: Optional[int] = None
-    xid_events: List[Dict[str, Any]] = field(default_factory=list)
+    xid_events: Tuple[Dict[str, Any], ...] = ()
     parent_gpu_uuid: Optional[str] = None
     notes: Optional[str] = None
     partial: int = 0
@@ -204,8 +232,7 @@ class GpuUsage(_GpuKey):
     memory_total_bytes: Optional[int] = None
 
 
-@dataclass
-class HealthEvent:
+class HealthEvent(_Row):
     """A WARN or FAIL a hook or healthcheck saw: a health_events row.  `key` names a lasting state
     (seen again, it is the same event: store/node.py's dedupe key)."""
 
@@ -221,8 +248,7 @@ class HealthEvent:
     key: Optional[str] = None
 
 
-@dataclass
-class Drain:
+class Drain(_Row):
     """A drain and what came of it (docs/hooks.md, drains table): a drains row.  cluster and
     restart_count are None for a drain of no job start (`slurm-gpu drain`)."""
 
@@ -250,93 +276,78 @@ def drain(node: str, source: str, reason: str, outcome: str, at: float, *, kept_
                  cluster=cluster, restart_count=restart_count, outcome=outcome, kept_reason=kept_reason)
 
 
-START_COLUMNS = columns(StartCounters)
-JOB_WRITE_COLUMNS = columns(JobRow)
-JOB_GPU_WRITE_COLUMNS = columns(GpuUsage)
+JOB_KEY = _JobKey._fields
+START_COLUMNS = StartCounters._fields
+JOB_WRITE_COLUMNS = JobRow._fields
+JOB_GPU_WRITE_COLUMNS = GpuUsage._fields
 JOB_GPU_COLUMNS = JOB_GPU_WRITE_COLUMNS[:JOB_GPU_WRITE_COLUMNS.index("xid_events") + 1]
-HEALTH_COLUMNS = columns(HealthEvent)[:-1] + ("dedupe_key",)  # the key goes into dedupe_key
-DRAIN_COLUMNS = columns(Drain) + ("dedupe_key",)
-JOB_KEY = columns(_JobKey)
+HEALTH_COLUMNS = HealthEvent._fields[:-1] + ("dedupe_key",)  # the key goes into dedupe_key
+DRAIN_COLUMNS = Drain._fields + ("dedupe_key",)
 
 
 # --------------------------------------------------------------------------- records
 
-def _plain(row: Any) -> Dict[str, Any]:
-    return dict(row.__dict__)
+
+_BELONGS = ("cluster", "restart_count")
 
 
-def _event(e: HealthEvent) -> Dict[str, Any]:
-    d = _plain(e)
-    if d["key"] is None:
-        del d["key"]
-    return d
+class _Record(_Row):
+    """A record carries the job start it belongs to: re-runs and replays are known by it.  Its
+    own fields come first (a record is built with them positionally), these last."""
 
+    kind = ""
 
-def _drain(d: Drain) -> Dict[str, Any]:
-    out = _plain(d)
-    for k in ("cluster", "restart_count"):  # a drain of no job start says none
-        if out[k] is None:
-            del out[k]
-    return out
-
-
-@dataclass(kw_only=True)
-class _Record:
-    """What every record carries: the job start it belongs to (re-runs and replays are known by it)."""
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        cls._fields = tuple(n for n in cls._fields if n not in _BELONGS) + _BELONGS
 
     cluster: Optional[str] = None
     restart_count: Optional[int] = None
-    kind: ClassVar[str] = ""
 
-    def as_dict(self) -> Dict[str, Any]:
-        out: Dict[str, Any] = {"kind": self.kind}
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if f.name not in ("cluster", "restart_count"):
-                out[f.name] = _encode(v)
-            elif v is not None:
-                out[f.name] = v
-        return out
-
-
-def _encode(v: Any) -> Any:
-    if isinstance(v, list):
-        return [_encode(x) for x in v]
-    return _event(v) if isinstance(v, HealthEvent) else _drain(v) if isinstance(v, Drain) else _plain(v)
-
-
-@dataclass
 class JobStart(_Record):
     """The prolog's record: the start counters of the job's GPUs and slices."""
 
-    starts: List[StartCounters]
-    kind: ClassVar[str] = "job_start"
+    starts: Sequence[StartCounters]
+    kind = "job_start"
 
 
-@dataclass
 class JobEnd(_Record):
     """The epilog's record: the job row, one usage row per GPU or slice, the health events; one transaction."""
 
     job: JobRow
-    gpus: List[GpuUsage]
-    events: List[HealthEvent] = field(default_factory=list)
-    kind: ClassVar[str] = "job_end"
+    gpus: Sequence[GpuUsage]
+    events: Sequence[HealthEvent] = ()
+    kind = "job_end"
 
 
-@dataclass
 class Health(_Record):
     """Health events without a job's usage (a failed prolog, the prolog's WARNs, healthcheck)."""
 
-    events: List[HealthEvent]
-    kind: ClassVar[str] = "health"
+    events: Sequence[HealthEvent]
+    kind = "health"
 
 
-@dataclass
 class Drains(_Record):
     """Drains: a hook's one, or the nodes of one `slurm-gpu drain`."""
 
-    drains: List[Drain]
-    kind: ClassVar[str] = "drain"
+    drains: Sequence[Drain]
+    kind = "drain"
+
+
+def _encode(v: Any) -> Any:
+    """A row or a list of rows as JSON-able dicts; what a drain or an event does not say is left out."""
+    if isinstance(v, (list, tuple)):
+        return [_encode(x) for x in v]
+    d = v._asdict()
+    if isinstance(v, HealthEvent) and d["key"] is None:
+        del d["key"]
+    if isinstance(v, Drain):  # a drain of no job start says none
+        for k in ("cluster", "restart_count"):
+            if d[k] is None:
+                del d[k]
+    if isinstance(v, GpuUsage):
+        d["xid_events"] = list(d["xid_events"])
+    return d
 
 
 Record = Any  # JobStart | JobEnd | Health | Drains, or a record's dict (spool files, log replays)
@@ -345,7 +356,16 @@ KINDS = ("job_start", "job_end", "health", "drain")
 
 def as_dict(record: Record) -> Dict[str, Any]:
     """A record's JSON shape (a dict passes as it is)."""
-    return record.as_dict() if hasattr(record, "as_dict") else record
+    if isinstance(record, dict):
+        return record
+    out: Dict[str, Any] = {"kind": record.kind}
+    for name in record._fields:
+        v = getattr(record, name)
+        if name not in ("cluster", "restart_count"):
+            out[name] = _encode(v)
+        elif v is not None:
+            out[name] = v
+    return out
 
 
 def drains_of(rec: Mapping[str, Any]) -> List[Any]:
