@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Se
 
 import click
 
-from slurm_gpu.cli import print_error, dry_run_option, node_name_option, nvml_lib_option, output_options
+from slurm_gpu.cli import dry_run_option, node_name_option, nvml_lib_option, output_options, print_error
 from slurm_gpu.errors import ExitCode, InputError
 from slurm_gpu.slurm.model import BatchResult
 

@@ -326,8 +326,8 @@ def write_metrics(cfg: Any, run: Any, outcome: HealthOutcome, now: Any = None, m
             return
         from slurm_gpu.hooks.log import HookLog
         from slurm_gpu.metrics import hookwrite
-        from slurm_gpu.policy.observed import Observed
         from slurm_gpu.metrics.storestats import store_samples
+        from slurm_gpu.policy.observed import Observed
         obs = Observed()
         if run is not None:  # what the checker returned: an Observed (check_node), or bare results
             obs = Observed(run, getattr(run, "snapshot", None), getattr(run, "xid_events", ()),

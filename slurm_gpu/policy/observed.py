@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 
-class Observed(list):
+class Observed(list[Any]):
     """The results (this list of policy/health.CheckResult) with what they were judged on: the
     snapshot and the kernel log's XIDs.  A hook adds what its metrics say besides: the GPUs a job
     holds, where persistence is on now, the node's drain state; nvmlInit's refusal its versions."""

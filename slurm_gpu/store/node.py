@@ -1,9 +1,10 @@
 """The node database: every SQL write statement and the spool that makes sure nothing is lost.
 
 Hooks write through `Store.write(record)`.  A record is one of store/record.py's typed records,
-or its JSON shape ``{"kind": ..., ...}`` (spool files, log replays).  If the database cannot take it (locked past the busy timeout,
-disk full, read-only, corrupt, refused as unsafe), the record is written as a JSON file into
-the spool directory instead, and a later write or `slurm-gpu db ingest` ingests the spool.
+or its JSON shape ``{"kind": ..., ...}`` (spool files, log replays).  If the database cannot take
+it (locked past the busy timeout, disk full, read-only, corrupt, refused as unsafe), the record is
+written as a JSON file into the spool directory instead, and a later write or `slurm-gpu db ingest`
+ingests the spool.
 When even the spool fails the caller logs the record as JSON (`db ingest --from-log`).
 
 Nothing is lost, nothing is doubled, nothing is forged (docs/hooks.md, "Nothing is lost"):
@@ -38,19 +39,30 @@ import time
 from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from slurm_gpu.errors import StoreError
-from slurm_gpu.store.record import (DRAIN_COLUMNS as _DRAIN_COLUMNS, HEALTH_COLUMNS as _HEALTH_COLUMNS,
-                                    JOB_GPU_WRITE_COLUMNS, JOB_KEY as _JOB_KEY, JOB_WRITE_COLUMNS as _JOB_WRITE_COLUMNS,
-                                    KINDS, START_COLUMNS as _START_COLUMNS, Record, accounting_of, as_dict, drains_of,
-                                    usage, xid_text, xids_after)
-from slurm_gpu.store.schema import (INVENTORY_COLUMNS, MIGRATIONS, SCHEMA_VERSION, XID_COLUMNS, XID_SAME_S,
-                                    REMEDIATION_COLUMNS)
+from slurm_gpu.store.record import (
+    DRAIN_COLUMNS,
+    HEALTH_COLUMNS,
+    JOB_GPU_WRITE_COLUMNS,
+    JOB_KEY,
+    JOB_WRITE_COLUMNS,
+    KINDS,
+    START_COLUMNS,
+    Record,
+    accounting_of,
+    as_dict,
+    drains_of,
+    usage,
+    xid_text,
+    xids_after,
+)
+from slurm_gpu.store.schema import INVENTORY_COLUMNS, MIGRATIONS, REMEDIATION_COLUMNS, SCHEMA_VERSION, XID_COLUMNS, XID_SAME_S
 from slurm_gpu.store.spool import CLAIM, NAME, QUARANTINE, STALE_CLAIM_S, TMP, Untrusted, age_s, exists, open_dir, pid_gone, quarantine_reason, read_json, reclaim, refuse_unsafe, waiting, write_file
 
 START_RECORDS_KEPT_S = 7 * 86400
 # healthcheck's event for nvmlInit's LIB_RM_VERSION_MISMATCH (hooks/healthcheck.record_mismatch)
 MISMATCH_CHECK = "driver_library_mismatch"
 
-_JOB_COLUMNS = _JOB_WRITE_COLUMNS[:-1]  # jobs as v1 wrote it, before `partial`
+_JOB_COLUMNS = JOB_WRITE_COLUMNS[:-1]  # jobs as v1 wrote it, before `partial`
 _DEFAULTS = {"partial": 0, "restart_count": 0}
 # Columns that follow the winning record as a whole; the others are filled from the loser where empty.
 _WINNER_ONLY = frozenset(("start_time", "end_time", "duration_s", "partial", "notes", "end_counters"))
@@ -83,15 +95,15 @@ def _first_wins(table: str, columns: Tuple[str, ...], key: Tuple[str, ...]) -> s
 
 
 _SQL = {
-    "job": _first_wins("jobs", _JOB_WRITE_COLUMNS, _JOB_KEY),
-    "job_gpu": _first_wins("job_gpus", JOB_GPU_WRITE_COLUMNS, _JOB_KEY + ("gpu_uuid",)),
+    "job": _first_wins("jobs", JOB_WRITE_COLUMNS, JOB_KEY),
+    "job_gpu": _first_wins("job_gpus", JOB_GPU_WRITE_COLUMNS, JOB_KEY + ("gpu_uuid",)),
     # A prolog re-run for the same job start keeps the latest counters.
-    "start": _insert("job_starts", _START_COLUMNS, "INSERT OR REPLACE"),
+    "start": _insert("job_starts", START_COLUMNS, "INSERT OR REPLACE"),
     # The first occurrence of an event wins (a re-run epilog's copy is later).
-    "health": _insert("health_events", _HEALTH_COLUMNS) + (
+    "health": _insert("health_events", HEALTH_COLUMNS) + (
         " ON CONFLICT (dedupe_key) DO UPDATE SET time = excluded.time, message = excluded.message"
         " WHERE excluded.time < health_events.time"),
-    "drain": _insert("drains", _DRAIN_COLUMNS) + " ON CONFLICT (dedupe_key) DO NOTHING",
+    "drain": _insert("drains", DRAIN_COLUMNS) + " ON CONFLICT (dedupe_key) DO NOTHING",
 }
 
 
@@ -656,10 +668,10 @@ class Store:
         if not unreadable:
             try:
                 conn = self.connect()
-                cur = conn.execute(f"SELECT {', '.join(_START_COLUMNS)} FROM job_starts WHERE cluster=? AND job_id=? "
+                cur = conn.execute(f"SELECT {', '.join(START_COLUMNS)} FROM job_starts WHERE cluster=? AND job_id=? "
                                    "AND restart_count=? AND node=?", key)
                 for row in cur.fetchall():
-                    d = dict(zip(_START_COLUMNS, row))
+                    d = dict(zip(START_COLUMNS, row))
                     starts[d["gpu_uuid"]] = d
                 failed = _prolog_failed(conn, *key)
             except sqlite3.DatabaseError as e:
@@ -806,17 +818,17 @@ def _apply(conn: sqlite3.Connection, rec: Dict[str, Any], lookups: bool = True) 
     kind = rec["kind"]
     if kind == "job_start":
         starts = rec.get("starts") or []
-        conn.executemany(_SQL["start"], [_row(s, _START_COLUMNS) for s in starts])
+        conn.executemany(_SQL["start"], [_row(s, START_COLUMNS) for s in starts])
         for s in starts:
             _complete_partial_rows(conn, s)
     elif kind == "job_end":
         _apply_job_end(conn, rec, lookups)
     if kind in ("job_end", "health") and rec.get("events"):
-        conn.executemany(_SQL["health"], [_row(dict(e, dedupe_key=_event_key(rec, e)), _HEALTH_COLUMNS)
+        conn.executemany(_SQL["health"], [_row(dict(e, dedupe_key=_event_key(rec, e)), HEALTH_COLUMNS)
                                           for e in rec["events"]])
     if kind == "drain":
         for d in drains_of(rec):
-            conn.execute(_SQL["drain"], _row(dict(d, dedupe_key=_drain_key(d)), _DRAIN_COLUMNS))
+            conn.execute(_SQL["drain"], _row(dict(d, dedupe_key=_drain_key(d)), DRAIN_COLUMNS))
             if d.get("source") == "prolog" and d.get("job_id") is not None and d.get("cluster") is not None:
                 _drop_partial_rows(conn, d["cluster"], d["job_id"], d.get("restart_count") or 0, d["node"])
 
@@ -824,7 +836,7 @@ def _apply(conn: sqlite3.Connection, rec: Dict[str, Any], lookups: bool = True) 
 def _apply_job_end(conn: sqlite3.Connection, rec: Dict[str, Any], lookups: bool = True) -> None:
     job = dict(rec["job"])
     gpus = [dict(g) for g in rec.get("gpus", [])]
-    key = tuple(job[k] for k in _JOB_KEY)
+    key = tuple(job[k] for k in JOB_KEY)
     if lookups and any(g.get("partial") for g in gpus):
         if _readable(_prolog_failed, conn, *key):
             # The prolog failed on this node: the job was requeued and never ran here.
@@ -843,7 +855,7 @@ def _apply_job_end(conn: sqlite3.Connection, rec: Dict[str, Any], lookups: bool 
         if times:
             job["start_time"] = min(times)
         job["partial"] = int(any(g.get("partial") for g in gpus))
-    conn.execute(_SQL["job"], _row(job, _JOB_WRITE_COLUMNS))
+    conn.execute(_SQL["job"], _row(job, JOB_WRITE_COLUMNS))
     conn.executemany(_SQL["job_gpu"], [_row(g, JOB_GPU_WRITE_COLUMNS) for g in gpus])
 
 
@@ -903,10 +915,10 @@ def _prolog_failed(conn: sqlite3.Connection, cluster: str, job_id: int, restart_
 
 def _start_row(conn: sqlite3.Connection, cluster: str, job_id: int, restart_count: int, node: str,
                gpu_uuid: str) -> Optional[Dict[str, Any]]:
-    row = conn.execute(f"SELECT {', '.join(_START_COLUMNS)} FROM job_starts WHERE cluster=? AND job_id=? "
+    row = conn.execute(f"SELECT {', '.join(START_COLUMNS)} FROM job_starts WHERE cluster=? AND job_id=? "
                        "AND restart_count=? AND node=? AND gpu_uuid=?",
                        (cluster, job_id, restart_count, node, gpu_uuid)).fetchone()
-    return dict(zip(_START_COLUMNS, row)) if row else None
+    return dict(zip(START_COLUMNS, row)) if row else None
 
 
 def _complete(row: Dict[str, Any], start: Dict[str, Any]) -> Optional[Dict[str, Any]]:

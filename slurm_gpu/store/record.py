@@ -52,7 +52,7 @@ def busy(records: Iterable[Any]) -> Busy:
 def _delta(now: Any, then: Any, scale: float, digits: Optional[int]) -> Optional[float]:
     if now is None or then is None or now < then:
         return None  # unknown, or the counter was reset (driver reload) during the job
-    d = (now - then) / scale
+    d = float(now - then) / scale
     return d if digits is None else round(d, digits)
 
 
@@ -149,7 +149,7 @@ class _Row:
         return type(self)(**dict(self._asdict(), **kw))
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self._asdict() == other._asdict()  # type: ignore[attr-defined]
+        return isinstance(other, _Row) and type(other) is type(self) and self._asdict() == other._asdict()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._asdict().items())})"
