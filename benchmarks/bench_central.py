@@ -173,7 +173,7 @@ def _load_sql(offset: int, count: int) -> str:
         "withdrawn": "0", "shipped_at": "start + dur + 30",
     }
     # Columns of this schema version only (others keep their defaults: NULL where not measured).
-    cols = [c for c in C.JOB_GPU_COLUMNS + C.SHIPPED if c in values]
+    cols = [c for c in C.CENTRAL_JOB_GPU_COLUMNS + C.SHIPPED if c in values]
     return (f"INSERT INTO job_gpus ({C._q(cols)})\n"
             f"SELECT {', '.join(values[c] for c in cols)}\nFROM ({lvl3}) AS q4")
 

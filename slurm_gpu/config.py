@@ -237,6 +237,15 @@ def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
 
 
+def metrics_enabled(cfg: Any) -> bool:
+    """Are metrics on (metrics.textfile_dir or metrics.dcgm_job_mapping_dir set)?  The one answer: the
+    hooks ask it before importing anything of slurm_gpu.metrics."""
+    try:
+        return bool(cfg.get("metrics", "textfile_dir") or cfg.get("metrics", "dcgm_job_mapping_dir"))
+    except (KeyError, AttributeError):  # a stand-in config without the section
+        return False
+
+
 class Config:
     """Validated configuration: ``cfg.get("health", "max_temperature_c")`` or ``cfg.health.max_temperature_c``."""
 

@@ -678,7 +678,7 @@ def _forge(site, user, password, rows_by_table):
 
 def _forged_job(cluster, node, job_id=1):
     job = dict(job_end(job_id, node=node, user="mallory", account="stolen")["job"], cluster=cluster)
-    return tuple(job.get(c, 0) for c in C.JOB_COLUMNS) + (99, 1.0, 0)
+    return tuple(job.get(c, 0) for c in C.CENTRAL_JOB_COLUMNS) + (99, 1.0, 0)
 
 
 def test_a_forged_batch_for_another_node_or_cluster_is_refused_and_changes_nothing(site):

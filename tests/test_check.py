@@ -268,7 +268,7 @@ def test_severity_off_removes_check(sim_node):
 
 def test_healthcheck_checks_leftovers_only_when_no_gpu_is_allocated(sim_node):
     import types
-    from slurm_gpu.cli.admin import default_checker
+    from slurm_gpu.hooks.healthcheck import default_checker
     node = sim_node(simgpu.h100_sxm(2))
     simgpu.set_gpu(node.state, 1, memory_used=8 << 30)
     os.environ["SIMNVML_STATE"] = str(node.state)

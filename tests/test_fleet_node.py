@@ -250,7 +250,7 @@ class Slurm:
 
 
 def healthcheck(node, monkeypatch, dry_run=False):
-    from slurm_gpu.cli.admin import default_checker
+    from slurm_gpu.hooks.healthcheck import default_checker
     cfg = config.load(str(node.config))
     monkeypatch.setenv("SIMNVML_STATE", str(node.state))
     return node_health_cycle(Slurm(), "gpu01", default_checker(cfg), deadline_s=30, dry_run=dry_run, store_cfg=cfg)

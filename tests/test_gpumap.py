@@ -337,7 +337,7 @@ def test_healthcheck_on_mig_node_expects_physical_gpus_not_slurms_slice_count(si
     # 3 configured" would drain every MIG node at every HealthCheckInterval.
     import types
     from slurm_gpu import config
-    from slurm_gpu.cli.admin import default_checker
+    from slurm_gpu.hooks.healthcheck import default_checker
     node = mig_node(sim_node)
     monkeypatch.setenv("SIMNVML_STATE", str(node.state))
     monkeypatch.setenv("SLURM_CONF", str(node.tmp / "slurm.conf"))

@@ -481,7 +481,7 @@ class _Backend:
 
 
 def _healthcheck(node, backend, **kw):
-    from slurm_gpu.cli.admin import default_checker
+    from slurm_gpu.hooks.healthcheck import default_checker
     cfg = config.load(str(node.config))
     os.environ["SIMNVML_STATE"] = str(node.state)
     return node_health_cycle(backend, "gpu01", kw.pop("checker", None) or default_checker(cfg), deadline_s=30,

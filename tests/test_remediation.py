@@ -162,7 +162,7 @@ def _node(sim_node, tmp_path, extra=""):
 
 
 def _run(node, backend, **kw):
-    from slurm_gpu.cli.admin import default_checker
+    from slurm_gpu.hooks.healthcheck import default_checker
     cfg = config.load(str(node.config))
     return REM.run_on_node(cfg, backend, "gpu01", default_checker(cfg), **kw)
 

@@ -15,8 +15,8 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Se
 
 import click
 
-from slurm_gpu.cli import print_error, dry_run_option, node_name_option, nvml_lib_option, output_options
-from slurm_gpu.errors import ExitCode, InputError, SlurmGpuError
+from slurm_gpu.cli import dry_run_option, node_name_option, nvml_lib_option, output_options, print_error
+from slurm_gpu.errors import ExitCode, InputError
 from slurm_gpu.slurm.model import BatchResult
 
 HEALTHCHECK_DEADLINE_S = 45.0  # Slurm kills HealthCheckProgram after 60 s
@@ -116,30 +116,18 @@ def _backend(app: Any):
     return get_backend(app.config)
 
 
-def _record_drains(app: Any, drains: List[dict]) -> None:
-    """Every drain goes into this node's database (drains table), like the hooks' own.
-
-    A drain of several nodes run from one machine is recorded in that machine's database
-    (store.database).  The drain itself never depends on this: a record that cannot be
-    written is said in one line."""
-    if not drains:
-        return
-    try:
-        from slurm_gpu.store.node import Store
-        st = Store.from_config(app.config)
-        where = st.write({"kind": "drain", "drains": drains}, ingest=False)
-    except Exception as e:
-        msg = e.message if isinstance(e, SlurmGpuError) else f"{type(e).__name__}: {e}"
-        click.echo(f"slurm-gpu: warning: drain not recorded in the node database: {msg}", err=True)
-        return
-    if not where.startswith("db"):
-        click.echo(f"slurm-gpu: warning: drain record kept in {where.split(':', 1)[1]} ({st.unavailable or 'refused'}); "
-                   "`slurm-gpu db ingest` writes it to the database", err=True)
+def _record_drains(app: Any, drains: List[Any]) -> None:
+    """Every drain goes into this node's database (hooks/healthcheck.record_drains); a record that
+    cannot be written is said in one line, the drain itself never depends on it."""
+    from slurm_gpu.hooks.healthcheck import record_drains
+    warning = record_drains(app.config, drains)
+    if warning:
+        click.echo(warning, err=True)
 
 
-def _drain_row(node: str, source: str, reason: str, outcome: str, kept: Optional[str] = None) -> dict:
-    return {"time": time.time(), "node": node, "source": source, "job_id": None, "reason": reason,
-            "ok": int(outcome == "drained"), "outcome": outcome, "kept_reason": kept}
+def _drain_row(node: str, source: str, reason: str, outcome: str, kept: Optional[str] = None) -> Any:
+    from slurm_gpu.store.record import drain
+    return drain(node, source, reason, outcome, time.time(), kept_reason=kept)
 
 
 def _when(ts: Optional[float]) -> str:
@@ -433,60 +421,27 @@ def status(app, nodes, all_nodes, fmt, only_drained):
 
 # ------------------------------------------------------------------ healthcheck
 
-def default_checker(cfg: Any) -> Callable[[Any], list]:
-    """The real GPU check: hooks.check_node, expecting the GPU count Slurm has configured.
-
-    When Slurm has no GPU of the node allocated, every GPU must be idle: leftover processes
-    and leaked memory count (a prolog drain for leaked memory is then not resumed while the
-    memory is still held).  With jobs running, those two checks are left out.
-    """
-    def check(info: Any) -> list:
-        from slurm_gpu.hooks import flows as hooks
-        from slurm_gpu.slurm.gpumap import configured_gpus
-        idle = True if getattr(info, "gpus_allocated", 1) == 0 else None
-        # Slurm counts MIG slices as GPUs; the driver counts physical GPUs: take the number of
-        # GPUs gres.conf names when it can be read.
-        conf = os.environ.get("SLURM_CONF") or cfg.get("", "slurm_conf")
-        expected = configured_gpus(conf, info.name) or info.gpus_configured or None
-        _snap, results = hooks.check_node(cfg, expected_count=expected, idle=idle)
-        return results
-    return check
-
-
 def _run_health(app, node_name: Optional[str], *, allow_resume: bool, dry_run: bool, deadline_s: float,
                 context: str = "healthcheck", checker: Optional[Callable] = None) -> None:
     from slurm_gpu.errors import ConfigError
-    from slurm_gpu.slurm.reason import HEALTHCHECK
-    from slurm_gpu.hooks.healthcheck import node_health_cycle
+    from slurm_gpu.hooks import healthcheck as H
     name = this_node(node_name)
-    reason_context = HEALTHCHECK if context == "healthcheck" else context
     try:
         cfg = app.config
     except ConfigError as e:
-        _config_broken(app, e, name, dry_run=dry_run, deadline_s=deadline_s, reason_context=reason_context)
+        _config_broken(app, e, name, dry_run=dry_run, deadline_s=deadline_s, context=context)
     backend = _backend(app)
     log = _log(app, "healthcheck")
-    try:
-        outcome = node_health_cycle(backend, name, checker or default_checker(cfg), allow_resume=allow_resume,
-                                    dry_run=dry_run, deadline_s=deadline_s,
-                                    context=reason_context, metrics_cfg=cfg, store_cfg=cfg,
-                                    breaker_cfg=cfg if context == "healthcheck" else None)
-    except SlurmGpuError as e:
-        log.error("slurm-error", node=name, error=e.message)
-        if getattr(e, "drain_reason", None):
-            _record_drains(app, [_drain_row(name, context, e.drain_reason, "failed")])
-        raise  # the group prints it and exits with its code
-    if outcome.action == "drained":
-        # Only drains tried are recorded: a node found already drained is seen again at every
-        # HealthCheckInterval, and a row each time would bury the drains that happened.
-        _record_drains(app, [_drain_row(name, context, outcome.reason, "drained")])
+    outcome = H.healthcheck_cycle(cfg, backend, name, checker or H.default_checker(cfg), allow_resume=allow_resume,
+                                  dry_run=dry_run, deadline_s=deadline_s, context=context, log=log,
+                                  warn=lambda line: click.echo(line, err=True))
     _say_health(outcome, log, name)
     if outcome.action == "timeout":
         # A check thread may still sit inside the driver: do not let it hold up (or crash) the exit.
         os._exit(outcome.exit_code)
-    if allow_resume and _remediates(cfg, outcome, dry_run, checker):
+    if allow_resume and H.remediates(cfg, outcome, dry_run, checker):
         from slurm_gpu.hooks.remediate import run_on_node
-        done = run_on_node(cfg, backend, name, default_checker(cfg), log=log)
+        done = run_on_node(cfg, backend, name, H.default_checker(cfg), log=log)
         log.info("remediate", node=name, action=done.action, outcome=done.outcome, message=done.message)
         click.echo(done.message)
         if done.outcome == "resumed":
@@ -494,30 +449,15 @@ def _run_health(app, node_name: Optional[str], *, allow_resume: bool, dry_run: b
     sys.exit(outcome.exit_code)
 
 
-def _remediates(cfg: Any, outcome: Any, dry_run: bool, checker: Any) -> bool:
-    """healthcheck runs `remediate` after its own cycle when remediation.enabled, on a node it left drained by us."""
-    return (not dry_run and checker is None and cfg.get("remediation", "enabled")
-            and outcome.action in ("drained", "kept-drained", "left-alone") and bool(outcome.reason))
-
-
-def _config_broken(app: Any, e: Any, name: str, *, dry_run: bool, deadline_s: float, reason_context: str) -> None:
-    """One line for the admin; a drain only while the hooks here run ungated (docs/hooks.md, "Configuration errors")."""
-    from slurm_gpu.config import defaults
-    from slurm_gpu.policy.health import CheckResult
-    from slurm_gpu.hooks.healthcheck import node_health_cycle
-    from slurm_gpu.hooks.log import fallback_path, write_fallback
-    from slurm_gpu.hooks.main import config_problem
-    from slurm_gpu.slurm.backend import get_backend
-    line, fault = config_problem(app.config_path, e)
-    click.echo(f"slurm-gpu: error: {line}", err=True)
-    write_fallback(fallback_path(), "healthcheck", "config-error", node=name, error=e.message, hint=e.hint)
-    if fault:
-        try:  # the file is unusable: reach Slurm with the default settings
-            outcome = node_health_cycle(get_backend(defaults()), name, lambda info: [CheckResult("config", "FAIL", None, "", fault)],
-                                        allow_resume=False, dry_run=dry_run, deadline_s=deadline_s, context=reason_context)
-            click.echo(outcome.message)
-        except SlurmGpuError as se:
-            click.echo(f"slurm-gpu: error: could not drain: {se.message}", err=True)
+def _config_broken(app: Any, e: Any, name: str, *, dry_run: bool, deadline_s: float, context: str) -> None:
+    """One line for the admin, what the drain cycle did (hooks/healthcheck.broken_config_cycle), the config's exit code."""
+    from slurm_gpu.hooks.healthcheck import broken_config_cycle
+    line, done, error = broken_config_cycle(app.config_path, e, name, dry_run=dry_run, deadline_s=deadline_s,
+                                            context=context, say=lambda text: click.echo(text, err=True))
+    if done:
+        click.echo(done)
+    if error:
+        click.echo(f"slurm-gpu: error: {error}", err=True)
     sys.exit(int(e.exit_code))
 
 

@@ -35,7 +35,8 @@ def remediate(app, node_name, dry_run):
     Exit codes: 0 resumed, healthy or nothing for us to do; 1 the node stays drained (RMA,
     budget spent, failed verification, reboot requested); 2 usage/config error; 4 Slurm error.
     """
-    from slurm_gpu.cli.admin import _backend, _log, default_checker, this_node
+    from slurm_gpu.cli.admin import _backend, _log, this_node
+    from slurm_gpu.hooks.healthcheck import default_checker
     from slurm_gpu.hooks.remediate import run_on_node
     name = this_node(node_name)
     cfg = app.config

@@ -1,6 +1,6 @@
 """The typed GPU/node model every layer shares.
 
-gpu/nvml.py produces it, policy/health.py judges it, hooks/flows.py records it,
+gpu/nvml.py produces it, policy/health.py judges it, hooks/records.py records it,
 gres/inventory.py renders it and `slurm-gpu snapshot` serialises it.  Every hardware reading
 keeps one of three distinct outcomes: a value, *unsupported on this GPU*, or *failed* with an
 NVML error.  There is no magic "N/A" number anywhere.  The few readings only inventories and

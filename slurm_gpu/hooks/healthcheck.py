@@ -1,9 +1,10 @@
 """The healthcheck flow: check this node's GPUs and bring its Slurm state in line."""
 from __future__ import annotations
 
+import os
 import sys
 import time as _time
-from typing import Any, List, NamedTuple, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 from slurm_gpu.errors import DriverLibraryMismatch, ExitCode, NvmlUnavailable, SlurmGpuError
 from slurm_gpu.gpu.deadline import call_with_deadline
@@ -51,8 +52,8 @@ def node_health_cycle(
 
     With ``metrics_cfg`` (the Config; something happens only when it configures metrics), the
     node's metrics are written afterwards: the drain state always, and the GPUs' state and check
-    statuses when the checker returned a hooks.flows.CheckRun (results with their snapshot).
-    A dry run, a timeout or an error writes none.  With ``store_cfg`` (the Config), a CheckRun
+    statuses when the checker returned a policy/observed.Observed (results with their snapshot).
+    A dry run, a timeout or an error writes none.  With ``store_cfg`` (the Config), an Observed
     of every GPU goes into the node database (record_observations), drain or Slurm error alike,
     and so does a driver/library mismatch (record_mismatch: `fleet versions` names the node).
     With ``breaker_cfg`` (the Config), a drain is first put to the circuit breaker (hooks/breaker.py):
@@ -76,14 +77,20 @@ def node_health_cycle(
                          deadline_s=deadline_s, context=context, summarise=summarise, clock=clock,
                          breaker_cfg=breaker_cfg)
     finally:
-        # A check that overran may still be running: what it read is not this run's.
-        if store_cfg is not None and not dry_run and kept and getattr(outcome, "action", "") != "timeout":
-            record_observations(store_cfg, kept[0], node_name)
-        if store_cfg is not None and not dry_run and refused:
-            record_mismatch(store_cfg, refused[0], node_name)
+        if store_cfg is not None and not dry_run:
+            _record_run(store_cfg, node_name, kept, refused, outcome)
     if metrics_cfg is not None and not dry_run:
         write_metrics(metrics_cfg, kept[0] if kept else None, outcome, mismatch=refused[0] if refused else None)
     return outcome
+
+
+def _record_run(cfg: Any, node_name: str, kept: List[Any], refused: List[DriverLibraryMismatch], outcome: Any) -> None:
+    """What the check read into the node database, or nvmlInit's mismatch."""
+    # A check that overran may still be running: what it read is not this run's.
+    if kept and getattr(outcome, "action", "") != "timeout":
+        record_observations(cfg, kept[0], node_name)
+    if refused:
+        record_mismatch(cfg, refused[0], node_name)
 
 
 def _cycle(backend: SlurmBackend, node_name: str, checker: Any, *, allow_resume: bool, dry_run: bool,
@@ -244,15 +251,16 @@ def record_observations(cfg: Any, run: Any, node: str) -> None:
         _not_recorded(cfg, node, e)
 
 
-def mismatch_event(e: DriverLibraryMismatch, node: str, now: float, since: Any) -> dict:
+def mismatch_event(e: DriverLibraryMismatch, node: str, now: float, since: Any) -> Any:
     """The health event of nvmlInit's LIB_RM_VERSION_MISMATCH: one per episode, not one per run.
     Its key holds both versions and the time of the node's newest inventory row (`since`): the
     same mismatch seen again keeps its first time; after a healthy read (a new inventory row)
     it is a new event.  The message names both versions (errors.mismatch_versions reads them)."""
     from slurm_gpu.store.node import MISMATCH_CHECK
-    return dict(time=now, node=node, source="healthcheck", job_id=None, gpu_index=None, gpu_uuid=None,
-                check_name=MISMATCH_CHECK, status="FAIL", message=e.message,
-                key=f"{e.kernel_version}|{e.library_version}|after {since!r}")
+    from slurm_gpu.store.record import HealthEvent
+    return HealthEvent(time=now, node=node, source="healthcheck", job_id=None, gpu_index=None, gpu_uuid=None,
+                       check_name=MISMATCH_CHECK, status="FAIL", message=e.message,
+                       key=f"{e.kernel_version}|{e.library_version}|after {since!r}")
 
 
 def record_mismatch(cfg: Any, e: DriverLibraryMismatch, node: str) -> None:
@@ -260,6 +268,7 @@ def record_mismatch(cfg: Any, e: DriverLibraryMismatch, node: str) -> None:
     lists the node while the event is newer than its inventory).  Never raises."""
     try:
         from slurm_gpu.store.node import Store
+        from slurm_gpu.store.record import Health
         store = Store(cfg.path_value("store", "database"), cfg.path_value("store", "spool_dir"),
                       min(cfg.get("store", "busy_timeout_s"), 2.0))
         try:
@@ -267,7 +276,7 @@ def record_mismatch(cfg: Any, e: DriverLibraryMismatch, node: str) -> None:
                 since = store.latest_inventory_time(node)
             except Exception:  # unreadable: the event is still written (spooled if need be)
                 since = "unknown"
-            store.write({"kind": "health", "events": [mismatch_event(e, node, _time.time(), since)]})
+            store.write(Health([mismatch_event(e, node, _time.time(), since)]))
         finally:
             store.close()
     except Exception as err:
@@ -305,26 +314,136 @@ def _drain_state(outcome: HealthOutcome) -> Any:
 
 def write_metrics(cfg: Any, run: Any, outcome: HealthOutcome, now: Any = None, mismatch: Any = None) -> None:
     """The node file after a healthcheck: the drain state, the spool and the push backlog, and
-    with a CheckRun (run) every GPU and every check; with a DriverLibraryMismatch (mismatch)
+    with an Observed (run) every GPU and every check; with a DriverLibraryMismatch (mismatch)
     slurm_gpu_driver_library_mismatch with both versions.  Never raises; nothing when the run did
     not finish or metrics are off."""
     state = _drain_state(outcome)
     if state is None:
         return
     try:
-        from slurm_gpu.metrics import hookwrite
-        if not hookwrite.enabled(cfg):
+        from slurm_gpu.config import metrics_enabled
+        if not metrics_enabled(cfg):
             return
         from slurm_gpu.hooks.log import HookLog
+        from slurm_gpu.metrics import hookwrite
         from slurm_gpu.metrics.storestats import store_samples
-        obs = hookwrite.Observed()
+        from slurm_gpu.policy.observed import Observed
+        obs = Observed()
+        if run is not None:  # what the checker returned: an Observed (check_node), or bare results
+            obs = Observed(run, getattr(run, "snapshot", None), getattr(run, "xid_events", ()),
+                           getattr(run, "all_gpus", False))
         obs.drain = state
-        if run is not None:
-            obs.snapshot, obs.results = getattr(run, "snapshot", None), list(run)
-            obs.xid_events, obs.all_gpus = getattr(run, "xid_events", ()), getattr(run, "all_gpus", False)
         if mismatch is not None:
             obs.mismatch = (mismatch.kernel_version, mismatch.library_version)
         hookwrite.healthcheck(cfg, HookLog.from_config("healthcheck", cfg), outcome.node, obs,
                               _time.time() if now is None else now, extra=lambda: store_samples(cfg))
     except Exception as e:  # metrics never change the healthcheck's verdict or exit code
         sys.stderr.write(f"slurm-gpu healthcheck metrics-failed error={type(e).__name__}: {e}\n")
+
+
+# --- `slurm-gpu healthcheck` around the cycle: the checker, the drains' record, remediation, a broken
+# config (cli/admin.py only prints what these decide)
+
+
+def default_checker(cfg: Any) -> Callable[[Any], list]:
+    """The real GPU check: hooks/check.check_node, expecting the GPU count Slurm has configured.
+
+    When Slurm has no GPU of the node allocated, every GPU must be idle: leftover processes
+    and leaked memory count (a prolog drain for leaked memory is then not resumed while the
+    memory is still held).  With jobs running, those two checks are left out.
+    """
+    def check(info: Any) -> list:
+        from slurm_gpu.hooks.check import check_node
+        from slurm_gpu.slurm.gpumap import configured_gpus
+        idle = True if getattr(info, "gpus_allocated", 1) == 0 else None
+        # Slurm counts MIG slices as GPUs; the driver counts physical GPUs: take the number of
+        # GPUs gres.conf names when it can be read.
+        conf = os.environ.get("SLURM_CONF") or cfg.get("", "slurm_conf")
+        expected = configured_gpus(conf, info.name) or info.gpus_configured or None
+        _snap, results = check_node(cfg, expected_count=expected, idle=idle)
+        return results
+    return check
+
+
+def record_drains(cfg: Any, drains: Sequence[Any]) -> str:
+    """Drains (store/record.Drain) into this node's database, like the hooks' own; '' when written,
+    else the warning line.  A drain of several nodes run from one machine is recorded in that
+    machine's database (store.database).  Never raises: the drain itself never depends on this."""
+    if not drains:
+        return ""
+    try:
+        from slurm_gpu.store.node import Store
+        from slurm_gpu.store.record import Drains
+        st = Store.from_config(cfg)
+        written = st.write(Drains(list(drains)), ingest=False)
+    except Exception as e:
+        msg = e.message if isinstance(e, SlurmGpuError) else f"{type(e).__name__}: {e}"
+        return f"slurm-gpu: warning: drain not recorded in the node database: {msg}"
+    if not written.in_database:
+        return (f"slurm-gpu: warning: drain record kept in {written.path} ({st.unavailable or 'refused'}); "
+                "`slurm-gpu db ingest` writes it to the database")
+    return ""
+
+
+def healthcheck_cycle(cfg: Any, backend: SlurmBackend, name: str, checker: Any, *, allow_resume: bool, dry_run: bool,
+                      deadline_s: float, context: str, log: Any, warn: Callable[[str], None]) -> HealthOutcome:
+    """One cycle of `healthcheck` (or `drain --unhealthy`, context) and the record of the drain it tried.
+
+    Only drains tried are recorded: a node found already drained is seen again at every
+    HealthCheckInterval, and a row each time would bury the drains that happened.  A Slurm error
+    is logged and raised (the CLI prints it), its failed drain recorded first; `warn` gets the line
+    of a record that could not be written."""
+    from slurm_gpu.store.record import DRAINED, FAILED, drain
+    try:
+        outcome = node_health_cycle(backend, name, checker, allow_resume=allow_resume, dry_run=dry_run,
+                                    deadline_s=deadline_s, context=_reason_context(context), metrics_cfg=cfg,
+                                    store_cfg=cfg, breaker_cfg=cfg if context == "healthcheck" else None)
+    except SlurmGpuError as e:
+        log.error("slurm-error", node=name, error=e.message)
+        if getattr(e, "drain_reason", None):
+            _warn_unless_recorded(cfg, [drain(name, context, e.drain_reason, FAILED, _time.time())], warn)
+        raise
+    if outcome.action == "drained":
+        _warn_unless_recorded(cfg, [drain(name, context, outcome.reason, DRAINED, _time.time())], warn)
+    return outcome
+
+
+def _reason_context(context: str) -> str:
+    return _reason.HEALTHCHECK if context == "healthcheck" else context
+
+
+def _warn_unless_recorded(cfg: Any, drains: Sequence[Any], warn: Callable[[str], None]) -> None:
+    line = record_drains(cfg, drains)
+    if line:
+        warn(line)
+
+
+def remediates(cfg: Any, outcome: HealthOutcome, dry_run: bool, checker: Any) -> bool:
+    """healthcheck runs `remediate` after its own cycle when remediation.enabled, on a node it left drained by us."""
+    return (not dry_run and checker is None and cfg.get("remediation", "enabled")
+            and outcome.action in ("drained", "kept-drained", "left-alone") and bool(outcome.reason))
+
+
+def broken_config_cycle(config_path: Optional[str], e: Any, name: str, *, dry_run: bool, deadline_s: float,
+                        context: str, say: Callable[[str], None]) -> Tuple[str, str, str]:
+    """`healthcheck` on a config it cannot load: `say` gets the admin's error line first; returns
+    (that line, what the drain cycle said or "", why it could not drain or "").  A drain only
+    while the hooks here run ungated (docs/hooks.md, "Configuration errors"): the file is then
+    unusable, and Slurm is reached with the default settings."""
+    from slurm_gpu.config import defaults
+    from slurm_gpu.hooks.log import fallback_path, write_fallback
+    from slurm_gpu.hooks.main import config_problem
+    from slurm_gpu.policy.health import CheckResult
+    from slurm_gpu.slurm.backend import get_backend
+    line, fault = config_problem(config_path, e)
+    say(f"slurm-gpu: error: {line}")
+    write_fallback(fallback_path(), "healthcheck", "config-error", node=name, error=e.message, hint=e.hint)
+    if not fault:
+        return line, "", ""
+    try:
+        outcome = node_health_cycle(get_backend(defaults()), name, lambda info: [CheckResult("config", "FAIL", None, "", fault)],
+                                    allow_resume=False, dry_run=dry_run, deadline_s=deadline_s,
+                                    context=_reason_context(context))
+    except SlurmGpuError as se:
+        return line, "", f"could not drain: {se.message}"
+    return line, outcome.message, ""

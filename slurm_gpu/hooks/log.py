@@ -55,7 +55,34 @@ def _to_stderr(text: str) -> None:
         pass
 
 
-class HookLog:
+class _Levels:
+    """info / warning / error: event() at that level."""
+
+    def event(self, event: str, level: str = "info", **fields: Any) -> str:
+        raise NotImplementedError
+
+    def info(self, event: str, **f: Any) -> str:
+        return self.event(event, "info", **f)
+
+    def warning(self, event: str, **f: Any) -> str:
+        return self.event(event, "warning", **f)
+
+    def error(self, event: str, **f: Any) -> str:
+        return self.event(event, "error", **f)
+
+
+class BoundLog(_Levels):
+    """A log whose every line starts with fields bound once: a hook run's job and node."""
+
+    def __init__(self, log: Any, **bound: Any):
+        self.log, self.bound = log, bound
+        self.hook = getattr(log, "hook", "hook")
+
+    def event(self, event: str, level: str = "info", **fields: Any) -> str:
+        return self.log.event(event, level, **{**self.bound, **fields})
+
+
+class HookLog(_Levels):
     def __init__(self, hook: str, syslog_on: bool = True, path: str = "", level: str = "info", stderr: bool = False):
         self.hook = hook
         self.level = _LEVELS.get(level, 20)
@@ -124,14 +151,6 @@ class HookLog:
         finally:
             os.close(fd)
 
-    def info(self, event: str, **f: Any) -> str:
-        return self.event(event, "info", **f)
-
-    def warning(self, event: str, **f: Any) -> str:
-        return self.event(event, "warning", **f)
-
-    def error(self, event: str, **f: Any) -> str:
-        return self.event(event, "error", **f)
 
 
 def fallback_path(env: Optional[Mapping[str, str]] = None) -> str:

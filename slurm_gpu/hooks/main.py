@@ -155,12 +155,12 @@ def _run(run: _Run, flow: Optional[Flow]) -> int:
     except InputError as e:
         return run.fail_open("bad-environment", error=e.message, hint=e.hint)
     run.job, run.node = job.job_id, job.node
-    from slurm_gpu.hooks import flows as hooks
-    flow = flow or getattr(hooks, run.name)
+    from slurm_gpu.hooks import flows
+    flow = flow or getattr(flows, run.name)  # hooks/prolog.py or hooks/epilog.py, the other not imported
     try:
-        return flow(job, hooks.HookDeps(cfg=cfg, log=run.log, started=hooks.process_start_time()))
+        return flow(job, flows.HookDeps(cfg=cfg, log=run.log, started=flows.process_start_time()))
     except NvmlUnavailable as e:
-        return _nvml_unavailable(run, hooks, cfg, job, e, config_broken=bool(errors))
+        return _nvml_unavailable(run, cfg, job, e, config_broken=bool(errors))
     except SlurmGpuError as e:
         return run.fail_open("internal-error", error=e.message, hint=e.hint)
 
@@ -168,7 +168,7 @@ def _run(run: _Run, flow: Optional[Flow]) -> int:
 NVML_CHECK = "nvml"  # the check a drain for an unusable driver names (reason, circuit breaker)
 
 
-def _nvml_unavailable(run: _Run, hooks: Any, cfg: Any, job: Any, e: NvmlUnavailable, config_broken: bool) -> int:
+def _nvml_unavailable(run: _Run, cfg: Any, job: Any, e: NvmlUnavailable, config_broken: bool) -> int:
     if not job.gpus:
         run.log.error("nvml-unavailable", job=job.job_id, node=job.node, error=e.message)
         return 0
@@ -177,14 +177,17 @@ def _nvml_unavailable(run: _Run, hooks: Any, cfg: Any, job: Any, e: NvmlUnavaila
         return run.fail_open("nvml-unavailable", error=e.message, hint="the config has errors (config-error above); fix them first")
     # A GPU job on a node whose driver does not answer cannot use its GPUs: that is a node fault.
     run.log.error("nvml-unavailable", job=job.job_id, node=job.node, error=e.message)
-    deps = hooks.HookDeps(cfg=cfg, log=run.log, reader=object())
+    from slurm_gpu.hooks.check import mismatch_metric
+    from slurm_gpu.hooks.deps import HookDeps
+    from slurm_gpu.hooks.drain import drain
+    deps = HookDeps(cfg=cfg, log=run.log, reader=object())
     # A mismatch is named as such (its message names both versions and the remedy); any other
     # failure to start NVML keeps the generic prefix.
     fault = e.message if isinstance(e, DriverLibraryMismatch) else f"NVML unavailable: {e.message}"
-    hooks.mismatch_metric(cfg, run.log, run.name, e)
+    mismatch_metric(cfg, run.log, run.name, e)
     # The epilog asks the circuit breaker (a driver rollout is the storm it is for); the prolog
     # gates: a job whose GPUs the driver cannot serve never starts (policy/breaker.py HARDWARE).
-    drained = hooks._drain(deps, job, run.name, fault, check=NVML_CHECK, breaker=run.name == "epilog")
+    drained = drain(deps, job, run.name, fault, check=NVML_CHECK, breaker=run.name == "epilog")
     return 1 if run.name == "prolog" or not drained else 0
 
 

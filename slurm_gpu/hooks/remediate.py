@@ -380,7 +380,7 @@ def run_on_node(cfg: Any, backend: Any, node: str, checker: Callable[[Any], Any]
                 dry_run: bool = False) -> Outcome:
     """remediate() with the node database, the NVML reader for re-applying settings, and afterwards the
     slurm_gpu_remediation_total counters (when metrics are on; they never change the outcome)."""
-    from slurm_gpu.hooks.flows import make_reader
+    from slurm_gpu.hooks.check import make_reader
     from slurm_gpu.store.node import Store
     store = Store.from_config(cfg)
     try:

@@ -1,6 +1,6 @@
 """What the prolog, the epilog and `healthcheck` write for Prometheus; never raises.
 
-The flows fill an Observed as they go and call prolog()/epilog()/healthcheck() at their end.
+The flows fill an Observed (policy/observed.py) as they go and call prolog()/epilog()/healthcheck() at their end.
 Metrics never change a hook's outcome and cost it a few milliseconds: a directory that cannot
 be written is one logged line per run (`metrics-write-failed`, naming the directory), and the
 hook goes on.  Off unless metrics.textfile_dir or metrics.dcgm_job_mapping_dir is set.
@@ -9,33 +9,17 @@ On the hook path: standard library and our own modules only (no prometheus_clien
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional
 
+from slurm_gpu.config import metrics_enabled
 from slurm_gpu.metrics import jobs as J
 from slurm_gpu.metrics import node as N
 from slurm_gpu.metrics.catalog import NODE_FILE, REMEDIATION_FILE, USAGE_FILE
 from slurm_gpu.metrics.textfile import Labels, ensure_dir, merge, remove
+from slurm_gpu.policy.observed import Observed
 
+enabled = metrics_enabled  # are metrics on? (config.py: the one answer)
 
-def enabled(cfg: Any) -> bool:
-    try:
-        return bool(cfg.get("metrics", "textfile_dir") or cfg.get("metrics", "dcgm_job_mapping_dir"))
-    except (KeyError, AttributeError):  # a stand-in config without the section
-        return False
-
-
-class Observed:
-    """What a hook saw, for its metrics."""
-
-    def __init__(self) -> None:
-        self.snapshot: Any = None  # NodeSnapshot read by the hook
-        self.results: Sequence[Any] = ()  # CheckResults
-        self.xid_events: Sequence[Any] = ()
-        self.persistence_on: Sequence[int] = ()  # GPUs the prolog turned persistence on for
-        self.held: List[Tuple[Any, Any]] = []  # (GpuSnapshot, JobGpu) of a job that starts
-        self.drain: Optional[Tuple[str, str]] = None  # NodeUpdate.drain's (state, check)
-        self.all_gpus = False  # the snapshot holds every GPU of the node (healthcheck)
-        self.mismatch: Optional[Tuple[str, str]] = None  # (kernel module, NVML library) versions when nvmlInit refused
 
 
 class _Writer:

@@ -6,15 +6,19 @@ minors.  A record names a device file; the GPU is the one whose ``nvmlDeviceGetM
 is that file's minor — never an enumeration position, so a GPU missing from the driver is a
 FAIL naming it instead of a shifted mapping onto another job's GPU.  A MIG record also names
 nvidia-caps files; the driver's mig-minors file turns the compute-instance cap into
-(GPU, GPU instance, compute instance).
+(GPU, GPU instance, compute instance).  On a GPU the job holds only MIG slices of, the job's
+snapshot and XIDs are scoped to those slices (scope_to_instances, scope_xids).
 
 Standard library only (hook path).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from slurm_gpu.errors import InputError
+from slurm_gpu.gpu import snapshot as S
+from slurm_gpu.gpu import xid
+from slurm_gpu.gpu.snapshot import NodeSnapshot
 from slurm_gpu.slurm import conf as slurmconf
 from slurm_gpu.slurm.conf import GresConfigError, GresRecord
 
@@ -173,3 +177,44 @@ def configured_gpus(slurm_conf: str, node: str) -> Optional[int]:
     except GresConfigError:
         return None
     return None if autodetect else len({r.gpu_minor for r in records})
+
+
+# --- MIG scoping: on a GPU the job holds only slices of, the job is judged on its slices alone
+
+
+def scope_xids(events: Sequence[xid.XidEvent], snap: NodeSnapshot,
+               instances: Mapping[int, FrozenSet[int]]) -> List[xid.XidEvent]:
+    """On a GPU the job holds only MIG slices of, an XID the driver tagged with another GPU
+    instance (a contained error: GPU-I in the line) is that slice's business, not this job's."""
+    if not instances:
+        return list(events)
+    other: set = set()
+    for g in snap.gpus:
+        mine = instances.get(g.index)
+        if mine is not None:
+            bus = xid.bus_key(g.pci_bus_id.get(""))
+            other |= {(bus, e.gpu_instance) for e in events
+                      if e.bus == bus and e.gpu_instance is not None and e.gpu_instance not in mine}
+    return [e for e in events if (e.bus, e.gpu_instance) not in other]
+
+
+def scope_to_instances(snap: NodeSnapshot, instances: Mapping[int, FrozenSet[int]]) -> NodeSnapshot:
+    """On a GPU the job holds only MIG slices of, judge only those slices: other jobs may run on
+    the rest.  Processes of other GPU instances are dropped; memory in use is the job's slices'."""
+    if not instances:
+        return snap
+    gpus = []
+    for g in snap.gpus:
+        mine = instances.get(g.index)
+        if mine is None:
+            gpus.append(g)
+            continue
+        procs = g.processes
+        if procs.ok:
+            procs = S.value(tuple(p for p in procs.value if p.gpu_instance_id in mine))
+        migs = [m for m in (g.mig_devices.get(()) or ()) if m.gpu_instance_id in mine]
+        used = [m.memory_used_bytes for m in migs]
+        mem = S.value(sum(used)) if migs and None not in used else S.unsupported(
+            "nvmlDeviceGetMemoryInfo", "memory in use of a MIG instance not reported")
+        gpus.append(g._replace(processes=procs, memory_used_bytes=mem))
+    return snap._replace(gpus=tuple(gpus))

@@ -361,17 +361,18 @@ class Central:
 _NAME = "VARCHAR(255)"
 _TAIL = "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
 
-# Columns shipped per table (node column names; the key columns first).
-JOB_COLUMNS = ("cluster", "job_id", "restart_count", "node", "user", "uid", "account", "partition", "gpu_count",
+# Columns of the central server's tables (CENTRAL_*: the server's own, apart from the node's in
+# store/record.py; named as on the node, the key columns first).
+CENTRAL_JOB_COLUMNS = ("cluster", "job_id", "restart_count", "node", "user", "uid", "account", "partition", "gpu_count",
                "start_time", "end_time", "exit_code", "partial")
-JOB_GPU_COLUMNS = ("cluster", "job_id", "restart_count", "node", "gpu_uuid", "gpu_index", "gpu_model", "user",
+CENTRAL_JOB_GPU_COLUMNS = ("cluster", "job_id", "restart_count", "node", "gpu_uuid", "gpu_index", "gpu_model", "user",
                    "account", "partition", "start_time", "end_time", "duration_s", "energy_j", "gpu_util_mean_pct",
                    "mem_util_mean_pct", "max_memory_bytes", "process_count", "ecc_corrected_delta",
                    "ecc_uncorrected_delta", "retired_pages_delta", "remapped_rows_delta", "clock_event_reasons",
                    "xid_events", "parent_gpu_uuid", "notes", "partial", "memory_total_bytes")
-EVENT_COLUMNS = ("cluster", "node", "event_key", "time", "source", "job_id", "gpu_index", "gpu_uuid", "check_name",
+CENTRAL_EVENT_COLUMNS = ("cluster", "node", "event_key", "time", "source", "job_id", "gpu_index", "gpu_uuid", "check_name",
                  "status", "message")
-DRAIN_COLUMNS = ("cluster", "node", "drain_key", "time", "source", "job_id", "restart_count", "reason", "ok",
+CENTRAL_DRAIN_COLUMNS = ("cluster", "node", "drain_key", "time", "source", "job_id", "restart_count", "reason", "ok",
                  "outcome", "kept_reason")
 # Schema v2 (`slurm-gpu fleet`, docs/fleet.md): one row per GPU per observation, and the XIDs the
 # node's healthcheck read.  Counters are the driver's; NULL means unsupported or unknown, never 0.
@@ -380,12 +381,12 @@ INVENTORY_COUNTERS = ("ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc
                       "remapped_rows_correctable", "remapped_rows_uncorrectable", "remap_pending", "remap_failure",
                       "remap_hist_max", "remap_hist_high", "remap_hist_partial", "remap_hist_low", "remap_hist_none",
                       "sram_corrected", "sram_uncorrected")
-INVENTORY_COLUMNS = ("cluster", "node", "gpu_uuid", "time", "gpu_index", "serial", "model", "vbios",
+CENTRAL_INVENTORY_COLUMNS = ("cluster", "node", "gpu_uuid", "time", "gpu_index", "serial", "model", "vbios",
                      "driver_version", "cuda_version", "mig_mode", *INVENTORY_COUNTERS)
-XID_COLUMNS = ("cluster", "node", "event_key", "time", "gpu_index", "gpu_uuid", "pci_bus_id", "xid", "detail")
+CENTRAL_XID_COLUMNS = ("cluster", "node", "event_key", "time", "gpu_index", "gpu_uuid", "pci_bus_id", "xid", "detail")
 V1_TABLES = ("jobs", "job_gpus", "health_events", "drains")
-COLUMNS = {"jobs": JOB_COLUMNS, "job_gpus": JOB_GPU_COLUMNS, "health_events": EVENT_COLUMNS, "drains": DRAIN_COLUMNS,
-           "gpu_inventory": INVENTORY_COLUMNS, "xid_events": XID_COLUMNS}
+COLUMNS = {"jobs": CENTRAL_JOB_COLUMNS, "job_gpus": CENTRAL_JOB_GPU_COLUMNS, "health_events": CENTRAL_EVENT_COLUMNS,
+           "drains": CENTRAL_DRAIN_COLUMNS, "gpu_inventory": CENTRAL_INVENTORY_COLUMNS, "xid_events": CENTRAL_XID_COLUMNS}
 # leading key columns of each list
 KEYS = {"jobs": 4, "job_gpus": 5, "health_events": 3, "drains": 3, "gpu_inventory": 4, "xid_events": 3}
 RECORD_TABLES = tuple(COLUMNS)

@@ -1,9 +1,10 @@
 """The node database: every SQL write statement and the spool that makes sure nothing is lost.
 
-Hooks write through `Store.write(record)`.  A record is a plain JSON-able dict
-``{"kind": ..., ...}``.  If the database cannot take it (locked past the busy timeout,
-disk full, read-only, corrupt, refused as unsafe), the record is written as a JSON file into
-the spool directory instead, and a later write or `slurm-gpu db ingest` ingests the spool.
+Hooks write through `Store.write(record)`.  A record is one of store/record.py's typed records,
+or its JSON shape ``{"kind": ..., ...}`` (spool files, log replays).  If the database cannot take
+it (locked past the busy timeout, disk full, read-only, corrupt, refused as unsafe), the record is
+written as a JSON file into the spool directory instead, and a later write or `slurm-gpu db ingest`
+ingests the spool.
 When even the spool fails the caller logs the record as JSON (`db ingest --from-log`).
 
 Nothing is lost, nothing is doubled, nothing is forged (docs/hooks.md, "Nothing is lost"):
@@ -38,25 +39,30 @@ import time
 from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from slurm_gpu.errors import StoreError
-from slurm_gpu.store.schema import (INVENTORY_COLUMNS, JOB_GPU_WRITE_COLUMNS, MIGRATIONS, SCHEMA_VERSION, XID_COLUMNS,
-                                    XID_SAME_S, REMEDIATION_COLUMNS)
+from slurm_gpu.store.record import (
+    DRAIN_COLUMNS,
+    HEALTH_COLUMNS,
+    JOB_GPU_WRITE_COLUMNS,
+    JOB_KEY,
+    JOB_WRITE_COLUMNS,
+    KINDS,
+    START_COLUMNS,
+    Record,
+    accounting_of,
+    as_dict,
+    drains_of,
+    usage,
+    xid_text,
+    xids_after,
+)
+from slurm_gpu.store.schema import INVENTORY_COLUMNS, MIGRATIONS, REMEDIATION_COLUMNS, SCHEMA_VERSION, XID_COLUMNS, XID_SAME_S
 from slurm_gpu.store.spool import CLAIM, NAME, QUARANTINE, STALE_CLAIM_S, TMP, Untrusted, age_s, exists, open_dir, pid_gone, quarantine_reason, read_json, reclaim, refuse_unsafe, waiting, write_file
 
-KINDS = ("job_start", "job_end", "health", "drain")
 START_RECORDS_KEPT_S = 7 * 86400
 # healthcheck's event for nvmlInit's LIB_RM_VERSION_MISMATCH (hooks/healthcheck.record_mismatch)
 MISMATCH_CHECK = "driver_library_mismatch"
 
-_JOB_COLUMNS = ("cluster", "job_id", "restart_count", "node", "user", "uid", "account", "partition", "gpu_count",
-                "start_time", "end_time", "exit_code")
-_JOB_WRITE_COLUMNS = _JOB_COLUMNS + ("partial",)
-_START_COLUMNS = ("cluster", "job_id", "restart_count", "node", "gpu_uuid", "gpu_index", "start_time", "energy_mj",
-                  "ecc_corrected", "ecc_uncorrected", "retired_pages", "remapped_rows")
-_HEALTH_COLUMNS = ("time", "node", "source", "job_id", "gpu_index", "gpu_uuid", "check_name", "status", "message",
-                   "dedupe_key")
-_DRAIN_COLUMNS = ("time", "node", "source", "job_id", "reason", "ok", "cluster", "restart_count", "outcome",
-                  "kept_reason", "dedupe_key")
-_JOB_KEY = ("cluster", "job_id", "restart_count", "node")
+_JOB_COLUMNS = JOB_WRITE_COLUMNS[:-1]  # jobs as v1 wrote it, before `partial`
 _DEFAULTS = {"partial": 0, "restart_count": 0}
 # Columns that follow the winning record as a whole; the others are filled from the loser where empty.
 _WINNER_ONLY = frozenset(("start_time", "end_time", "duration_s", "partial", "notes", "end_counters"))
@@ -89,15 +95,15 @@ def _first_wins(table: str, columns: Tuple[str, ...], key: Tuple[str, ...]) -> s
 
 
 _SQL = {
-    "job": _first_wins("jobs", _JOB_WRITE_COLUMNS, _JOB_KEY),
-    "job_gpu": _first_wins("job_gpus", JOB_GPU_WRITE_COLUMNS, _JOB_KEY + ("gpu_uuid",)),
+    "job": _first_wins("jobs", JOB_WRITE_COLUMNS, JOB_KEY),
+    "job_gpu": _first_wins("job_gpus", JOB_GPU_WRITE_COLUMNS, JOB_KEY + ("gpu_uuid",)),
     # A prolog re-run for the same job start keeps the latest counters.
-    "start": _insert("job_starts", _START_COLUMNS, "INSERT OR REPLACE"),
+    "start": _insert("job_starts", START_COLUMNS, "INSERT OR REPLACE"),
     # The first occurrence of an event wins (a re-run epilog's copy is later).
-    "health": _insert("health_events", _HEALTH_COLUMNS) + (
+    "health": _insert("health_events", HEALTH_COLUMNS) + (
         " ON CONFLICT (dedupe_key) DO UPDATE SET time = excluded.time, message = excluded.message"
         " WHERE excluded.time < health_events.time"),
-    "drain": _insert("drains", _DRAIN_COLUMNS) + " ON CONFLICT (dedupe_key) DO NOTHING",
+    "drain": _insert("drains", DRAIN_COLUMNS) + " ON CONFLICT (dedupe_key) DO NOTHING",
 }
 
 
@@ -122,7 +128,8 @@ def _value(v: Any) -> Any:
 
 
 def _row(d: Dict[str, Any], columns: Iterable[str]) -> Tuple[Any, ...]:
-    return tuple(_value(d.get(c, _DEFAULTS.get(c))) for c in columns)
+    """A record's row as SQLite takes it; a job's XID events become their JSON text here, no sooner."""
+    return tuple(_value(xid_text(d.get(c)) if c == "xid_events" else d.get(c, _DEFAULTS.get(c))) for c in columns)
 
 
 # --------------------------------------------------------------------------- error words
@@ -179,13 +186,34 @@ def _record_job_id(rec: Dict[str, Any]) -> Optional[int]:
         elif kind == "health":
             j = rec["events"][0]["job_id"]
         else:
-            j = rec["drain"]["job_id"]
+            j = drains_of(rec)[0]["job_id"]
         return j if isinstance(j, int) and not isinstance(j, bool) and j >= 0 else None
     except (KeyError, IndexError, TypeError):
         return None
 
 
 # --------------------------------------------------------------------------- results
+
+
+class Written(str):
+    """Where Store.write put a record: `where` is DB, SPOOL or QUARANTINE, `path` the file (spool,
+    quarantine).  Its text is the old form ('db', 'spool:<file>', 'quarantine:<file>') for whoever
+    prints it; callers read the fields."""
+
+    where: str
+    path: str
+
+    def __new__(cls, where: str, path: str = "") -> "Written":
+        self = super().__new__(cls, f"{where}:{path}" if path else where)
+        self.where, self.path = where, path
+        return self
+
+    @property
+    def in_database(self) -> bool:
+        return self.where == DB
+
+
+DB, SPOOL, QUARANTINED = "db", "spool", "quarantine"
 
 
 class IngestReport:
@@ -300,30 +328,31 @@ class Store:
             raise
 
     # -- writing -----------------------------------------------------------------------------
-    def write(self, record: Dict[str, Any], ingest: bool = True) -> str:
-        """Write a record; returns 'db', 'spool:<file>' or 'quarantine:<file>'.
+    def write(self, record: Record, ingest: bool = True) -> Written:
+        """Write a record (store/record.py, or its dict); returns where it went (Written).
 
         Any failure of the database spools the record; a record the database refuses as such
         (malformed, a constraint) is kept in the quarantine.  Raises StoreError only when the
         record could be written nowhere (the caller then logs it as JSON).  With `ingest`,
         a successful write also ingests a bounded part of the spool.
         """
+        record = as_dict(record)
         if not isinstance(record, dict) or record.get("kind") not in KINDS:
             raise ValueError(f"unknown record kind {record.get('kind') if isinstance(record, dict) else record!r}")
         if self.unavailable:
-            return "spool:" + self.spool(record, reason=self.unavailable)
+            return Written(SPOOL, self.spool(record, reason=self.unavailable))
         try:
             _apply_in_transaction(self.connect(), record)
         except Exception as e:
             if _is_record_problem(e):
-                return "quarantine:" + self.spool(record, reason=describe_error(e), quarantine=True)
-            return "spool:" + self.spool(record, reason=self._failed(e))
+                return Written(QUARANTINED, self.spool(record, reason=describe_error(e), quarantine=True))
+            return Written(SPOOL, self.spool(record, reason=self._failed(e)))
         if ingest:
             try:
                 self.ingest(max_files=200, max_seconds=1.0)
             except Exception:  # the record is in; the spool waits for the next ingest
                 pass
-        return "db"
+        return Written(DB)
 
     def _spool_name(self, record: Dict[str, Any]) -> str:
         job = _record_job_id(record)
@@ -639,10 +668,10 @@ class Store:
         if not unreadable:
             try:
                 conn = self.connect()
-                cur = conn.execute(f"SELECT {', '.join(_START_COLUMNS)} FROM job_starts WHERE cluster=? AND job_id=? "
+                cur = conn.execute(f"SELECT {', '.join(START_COLUMNS)} FROM job_starts WHERE cluster=? AND job_id=? "
                                    "AND restart_count=? AND node=?", key)
                 for row in cur.fetchall():
-                    d = dict(zip(_START_COLUMNS, row))
+                    d = dict(zip(START_COLUMNS, row))
                     starts[d["gpu_uuid"]] = d
                 failed = _prolog_failed(conn, *key)
             except sqlite3.DatabaseError as e:
@@ -660,10 +689,8 @@ class Store:
                         if isinstance(s, dict) and (s.get("cluster"), s.get("job_id"), s.get("restart_count"),
                                                     s.get("node")) == key:
                             starts.setdefault(s.get("gpu_uuid"), s)
-                else:
-                    d = rec.get("drain")
-                    if isinstance(d, dict) and _is_prolog_drain_of(d, *key):
-                        failed = True
+                elif any(isinstance(d, dict) and _is_prolog_drain_of(d, *key) for d in _drains_or_none(rec)):
+                    failed = True
         except _Incomplete as e:
             unreadable = unreadable or str(e)
         except (StoreError, OSError) as e:
@@ -692,6 +719,14 @@ class Store:
 
 class _Incomplete(Exception):
     pass
+
+
+def _drains_or_none(rec: Dict[str, Any]) -> List[Any]:
+    try:
+        drains = drains_of(rec)
+    except KeyError:  # a drain record of neither shape: not trusted to say anything
+        return []
+    return drains if isinstance(drains, list) else []
 
 
 # --------------------------------------------------------------------------- the fleet's history
@@ -783,18 +818,17 @@ def _apply(conn: sqlite3.Connection, rec: Dict[str, Any], lookups: bool = True) 
     kind = rec["kind"]
     if kind == "job_start":
         starts = rec.get("starts") or []
-        conn.executemany(_SQL["start"], [_row(s, _START_COLUMNS) for s in starts])
+        conn.executemany(_SQL["start"], [_row(s, START_COLUMNS) for s in starts])
         for s in starts:
             _complete_partial_rows(conn, s)
     elif kind == "job_end":
         _apply_job_end(conn, rec, lookups)
     if kind in ("job_end", "health") and rec.get("events"):
-        conn.executemany(_SQL["health"], [_row(dict(e, dedupe_key=_event_key(rec, e)), _HEALTH_COLUMNS)
+        conn.executemany(_SQL["health"], [_row(dict(e, dedupe_key=_event_key(rec, e)), HEALTH_COLUMNS)
                                           for e in rec["events"]])
     if kind == "drain":
-        drains = rec.get("drains") if rec.get("drains") is not None else [rec["drain"]]
-        for d in drains:
-            conn.execute(_SQL["drain"], _row(dict(d, dedupe_key=_drain_key(d)), _DRAIN_COLUMNS))
+        for d in drains_of(rec):
+            conn.execute(_SQL["drain"], _row(dict(d, dedupe_key=_drain_key(d)), DRAIN_COLUMNS))
             if d.get("source") == "prolog" and d.get("job_id") is not None and d.get("cluster") is not None:
                 _drop_partial_rows(conn, d["cluster"], d["job_id"], d.get("restart_count") or 0, d["node"])
 
@@ -802,7 +836,7 @@ def _apply(conn: sqlite3.Connection, rec: Dict[str, Any], lookups: bool = True) 
 def _apply_job_end(conn: sqlite3.Connection, rec: Dict[str, Any], lookups: bool = True) -> None:
     job = dict(rec["job"])
     gpus = [dict(g) for g in rec.get("gpus", [])]
-    key = tuple(job[k] for k in _JOB_KEY)
+    key = tuple(job[k] for k in JOB_KEY)
     if lookups and any(g.get("partial") for g in gpus):
         if _readable(_prolog_failed, conn, *key):
             # The prolog failed on this node: the job was requeued and never ran here.
@@ -821,7 +855,7 @@ def _apply_job_end(conn: sqlite3.Connection, rec: Dict[str, Any], lookups: bool 
         if times:
             job["start_time"] = min(times)
         job["partial"] = int(any(g.get("partial") for g in gpus))
-    conn.execute(_SQL["job"], _row(job, _JOB_WRITE_COLUMNS))
+    conn.execute(_SQL["job"], _row(job, JOB_WRITE_COLUMNS))
     conn.executemany(_SQL["job_gpu"], [_row(g, JOB_GPU_WRITE_COLUMNS) for g in gpus])
 
 
@@ -881,48 +915,35 @@ def _prolog_failed(conn: sqlite3.Connection, cluster: str, job_id: int, restart_
 
 def _start_row(conn: sqlite3.Connection, cluster: str, job_id: int, restart_count: int, node: str,
                gpu_uuid: str) -> Optional[Dict[str, Any]]:
-    row = conn.execute(f"SELECT {', '.join(_START_COLUMNS)} FROM job_starts WHERE cluster=? AND job_id=? "
+    row = conn.execute(f"SELECT {', '.join(START_COLUMNS)} FROM job_starts WHERE cluster=? AND job_id=? "
                        "AND restart_count=? AND node=? AND gpu_uuid=?",
                        (cluster, job_id, restart_count, node, gpu_uuid)).fetchone()
-    return dict(zip(_START_COLUMNS, row)) if row else None
+    return dict(zip(START_COLUMNS, row)) if row else None
 
 
 def _complete(row: Dict[str, Any], start: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """A partial usage row completed with its start record: the epilog's own arithmetic
-    (_usage in hooks/flows.py) on the end counters it kept in end_counters."""
-    import json
+    (record.usage) on the end counters it kept in end_counters."""
+    raw = row.get("end_counters")
     try:
-        end = json.loads(row.get("end_counters") or "")
+        end = raw if isinstance(raw, dict) else _loads(raw or "")
         start_time = float(start["start_time"])
         end_time = float(row["end_time"])
     except (ValueError, TypeError, KeyError):
         return None
     if not isinstance(end, dict):
         return None
-    duration = max(0.0, end_time - start_time)
-
-    def delta(key: str, scale: float = 1.0) -> Optional[float]:
-        now, then = end.get(key), start.get(key)
-        if now is None or then is None or now < then:
-            return None  # unknown, or the counter was reset (driver reload) during the job
-        return (now - then) / scale
-
     out = dict(row)
-    energy = delta("energy_mj", 1000.0)
-    out.update(start_time=start_time, duration_s=round(duration, 3),
-               energy_j=None if energy is None else round(energy, 3),
-               ecc_corrected_delta=delta("ecc_corrected"), ecc_uncorrected_delta=delta("ecc_uncorrected"),
-               retired_pages_delta=delta("retired_pages"), remapped_rows_delta=delta("remapped_rows"),
-               partial=0, end_counters=None, notes=end.get("notes"))
-    for busy_key, col in (("gpu_busy_s", "gpu_util_mean_pct"), ("mem_busy_s", "mem_util_mean_pct")):
-        busy = end.get(busy_key)
-        if busy is not None:
-            out[col] = 0.0 if duration <= 0 else round(min(100.0, busy / duration), 3)
-    xids = end.get("xids")
-    if isinstance(xids, list):
-        mine = [x for x in xids if isinstance(x, dict) and (x.get("time") or 0) >= start_time]
-        out["xid_events"] = json.dumps(mine) if mine else None
+    out.update(usage(start, end, accounting_of(end), start_time, end_time),
+               start_time=start_time, partial=0, end_counters=None, notes=end.get("notes"))
+    if isinstance(end.get("xids"), list):
+        out["xid_events"] = xids_after(end["xids"], start_time) or None
     return out
+
+
+def _loads(text: str) -> Any:
+    import json  # on first use (module docstring)
+    return json.loads(text)
 
 
 def _complete_partial_rows(conn: sqlite3.Connection, s: Dict[str, Any]) -> None:

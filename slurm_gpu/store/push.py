@@ -21,17 +21,17 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Se
 
 from slurm_gpu.errors import CentralError, StoreError
 from slurm_gpu.store import central as C
+from slurm_gpu.store import record as R
 from slurm_gpu.store.schema import INVENTORY_COLUMNS, PUSHED_TABLES, XID_COLUMNS
 
 _ORDER = dict(PUSHED_TABLES)
-# Node columns read per table (the central key columns of events and drains are derived).
+# Node columns read per table (store/record.py's; the central key columns of events and drains are
+# derived, a partial row's end counters stay on the node).
 _NODE_COLUMNS = {
-    "jobs": C.JOB_COLUMNS,
-    "job_gpus": C.JOB_GPU_COLUMNS,
-    "health_events": ("id", "time", "node", "source", "job_id", "gpu_index", "gpu_uuid", "check_name", "status",
-                      "message", "dedupe_key"),
-    "drains": ("id", "time", "node", "source", "job_id", "restart_count", "reason", "ok", "outcome", "kept_reason",
-               "cluster", "dedupe_key"),
+    "jobs": R.JOB_WRITE_COLUMNS,
+    "job_gpus": tuple(c for c in R.JOB_GPU_WRITE_COLUMNS if c != "end_counters"),
+    "health_events": ("id",) + R.HEALTH_COLUMNS,
+    "drains": ("id",) + R.DRAIN_COLUMNS,
     # v6, the fleet's history: the node's columns are the central ones, less the cluster
     "gpu_inventory": INVENTORY_COLUMNS,
     "xid_events": XID_COLUMNS,

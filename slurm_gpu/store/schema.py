@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
+from slurm_gpu.store import record
+
 SCHEMA_VERSION = 7
 
 # Group-by columns of `slurm-gpu report` with a covering index (v2), and the columns the index
@@ -42,7 +44,9 @@ XID_SAME_S = 2.0
 REMEDIATION_COLUMNS = ("time", "node", "gpu_index", "gpu_uuid", "serial", "fault_check", "fault", "action",
                        "outcome", "detail", "drain_time", "finished")
 # Their columns at v5: a write that leaves all of them as they were (a re-run epilog whose
-# record loses to the first) is no change and does not ship the row again.
+# record loses to the first) is no change and does not ship the row again.  Spelled out, not
+# taken from store/record.py: a migration's text never changes (a column added later would not
+# exist yet when v5's triggers are made).
 _V5_COLUMNS = {
     "jobs": ("cluster", "job_id", "restart_count", "node", "user", "uid", "account", "partition", "gpu_count",
              "start_time", "end_time", "exit_code", "partial"),
@@ -312,11 +316,6 @@ MIGRATIONS: List[Tuple[str, ...]] = [
 
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
-JOB_GPU_COLUMNS = (
-    "cluster", "job_id", "restart_count", "node", "gpu_uuid", "gpu_index", "gpu_model", "user", "account",
-    "partition", "start_time", "end_time", "duration_s", "energy_j", "gpu_util_mean_pct", "mem_util_mean_pct",
-    "max_memory_bytes", "process_count", "ecc_corrected_delta", "ecc_uncorrected_delta", "retired_pages_delta",
-    "remapped_rows_delta", "clock_event_reasons", "xid_events",
-)
-# What the epilog writes: the report reads JOB_GPU_COLUMNS only, so databases of every version read alike.
-JOB_GPU_WRITE_COLUMNS = JOB_GPU_COLUMNS + ("parent_gpu_uuid", "notes", "partial", "end_counters", "memory_total_bytes")
+# The columns of job_gpus as reports read them, and as the epilog writes them: store/record.py's
+# GpuUsage fields (reports read JOB_GPU_COLUMNS only, so databases of every version read alike).
+JOB_GPU_COLUMNS, JOB_GPU_WRITE_COLUMNS = record.JOB_GPU_COLUMNS, record.JOB_GPU_WRITE_COLUMNS
