@@ -265,6 +265,13 @@ class NodeSnapshot(NamedTuple):
                 return g
         return None
 
+    def gpu_at(self, index: int) -> GpuSnapshot:
+        """The GPU a job's mapping was built from this snapshot names: there by construction."""
+        g = self.gpu(index)
+        if g is None:
+            raise LookupError(f"GPU {index} is not in the snapshot (GPUs {[x.index for x in self.gpus]})")
+        return g
+
     def to_json(self) -> Dict[str, Any]:
         return {
             "format": "slurm-gpu-snapshot/1",

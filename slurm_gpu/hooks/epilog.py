@@ -79,7 +79,7 @@ def _reset_after(deps: HookDeps, job: JobEnv, gmap: JobGpuMap, snap: NodeSnapsho
         return
     log = deps.job_log(job)
     for i, outcome in deps.reader.prepare(whole, reset_clocks=True).items():
-        g = snap.gpu(i)
+        g = snap.gpu_at(i)
         if isinstance(outcome, NvmlWriteError):
             log.error("reset-failed", gpu=g.uuid_or_index, error=outcome.message)
         else:

@@ -272,6 +272,7 @@ def record_mismatch(cfg: Any, e: DriverLibraryMismatch, node: str) -> None:
         store = Store(cfg.path_value("store", "database"), cfg.path_value("store", "spool_dir"),
                       min(cfg.get("store", "busy_timeout_s"), 2.0))
         try:
+            since: Any
             try:
                 since = store.latest_inventory_time(node)
             except Exception:  # unreadable: the event is still written (spooled if need be)
@@ -400,8 +401,9 @@ def healthcheck_cycle(cfg: Any, backend: SlurmBackend, name: str, checker: Any, 
                                     store_cfg=cfg, breaker_cfg=cfg if context == "healthcheck" else None)
     except SlurmGpuError as e:
         log.error("slurm-error", node=name, error=e.message)
-        if getattr(e, "drain_reason", None):
-            _warn_unless_recorded(cfg, [drain(name, context, e.drain_reason, FAILED, _time.time())], warn)
+        drain_reason = getattr(e, "drain_reason", None)
+        if drain_reason:
+            _warn_unless_recorded(cfg, [drain(name, context, drain_reason, FAILED, _time.time())], warn)
         raise
     if outcome.action == "drained":
         _warn_unless_recorded(cfg, [drain(name, context, outcome.reason, DRAINED, _time.time())], warn)

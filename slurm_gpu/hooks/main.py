@@ -147,8 +147,8 @@ def _run(run: _Run, flow: Optional[Flow]) -> int:
         # Unreadable or not TOML at all: nothing of the site's wishes is known. Fail open, loudly.
         return run.fail_open("config-error", error=e.message, hint=e.hint)
     run.configure(cfg)
-    for e in errors:  # the hook goes on with the default for each of these keys
-        run.problem("config-error", error=e.message, hint=f"{e.hint}; fix the file, then run `slurm-gpu check`")
+    for err in errors:  # the hook goes on with the default for each of these keys
+        run.problem("config-error", error=err.message, hint=f"{err.hint}; fix the file, then run `slurm-gpu check`")
     from slurm_gpu.slurm import jobenv
     try:
         job = jobenv.from_env(run.env, default_node=config_mod.node_name(), default_cluster=cfg.get("", "cluster_name"))

@@ -42,7 +42,7 @@ def _prolog(job: JobEnv, deps: HookDeps, t: float) -> FlowResult:
     prepared = _prepare(deps, job, gmap)
     starts = []
     for jg in gmap.gpus:
-        g = snap.gpu(jg.nvml_index)
+        g = snap.gpu_at(jg.nvml_index)
         uuid = record_key(g, jg)
         outcome = prepared.get(g.index)
         if isinstance(outcome, NvmlWriteError):

@@ -129,7 +129,7 @@ def usage_rows(deps: HookDeps, job: JobEnv, gmap: JobGpuMap, snap: NodeSnapshot,
                                   error=lookup.unreadable or None, note="recording what the end tells, marked partial")
     rows = []
     for jg in gmap.gpus:
-        g = snap.gpu(jg.nvml_index)
+        g = snap.gpu_at(jg.nvml_index)
         start = starts.get(record_key(g, jg))
         xids = _job_xids(events, g, jg, start["start_time"] if start else 0.0)
         row = _usage(g, jg, start, acct.get(g.index), end, job, xids)

@@ -633,7 +633,8 @@ class Store:
         conn = self.connect()
         cur = conn.execute(_insert("remediations", REMEDIATION_COLUMNS),
                            tuple(row.get(c) for c in REMEDIATION_COLUMNS))
-        return int(cur.lastrowid)
+        assert cur.lastrowid is not None  # an INSERT's row
+        return cur.lastrowid
 
     def finish_remediation(self, row_id: int, outcome: str, detail: str, now: float) -> None:
         """The outcome of attempt row_id, once known."""
@@ -643,7 +644,8 @@ class Store:
     def remediations(self, *, node: Optional[str] = None, serial: Optional[str] = None,
                      since: float = 0.0) -> List[Dict[str, Any]]:
         """Attempts of a node or a GPU serial at or after since, oldest first."""
-        where, args = ["time >= ?"], [since]
+        where: List[str] = ["time >= ?"]
+        args: List[Any] = [since]
         if node is not None:
             where.append("node = ?")
             args.append(node)
@@ -688,7 +690,7 @@ class Store:
                     for s in rec.get("starts") or []:
                         if isinstance(s, dict) and (s.get("cluster"), s.get("job_id"), s.get("restart_count"),
                                                     s.get("node")) == key:
-                            starts.setdefault(s.get("gpu_uuid"), s)
+                            starts.setdefault(str(s.get("gpu_uuid")), s)
                 elif any(isinstance(d, dict) and _is_prolog_drain_of(d, *key) for d in _drains_or_none(rec)):
                     failed = True
         except _Incomplete as e:
@@ -851,7 +853,7 @@ def _apply_job_end(conn: sqlite3.Connection, rec: Dict[str, Any], lookups: bool 
                     if done is not None:
                         gpus[i] = done
     if gpus:
-        times = [g.get("start_time") for g in gpus if isinstance(g.get("start_time"), (int, float))]
+        times: List[float] = [t for g in gpus if isinstance(t := g.get("start_time"), (int, float))]
         if times:
             job["start_time"] = min(times)
         job["partial"] = int(any(g.get("partial") for g in gpus))
@@ -879,7 +881,8 @@ def _event_key(rec: Dict[str, Any], e: Dict[str, Any]) -> str:
     """A job's event is the same event in a re-run of its hook; an event with its own "key" (a state
     that lasts, such as a driver/library mismatch seen every healthcheck) is the same whenever it is
     seen again with that key (the first time is kept); any other is the same only at the same time."""
-    job = rec.get("job") if isinstance(rec.get("job"), dict) else rec
+    nested = rec.get("job")
+    job: Dict[str, Any] = nested if isinstance(nested, dict) else rec
     where = e.get("gpu_uuid") or e.get("gpu_index")
     if e.get("key"):
         return f"key|{e.get('node')}|{e.get('source')}|{e.get('check_name')}|{e['key']}"

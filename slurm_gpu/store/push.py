@@ -17,7 +17,7 @@ import os
 import sqlite3
 import time
 import uuid
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from slurm_gpu.errors import CentralError, StoreError
 from slurm_gpu.store import central as C
@@ -147,7 +147,7 @@ class Pusher:
         self.progress = progress or (lambda n: None)
         self.shipped: Dict[str, int] = {}
         self.refused: List[str] = []
-        self._refused_rowids: Dict[str, set] = {}
+        self._refused_rowids: Dict[str, Set[int]] = {}
 
     def _out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
@@ -208,7 +208,7 @@ class Pusher:
             self.progress(len(batch))
 
     def _one_by_one(self, table: str, batch: Sequence[Tuple[int, int, Tuple[Any, ...]]],
-                    skip: set) -> List[Tuple[int, int]]:
+                    skip: Set[int]) -> List[Tuple[int, int]]:
         """A batch the server refused: ship its rows one at a time, keep the refused ones here."""
         done = []
         for rid, version, values in batch:
