@@ -23,7 +23,8 @@ from slurm_gpu.gpu.nvml import NvmlReader
 from slurm_gpu.gres import inventory
 from slurm_gpu.hooks.healthcheck import node_health_cycle
 from slurm_gpu.store import observations as obs
-from slurm_gpu.store.node import Store, integrity_check
+from slurm_gpu.store.diagnose import integrity_check
+from slurm_gpu.store.node import Store
 from slurm_gpu.store.schema import INVENTORY_STATE, MIGRATIONS, SCHEMA_VERSION
 
 HERE = Path(__file__).resolve().parent

@@ -95,7 +95,7 @@ def test_reports_racing_hook_writers_never_give_wrong_totals(tmp_path: pathlib.P
     st = Store(str(db), str(spool))
     conn = st.connect()
     conn.execute("BEGIN")
-    from slurm_gpu.store.node import _apply
+    from slurm_gpu.store.apply import _apply
     for j in range(2_000_001, 2_001_001):
         _apply(conn, job_end(j))
     conn.execute("COMMIT")

@@ -12,7 +12,8 @@ import textwrap
 import pytest
 
 from slurm_gpu.store.schema import MIGRATIONS, REPORT_INDEX_KEYS, SCHEMA_VERSION
-from slurm_gpu.store.node import Store, integrity_check
+from slurm_gpu.store.diagnose import integrity_check
+from slurm_gpu.store.node import Store
 
 
 def job_end(job_id, node="n1", gpus=2, restart=0):
@@ -124,15 +125,15 @@ def test_v1_database_with_rows_migrates_to_v2_on_next_write_and_keeps_its_rows(t
     c.execute("PRAGMA journal_mode = WAL")
     c.close()
     # Rows written by a v1 slurm-gpu: the Store of that version only ran migration 0.
-    from slurm_gpu.store import node as store_mod
+    from slurm_gpu.store import apply as store_mod
     c = sqlite3.connect(path, isolation_level=None)
     from slurm_gpu.store.schema import JOB_GPU_COLUMNS
     v1_insert = f"INSERT INTO job_gpus ({', '.join(JOB_GPU_COLUMNS)}) VALUES ({', '.join('?' * len(JOB_GPU_COLUMNS))})"
-    v1_job_insert = store_mod._insert("jobs", store_mod._JOB_COLUMNS)
+    v1_job_insert = store_mod.insert_sql("jobs", store_mod._JOB_COLUMNS)
     for j in (1, 2):
         rec = job_end(j, gpus=4)
-        c.execute(v1_job_insert, store_mod._row(rec["job"], store_mod._JOB_COLUMNS))
-        c.executemany(v1_insert, [store_mod._row(g, JOB_GPU_COLUMNS) for g in rec["gpus"]])
+        c.execute(v1_job_insert, store_mod.sql_row(rec["job"], store_mod._JOB_COLUMNS))
+        c.executemany(v1_insert, [store_mod.sql_row(g, JOB_GPU_COLUMNS) for g in rec["gpus"]])
     before = sorted(c.execute(f"SELECT {', '.join(JOB_GPU_COLUMNS)} FROM job_gpus").fetchall())
     c.close()
     st = Store(str(path), str(tmp_path / "spool"))

@@ -23,7 +23,8 @@ from slurm_gpu.hooks import flows as hooks
 from slurm_gpu.hooks.log import HookLog
 from slurm_gpu.slurm.jobenv import from_env
 from slurm_gpu.store.schema import SCHEMA_VERSION
-from slurm_gpu.store.node import Store, integrity_check
+from slurm_gpu.store.diagnose import integrity_check
+from slurm_gpu.store.node import Store
 from test_hooks import RecordingSlurm, deps_for, job_env, rows
 from test_store import count, job_end
 

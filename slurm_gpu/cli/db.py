@@ -44,7 +44,7 @@ def check(app, database, spool):
 
     Exit 0 when healthy with an empty spool, 1 otherwise.
     """
-    from slurm_gpu.store.node import DatabaseProblem, database_problems
+    from slurm_gpu.store.diagnose import DatabaseProblem, database_problems
     st = _store(app, database, spool)
     if not os.path.lexists(st.path):
         # Not corruption: nothing has written here yet, or %n / --db points elsewhere.
@@ -128,7 +128,7 @@ def ingest(app, database, spool, from_log):
     Stranded claims of an ingest that died are put back first; a file the database refuses
     or that is not root's own is moved to <spool>/quarantine/ and the others go on.
     """
-    from slurm_gpu.store.node import describe_error
+    from slurm_gpu.store.diagnose import describe_error
     st = None
     replay_problems = []
     try:
@@ -159,7 +159,7 @@ def ingest(app, database, spool, from_log):
 
 def _replay(st, path):
     from slurm_gpu.errors import InputError
-    from slurm_gpu.store.node import records_from_log
+    from slurm_gpu.store.diagnose import records_from_log
     try:
         with open(path, encoding="utf-8", errors="surrogateescape") as f:
             found = list(records_from_log(f))

@@ -61,7 +61,7 @@ def recorded_stuck_clocks(cfg: Config, now: float) -> Tuple[Optional[List[Dict[s
     read-only and quick; a database that cannot be read is a problem said, never a crash."""
     if not health.Judge(cfg).enabled("stuck_clocks"):
         return None, ""
-    from slurm_gpu.store.node import describe_error, recent_health_events
+    from slurm_gpu.store.diagnose import describe_error, recent_health_events
     since = now - float(cfg.get("health", "stuck_clocks_recent_s"))
     try:
         return recent_health_events(cfg.path_value("store", "database"), "stuck_clocks", since), ""

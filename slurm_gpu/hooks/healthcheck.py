@@ -256,7 +256,7 @@ def mismatch_event(e: DriverLibraryMismatch, node: str, now: float, since: Any) 
     Its key holds both versions and the time of the node's newest inventory row (`since`): the
     same mismatch seen again keeps its first time; after a healthy read (a new inventory row)
     it is a new event.  The message names both versions (errors.mismatch_versions reads them)."""
-    from slurm_gpu.store.node import MISMATCH_CHECK
+    from slurm_gpu.store.apply import MISMATCH_CHECK
     from slurm_gpu.store.record import HealthEvent
     return HealthEvent(time=now, node=node, source="healthcheck", job_id=None, gpu_index=None, gpu_uuid=None,
                        check_name=MISMATCH_CHECK, status="FAIL", message=e.message,
@@ -285,7 +285,7 @@ def record_mismatch(cfg: Any, e: DriverLibraryMismatch, node: str) -> None:
 
 
 def _not_recorded(cfg: Any, node: str, e: Exception, event: str = "inventory-not-recorded") -> None:
-    from slurm_gpu.store.node import describe_error
+    from slurm_gpu.store.diagnose import describe_error
     error = describe_error(e)
     hint = "the next healthcheck tries again; `slurm-gpu db check` looks at the database"
     try:
