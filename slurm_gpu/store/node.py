@@ -1,4 +1,4 @@
-"""The node database: every SQL write statement and the spool that makes sure nothing is lost.
+"""The node database and the spool that make sure nothing is lost (a record's SQL: store/apply.py).
 
 Hooks write through `Store.write(record)`.  A record is one of store/record.py's typed records,
 or its JSON shape ``{"kind": ..., ...}`` (spool files, log replays).  If the database cannot take
