@@ -47,10 +47,10 @@ sys.path.insert(0, str(ROOT))
 import simgpu  # noqa: E402
 from mariadb import MariaDB  # noqa: E402
 from testbed import SlurmTestbed  # noqa: E402
-from tests.integration.test_hooks_slurm import Site, _script  # noqa: E402
-from tests.integration.test_job_summary_slurm import Central, PushTimer  # noqa: E402
 
 from slurm_gpu.store import summary as S  # noqa: E402
+from tests.integration.test_hooks_slurm import Site, _script  # noqa: E402
+from tests.integration.test_job_summary_slurm import Central, PushTimer  # noqa: E402
 
 LOG_LINE = re.compile(r"^(\S+) pid=\d+ (\w+) (\S+) (\S+)(.*)$")
 FINAL_CTLD = {"summary", "summary-skipped", "summary-failed", "deadline-exceeded", "internal-error"}

@@ -22,7 +22,6 @@ import subprocess
 import sys
 
 from _common import SimNode, console_script, wall
-
 from bench_hooks import job_env
 
 

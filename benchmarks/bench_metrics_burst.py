@@ -19,7 +19,6 @@ import sys
 import time
 
 from _common import SimNode, console_script
-
 from bench_hooks import job_env
 
 

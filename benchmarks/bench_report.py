@@ -33,8 +33,8 @@ from slurm_gpu.report import plan as P  # noqa: E402
 from slurm_gpu.report import reports as report  # noqa: E402
 from slurm_gpu.report.query import Query  # noqa: E402
 from slurm_gpu.report.sources import open_sources  # noqa: E402
-from slurm_gpu.store.liveread import readonly_uri  # noqa: E402
 from slurm_gpu.store import schema  # noqa: E402
+from slurm_gpu.store.liveread import readonly_uri  # noqa: E402
 
 YEAR_START = 1735689600.0  # 2025-01-01T00:00:00Z
 YEAR_S = 365 * 86400

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 from slurm_gpu.gres import generate as gres
-from slurm_gpu.slurm import hostlist
 from slurm_gpu.slurm import conf as slurmconf
+from slurm_gpu.slurm import hostlist
 
 CORPUS = Path(__file__).resolve().parent / "data" / "gres_corpus"
 SOURCES = CORPUS / "SOURCES.md"

@@ -10,7 +10,6 @@ sites to) and evaluates the rules every second.  Its HTTP API is reached with ur
 from __future__ import annotations
 
 import json
-from abc import ABC, abstractmethod
 import os
 import shutil
 import signal
@@ -21,6 +20,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 

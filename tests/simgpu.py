@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import platform
 import pathlib
+import platform
 import subprocess
 import tempfile
 import time
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 HERE = pathlib.Path(__file__).resolve().parent
 SOURCE = HERE / "simnvml" / "simnvml.c"
@@ -503,7 +503,8 @@ def consumer_gpu(n: int = 1, seed: str = "node") -> Dict[str, Any]:
     temperature, serial and VBIOS work."""
     gpus = []
     for i in range(n):
-        g = _healthy("rtx4090", "NVIDIA GeForce RTX 4090", i, n, seed, 0x01 + i * 0x20, 24564 * MIB, 0x268410DE, 0x16F310DE, cpus=32)
+        g = _healthy("rtx4090", "NVIDIA GeForce RTX 4090", i, n, seed, 0x01 + i * 0x20, 24564 * MIB, 0x268410DE, 0x16F310DE,
+                     cpus=32)
         for k in ("ecc_mode", "ecc_volatile_corrected", "ecc_volatile_uncorrected", "ecc_aggregate_corrected",
                   "ecc_aggregate_uncorrected", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending",
                   "remapped_corrected", "remapped_uncorrected", "remapped_pending", "remapped_failure",

@@ -8,17 +8,16 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Dict, List, Optional
-
-import pytest
-from click.testing import CliRunner
+from typing import Dict, List
 
 import simgpu
+from click.testing import CliRunner
+
 from slurm_gpu import config
+from slurm_gpu.errors import SlurmError
 from slurm_gpu.hooks import breaker as HB
 from slurm_gpu.hooks import flows as hooks
 from slurm_gpu.hooks.healthcheck import node_health_cycle
-from slurm_gpu.errors import SlurmError
 from slurm_gpu.metrics import textfile
 from slurm_gpu.policy import breaker as P
 from slurm_gpu.policy.judge import CheckResult

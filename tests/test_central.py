@@ -13,9 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 import mariadb as testdb
+import pytest
 from mariadb import MariaDB
 from testbed import unavailable
 

@@ -9,12 +9,12 @@ import sys
 import time
 
 import pytest
-
 import simgpu
+
 from slurm_gpu import config
-from slurm_gpu.policy import health
-from slurm_gpu.hooks import flows as hooks
 from slurm_gpu.gpu.nvml import NvmlReader
+from slurm_gpu.hooks import flows as hooks
+from slurm_gpu.policy import health
 
 
 def run_check(node, *args, timeout=60):
@@ -268,6 +268,7 @@ def test_severity_off_removes_check(sim_node):
 
 def test_healthcheck_checks_leftovers_only_when_no_gpu_is_allocated(sim_node):
     import types
+
     from slurm_gpu.hooks.healthcheck import default_checker
     node = sim_node(simgpu.h100_sxm(2))
     simgpu.set_gpu(node.state, 1, memory_used=8 << 30)
@@ -300,7 +301,9 @@ def test_v1_memory_call_answers_when_the_driver_lacks_v2(sim_node):
 def test_accounting_stats_work_without_pynvmls_private_function_lookup(sim_node, monkeypatch):
     # A future nvidia-ml-py may drop _nvmlGetFunctionPointer: the public wrapper then answers.
     import time as _time
+
     import pynvml
+
     from slurm_gpu.gpu import nvml
     node = sim_node(simgpu.h100_sxm(1))
     now_us = int(_time.time() * 1e6)

@@ -10,9 +10,9 @@ import sys
 
 import click
 import pytest
+import simgpu
 from click.testing import CliRunner
 
-import simgpu
 from slurm_gpu.cli import COMMANDS, main
 from slurm_gpu.errors import StoreError
 

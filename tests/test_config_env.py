@@ -8,8 +8,8 @@ import pytest
 
 from slurm_gpu import config
 from slurm_gpu.errors import ConfigError, InputError
-from slurm_gpu.slurm.jobenv import from_env, parse_job_gpus
 from slurm_gpu.gpu.xid import bus_key, parse_line
+from slurm_gpu.slurm.jobenv import from_env, parse_job_gpus
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 

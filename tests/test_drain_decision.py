@@ -180,8 +180,8 @@ def test_nvml_timeout_still_names_the_nvml_call():
 
 def test_gres_conf_and_html_report_share_one_jinja_environment_factory():
     from slurm_gpu.gres import generate
-    from slurm_gpu.report import html
     from slurm_gpu.render import template_env
+    from slurm_gpu.report import html
     assert generate._template_env() is template_env()
     assert html._env() is template_env(html=True)
     assert html._env().autoescape and not generate._template_env().autoescape

@@ -14,16 +14,16 @@ import threading
 import time
 
 import pytest
+import simgpu
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import simgpu
 from slurm_gpu import config
-from slurm_gpu.hooks import main as hookmain
-from slurm_gpu.slurm import model as slurm
-from slurm_gpu.slurm import backend as slurm_backend
 from slurm_gpu.errors import ConfigError, SlurmError
+from slurm_gpu.hooks import main as hookmain
+from slurm_gpu.slurm import backend as slurm_backend
+from slurm_gpu.slurm import model as slurm
 
 PROLOG = "from slurm_gpu.hooks.main import prolog_main; prolog_main()"
 

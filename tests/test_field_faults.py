@@ -8,12 +8,12 @@ import os
 
 import pynvml
 import pytest
-
 import simgpu
-from slurm_gpu import config
-from slurm_gpu.hooks import flows as hooks
-from slurm_gpu.gpu.nvml import NvmlReader
 from test_check import check_in_process
+
+from slurm_gpu import config
+from slurm_gpu.gpu.nvml import NvmlReader
+from slurm_gpu.hooks import flows as hooks
 
 
 def one(results, name, gpu):
@@ -143,7 +143,9 @@ def test_snapshot_file_with_the_new_readings_reads_back_to_the_same_verdicts(sim
 
 def _prolog(node, cfg_text):
     import time
+
     from test_hooks import RecordingSlurm, job_env
+
     from slurm_gpu.hooks.log import HookLog
     from slurm_gpu.slurm.jobenv import from_env
     node.write_config(cfg_text)

@@ -18,9 +18,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-import pytest
-
 import mariadb as testdb
+import pytest
 from mariadb import MariaDB
 from testbed import unavailable
 
@@ -597,6 +596,7 @@ def test_the_xid_catalog_knows_every_xid_the_config_judges_and_reads_xid_154():
 @pytest.fixture(scope="module")
 def simlib():
     import shutil
+
     import simgpu
     if shutil.which("cc") is None:
         unavailable("no C compiler for the simulated NVML library")

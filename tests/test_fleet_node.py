@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+import simgpu
 from click.testing import CliRunner
 
-import simgpu
 from slurm_gpu import config
 from slurm_gpu.gpu import snapshot as S
 from slurm_gpu.gpu.nvml import NvmlReader

@@ -14,14 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
-
 import simgpu
-from slurm_gpu.slurm import gpumap
+from test_hooks import RecordingSlurm, deps_for, job_env, rows
+
 from slurm_gpu.hooks import flows as hooks
 from slurm_gpu.slurm import conf as slurmconf
-from slurm_gpu.slurm.jobenv import from_env
+from slurm_gpu.slurm import gpumap
 from slurm_gpu.slurm.conf import GresConfigError
-from test_hooks import RecordingSlurm, deps_for, job_env, rows
+from slurm_gpu.slurm.jobenv import from_env
 
 GOLDEN_MIG_MINORS = Path(__file__).resolve().parent / "golden" / "gres" / "mig-minors"
 
@@ -336,6 +336,7 @@ def test_healthcheck_on_mig_node_expects_physical_gpus_not_slurms_slice_count(si
     # Slurm configures 3 GPUs (slices) on a node with one physical GPU: "1 GPUs visible,
     # 3 configured" would drain every MIG node at every HealthCheckInterval.
     import types
+
     from slurm_gpu import config
     from slurm_gpu.hooks.healthcheck import default_checker
     node = mig_node(sim_node)

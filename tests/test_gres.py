@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from slurm_gpu.gres import generate as gres
-from slurm_gpu.slurm import hostlist
-from slurm_gpu.gres import inventory
 from slurm_gpu.cli import main
 from slurm_gpu.errors import InputError
 from slurm_gpu.gpu.snapshot import GpuSnapshot, MigDevice, NodeSnapshot, NvLink, failed, unsupported, value
+from slurm_gpu.gres import generate as gres
+from slurm_gpu.gres import inventory
+from slurm_gpu.slurm import hostlist
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden" / "gres"
@@ -307,7 +307,8 @@ def test_check_accepts_same_content_spelled_differently(tmp_path):
     existing = tmp_path / "gres.conf"
     existing.write_text(
         "# hand-kept copy\n"
-        "nodename=gpu005,gpu[001-003]   name=GPU TYPE=nvidia_h100_80gb_hbm3 file=/dev/nvidia[4-5],/dev/nvidia[6-7]  cores=56-111\n"
+        "nodename=gpu005,gpu[001-003]   name=GPU TYPE=nvidia_h100_80gb_hbm3 "
+        "file=/dev/nvidia[4-5],/dev/nvidia[6-7]  cores=56-111\n"
         "NodeName=gpu[1-3],gpu5 Name=gpu Type=nvidia_h100_80gb_hbm3 File=/dev/nvidia[0-3] Cores=0-55\n"
         .replace("gpu[1-3],gpu5", "gpu[001-003],gpu005"))
     res = run_cli("gres-conf", "--inventory", str(inv_dir), "--check", str(existing), config=cfg)
@@ -553,7 +554,8 @@ def test_check_accepts_slurms_aliases_continuations_and_spaces_around_equals():
                 "NodeName=n1 Name=gpu Type=h100 File=/dev/nvi\\\n"
                 "dia1 CPUs=0-3\n")
     assert gres.check(existing, GEN_N1) == ""
-    links = "NodeName=n1 Name=gpu Type=h100 File=/dev/nvidia0 Links=-1,2\nNodeName=n1 Name=gpu Type=h100 File=/dev/nvidia1 Links=2,-1\n"
+    links = ("NodeName=n1 Name=gpu Type=h100 File=/dev/nvidia0 Links=-1,2\n"
+             "NodeName=n1 Name=gpu Type=h100 File=/dev/nvidia1 Links=2,-1\n")
     assert gres.check(links.replace("Links=", "Link="), links) == ""
     assert gres.check(links.replace("Links=-1,2", "Link = -1,2"), links) == ""
 

@@ -6,9 +6,9 @@ GPU records is compared with real `slurmd -G` in tests/integration/test_gres_cor
 """
 from __future__ import annotations
 
+import gres_corpus as corpus
 import pytest
 
-import gres_corpus as corpus
 from slurm_gpu.gres import generate as gres
 from slurm_gpu.slurm import conf as slurmconf
 

@@ -34,10 +34,10 @@ from pathlib import Path
 
 import pytest
 
+from slurm_gpu.errors import InputError
 from slurm_gpu.gres import generate as gres
 from slurm_gpu.gres import inventory
 from slurm_gpu.slurm import conf as slurmconf
-from slurm_gpu.errors import InputError
 
 OLD = (22, 5, 8)
 NEW = (23, 2, 6)

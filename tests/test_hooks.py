@@ -5,7 +5,6 @@ run under real slurmd in tests/integration/test_hooks_slurm.py.
 """
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import subprocess
@@ -14,15 +13,14 @@ import time
 import types
 
 import pytest
-
 import simgpu
+
 from slurm_gpu import config
-from slurm_gpu.hooks import flows as hooks
 from slurm_gpu.errors import SlurmError
+from slurm_gpu.gpu.nvml import NvmlReader
+from slurm_gpu.hooks import flows as hooks
 from slurm_gpu.hooks.log import HookLog
 from slurm_gpu.slurm.jobenv import from_env
-from slurm_gpu.gpu.nvml import NvmlReader
-from slurm_gpu.store.node import Store
 
 
 class RecordingSlurm:
@@ -158,7 +156,8 @@ def test_epilog_records_energy_utilisation_and_memory_from_driver_counters(sim_n
     assert g1["max_memory_bytes"] == 30 << 30 and g1["process_count"] == 2
     assert g2["gpu_util_mean_pct"] == 0.0 and g2["process_count"] == 0
     assert g1["duration_s"] == pytest.approx(100.0)
-    assert (g1["user"], g1["account"], g1["partition"], g1["node"], g1["cluster"]) == ("alice", "physics", "gpu", "gpu01", "sgtest")
+    assert (g1["user"], g1["account"], g1["partition"], g1["node"], g1["cluster"]) == \
+        ("alice", "physics", "gpu", "gpu01", "sgtest")
     assert g1["gpu_model"] == "NVIDIA H100 80GB HBM3" and g1["ecc_uncorrected_delta"] == 0
     job = rows(node.db, "SELECT * FROM jobs")
     assert len(job) == 1 and job[0]["gpu_count"] == 2 and job[0]["exit_code"] == "0"

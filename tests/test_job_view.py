@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_gpu import config
-from slurm_gpu.cli import main
 from slurm_gpu.cli import job as cli_job
+from slurm_gpu.cli import main
 from slurm_gpu.errors import ExitCode, InputError, SlurmError
 from slurm_gpu.report import jobview
 from slurm_gpu.slurm import jobacct
@@ -425,7 +425,8 @@ def job_end(job_id=4725, node="gpu01", start=START, end=END, restart=0, utils=(8
 def node_db(tmp_path):
     st = Store(str(tmp_path / "usage.db"), str(tmp_path / "spool"))
     assert st.write(job_end()) == "db"
-    assert st.write(job_end(node="gpu09", start=START - 86400 * 30, end=END - 86400 * 30, utils=(99.0,))) == "db"  # the id, reused
+    # the id, reused
+    assert st.write(job_end(node="gpu09", start=START - 86400 * 30, end=END - 86400 * 30, utils=(99.0,))) == "db"
     st.close()
     return st.path
 

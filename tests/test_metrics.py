@@ -21,14 +21,17 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 import simgpu
 from test_hooks import deps_for, job_env, rows
+
 from slurm_gpu import config
 from slurm_gpu.gpu.snapshot import MigDevice
 from slurm_gpu.hooks import flows as hooks
 from slurm_gpu.hooks.healthcheck import node_health_cycle
-from slurm_gpu.metrics import catalog, jobs as J, textfile as T, usage as U
+from slurm_gpu.metrics import catalog
+from slurm_gpu.metrics import jobs as J
+from slurm_gpu.metrics import textfile as T
+from slurm_gpu.metrics import usage as U
 from slurm_gpu.metrics.serve import collect, make_server, parse_listen
 from slurm_gpu.slurm.gpumap import JobGpu
 from slurm_gpu.slurm.jobenv import from_env
@@ -128,7 +131,8 @@ def test_help_and_type_once_per_family_no_timestamps_catalog_order(tmp_path):
     assert 'slurm_gpu_check_timestamp_seconds{source="prolog"} 1700000000.25' in lines
     assert "slurm_gpu_spool_records 3" in lines
     # GPU 10 after GPU 0, and every sample line is "name{labels} value": no timestamp.
-    assert [line for line in lines if line.startswith("slurm_gpu_persistence_mode")][1].startswith('slurm_gpu_persistence_mode{gpu="10"')
+    persistence = [line for line in lines if line.startswith("slurm_gpu_persistence_mode")]
+    assert persistence[1].startswith('slurm_gpu_persistence_mode{gpu="10"')
     assert all(len(re.sub(r"\{.*\}", "", line).split()) == 2 for line in lines if not line.startswith("#"))
     client_parse(text)
     promtool_check(text)

@@ -20,9 +20,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from test_hooks import deps_for, job_env
 from test_metrics import metrics_node
+
 from slurm_gpu.hooks import flows as hooks
 from slurm_gpu.metrics import textfile as T
 from slurm_gpu.metrics.catalog import NODE_FILE

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
-
 from prometheus import NODE_EXPORTER, PROMETHEUS, PROMTOOL, NodeExporter, Prometheus, PrometheusUnavailable, require
 from testbed import unavailable
 
@@ -109,7 +108,8 @@ PANEL = {
             "x": {"type": "integer", "minimum": 0, "maximum": 23}, "y": {"type": "integer", "minimum": 0}}},
         "targets": {"type": "array", "items": {"type": "object", "required": ["refId", "expr"], "properties": {
             "refId": NONEMPTY, "expr": NONEMPTY, "datasource": DATASOURCE_REF, "legendFormat": STR,
-            "instant": {"type": "boolean"}, "range": {"type": "boolean"}, "format": {"enum": ["time_series", "table", "heatmap"]}}}},
+            "instant": {"type": "boolean"}, "range": {"type": "boolean"},
+            "format": {"enum": ["time_series", "table", "heatmap"]}}}},
         "fieldConfig": {"type": "object", "required": ["defaults", "overrides"], "properties": {
             "defaults": {"type": "object", "properties": {"unit": STR, "noValue": STR, "thresholds": THRESHOLDS}},
             "overrides": {"type": "array", "items": {"type": "object", "required": ["matcher", "properties"]}}}},

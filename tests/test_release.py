@@ -17,7 +17,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from checkout import copy_checkout
 
 import slurm_gpu

@@ -12,8 +12,8 @@ import subprocess
 import sys
 
 import pytest
-
 import simgpu
+
 from slurm_gpu import config
 from slurm_gpu.errors import SlurmError
 from slurm_gpu.gpu.snapshot import NodeSnapshot
@@ -347,6 +347,7 @@ def test_healthcheck_during_a_reset_does_not_resume_the_node(sim_node, tmp_path)
 
 def _cli(monkeypatch, node, backend, *args):
     from click.testing import CliRunner
+
     from slurm_gpu.cli import main
     from slurm_gpu.slurm import backend as slurm_backend
     monkeypatch.setattr(slurm_backend, "get_backend", lambda cfg: backend)

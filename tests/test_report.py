@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import pytest
 from click.testing import CliRunner
 
+from slurm_gpu.cli import main
 from slurm_gpu.cli.report import parse_by
 from slurm_gpu.errors import InputError
 from slurm_gpu.report import plan
@@ -26,7 +27,6 @@ from slurm_gpu.report.query import Query
 from slurm_gpu.report.sources import open_sources
 from slurm_gpu.report.tables import Table
 from slurm_gpu.store import schema
-from slurm_gpu.cli import main
 
 GOLDEN = pathlib.Path(__file__).parent / "golden" / "report"
 GIB = 1 << 30

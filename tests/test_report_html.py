@@ -14,9 +14,9 @@ from typing import Tuple
 
 import pytest
 from click.testing import CliRunner
+from test_report import ROWS, XSS_ACCOUNT, XSS_USER, make_db
 
 from slurm_gpu.cli import main
-from test_report import ROWS, XSS_ACCOUNT, XSS_USER, make_db
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 

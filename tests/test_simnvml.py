@@ -7,7 +7,6 @@ path with RTLD_GLOBAL (as the product does for `nvml_library`), then pynvml is u
 from __future__ import annotations
 
 import concurrent.futures
-import ctypes
 import json
 import os
 import subprocess
@@ -441,8 +440,10 @@ def test_processes_that_exited_are_not_listed(lib, node_state):
 def test_accounting_pids_and_stats_are_served_while_accounting_is_on(lib, node_state):
     node = simgpu.h100_sxm(2)
     node["gpus"][0]["acct"] = [
-        dict(pid=4242, gpu_util=91, mem_util=33, max_mem_bytes=7 * 2**30, time_ms=60000, start_time_us=1_700_000_000_000_000, is_running=0),
-        dict(pid=4243, gpu_util=10, mem_util=5, max_mem_bytes=None, time_ms=100, start_time_us=1_700_000_001_000_000, is_running=1),
+        dict(pid=4242, gpu_util=91, mem_util=33, max_mem_bytes=7 * 2**30, time_ms=60000,
+             start_time_us=1_700_000_000_000_000, is_running=0),
+        dict(pid=4243, gpu_util=10, mem_util=5, max_mem_bytes=None, time_ms=100,
+             start_time_us=1_700_000_001_000_000, is_running=1),
     ]
     node["gpus"][1]["accounting_mode"] = 0
     state = node_state(node)
@@ -567,7 +568,8 @@ def test_mig_devices_expose_ids_memory_names_and_parent(lib, node_state):
                          N.nvmlDeviceIsMigDeviceHandle(mh).value, N.nvmlDeviceGetIndex(parent),
                          [p.pid for p in N.nvmlDeviceGetComputeRunningProcesses(mh)]])
         out.update(mode=N.nvmlDeviceGetMigMode(h), max=mx, migs=migs,
-                   parent_procs=[[p.pid, p.gpuInstanceId, p.computeInstanceId] for p in N.nvmlDeviceGetComputeRunningProcesses(h)],
+                   parent_procs=[[p.pid, p.gpuInstanceId, p.computeInstanceId]
+                                 for p in N.nvmlDeviceGetComputeRunningProcesses(h)],
                    by_uuid=N.nvmlDeviceGetGpuInstanceId(N.nvmlDeviceGetHandleByUUID(migs[2][0])),
                    gi_on_gpu=err(N.nvmlDeviceGetGpuInstanceId, h),
                    temp_on_mig=err(N.nvmlDeviceGetTemperature, N.nvmlDeviceGetMigDeviceHandleByIndex(h, 0), 0),

@@ -16,14 +16,14 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from slurm_gpu.slurm import model as slurm
-from slurm_gpu.slurm import backend as slurm_backend
 from slurm_gpu.config import defaults
 from slurm_gpu.errors import ExitCode, NvmlUnavailable, SlurmError
-from slurm_gpu.slurm.reason import format_reason
-from slurm_gpu.slurm.model import NodeInfo, gpu_count, parse_gres, split_state, tres_gpu_count
 from slurm_gpu.hooks.healthcheck import node_health_cycle
+from slurm_gpu.slurm import backend as slurm_backend
+from slurm_gpu.slurm import model as slurm
 from slurm_gpu.slurm.cli_backend import CliBackend, parse_show_line, split_records
+from slurm_gpu.slurm.model import NodeInfo, gpu_count, parse_gres, split_state, tres_gpu_count
+from slurm_gpu.slurm.reason import format_reason
 
 FAKE_PYSLURM = Path(__file__).resolve().parent / "fake_pyslurm"
 
@@ -100,7 +100,8 @@ def test_reason_with_brackets_equals_and_fake_suffix_is_read_whole():
 
 
 def test_reason_followed_by_more_fields_stops_at_slurms_suffix():
-    line = LINE_IDLE.replace("State=IDLE", "State=DOWN+DRAIN") + " Reason=maintenance window [alice@2026-01-02T03:04:05] Comment=rack 7"
+    line = (LINE_IDLE.replace("State=IDLE", "State=DOWN+DRAIN")
+            + " Reason=maintenance window [alice@2026-01-02T03:04:05] Comment=rack 7")
     f = parse_show_line(line)
     assert f["Reason"] == "maintenance window" and f["ReasonUser"] == "alice" and f["Comment"] == "rack 7"
 
@@ -261,7 +262,8 @@ def test_job_facts_fall_back_to_sacct_json_then_parseable(tmp_path):
                                                    {"type": "gres", "name": "gpu", "count": 2}]}}]}
     make_tool(tmp_path, "sacct", stdout=json.dumps(sacct_json))
     j = CliBackend(bin_dir=str(tmp_path), timeout_s=5).job(42)
-    assert (j["user"], j["state"], j["gres"], j["end_time"], j["source"]) == ("alice", "COMPLETED", "gpu:2", 1700000600.0, "slurmdbd")
+    assert (j["user"], j["state"], j["gres"], j["end_time"], j["source"]) == \
+        ("alice", "COMPLETED", "gpu:2", 1700000600.0, "slurmdbd")
 
     # A sacct without --json (or with a schema we do not know) -> sacct -P.
     (tmp_path / "sacct.calls").unlink()
@@ -489,7 +491,8 @@ def node(state="IDLE", reason="", user="", gpus=4) -> NodeInfo:
 
 class R:
     def __init__(self, status, message="ok", check="x", gpu_index=0):
-        self.status, self.message, self.check, self.gpu_index, self.gpu_uuid, self.hint = status, message, check, gpu_index, "", ""
+        self.status, self.message, self.check, self.gpu_index = status, message, check, gpu_index
+        self.gpu_uuid, self.hint = "", ""
 
 
 FAIL = [R("PASS"), R("FAIL", "GPU 2 (GPU-ab12) uncorrectable ECC errors: 2", "ecc_uncorrectable", 2)]
@@ -499,7 +502,8 @@ HEALTHY = [R("PASS"), R("WARN", "persistence mode off", "persistence_mode")]
 def test_healthcheck_drains_a_healthy_looking_node_on_fail():
     b = MemBackend(gpu01=node())
     out = node_health_cycle(b, "gpu01", lambda info: FAIL)
-    assert b.actions == [("drain", "gpu01", "slurm-gpu: GPU 2 (GPU-ab12) uncorrectable ECC errors: 2 [healthcheck; check ecc_uncorrectable]")]
+    assert b.actions == [("drain", "gpu01",
+                          "slurm-gpu: GPU 2 (GPU-ab12) uncorrectable ECC errors: 2 [healthcheck; check ecc_uncorrectable]")]
     assert out.action == "drained" and out.exit_code == ExitCode.UNHEALTHY
 
 
@@ -604,6 +608,7 @@ def test_unknown_node_is_a_slurm_error():
 ])
 def test_usage_errors_are_one_line_with_a_hint_and_exit_2(args, needle, tmp_path):
     from click.testing import CliRunner
+
     from slurm_gpu.cli import main
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'slurm_backend = "cli"\nslurm_bin_dir = "{tmp_path}"\n[log]\nsyslog = false\n'
@@ -711,6 +716,7 @@ def slurm_state(bin_dir: Path) -> Dict[str, Dict[str, Any]]:
 
 def run_admin(tmp_path: Path, *args: str, extra_config: str = ""):
     from click.testing import CliRunner
+
     from slurm_gpu.cli import main
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'slurm_backend = "cli"\nslurm_bin_dir = "{tmp_path}"\n{extra_config}[log]\nsyslog = false\n'

@@ -11,9 +11,9 @@ import textwrap
 
 import pytest
 
-from slurm_gpu.store.schema import MIGRATIONS, REPORT_INDEX_KEYS, SCHEMA_VERSION
 from slurm_gpu.store.diagnose import integrity_check
 from slurm_gpu.store.node import Store
+from slurm_gpu.store.schema import MIGRATIONS, REPORT_INDEX_KEYS, SCHEMA_VERSION
 
 
 def job_end(job_id, node="n1", gpus=2, restart=0):

@@ -16,17 +16,17 @@ import time
 import types
 
 import pytest
-
 import simgpu
+from test_hooks import RecordingSlurm, deps_for, job_env, rows
+from test_store import count, job_end
+
 from slurm_gpu import config
 from slurm_gpu.hooks import flows as hooks
 from slurm_gpu.hooks.log import HookLog
 from slurm_gpu.slurm.jobenv import from_env
-from slurm_gpu.store.schema import SCHEMA_VERSION
 from slurm_gpu.store.diagnose import integrity_check
 from slurm_gpu.store.node import Store
-from test_hooks import RecordingSlurm, deps_for, job_env, rows
-from test_store import count, job_end
+from slurm_gpu.store.schema import SCHEMA_VERSION
 
 NOBODY = 65534
 
@@ -571,6 +571,7 @@ def _app(cfg):
 
 def test_manual_drain_is_recorded_in_the_drains_table(tmp_path, monkeypatch):
     from click.testing import CliRunner
+
     from slurm_gpu import cli as cli_mod
     from slurm_gpu.cli import admin as cli_admin
     cfg = store_cfg(tmp_path, tmp_path / "u.db", tmp_path / "spool")

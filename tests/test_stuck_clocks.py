@@ -7,15 +7,15 @@ not busy records nothing."""
 from __future__ import annotations
 
 import pytest
-
 import simgpu
+from test_check import check_in_process
+from test_hooks import deps_for, job_env, rows
+
 from slurm_gpu import config
 from slurm_gpu.gpu.nvml import NvmlReader
 from slurm_gpu.hooks import flows as hooks
 from slurm_gpu.policy import health
 from slurm_gpu.slurm.jobenv import from_env
-from test_check import check_in_process
-from test_hooks import deps_for, job_env, rows
 
 T0 = 1_800_000_000.0
 DURATION_S = 100

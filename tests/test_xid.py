@@ -8,10 +8,10 @@ from datetime import datetime, timezone
 import pytest
 
 from slurm_gpu import config
-from slurm_gpu.policy import health
 from slurm_gpu.gpu import xid
 from slurm_gpu.gpu.snapshot import GpuSnapshot, NodeSnapshot, value
 from slurm_gpu.gpu.xid import XidEvent, bus_key, parse_line
+from slurm_gpu.policy import health
 
 CORPUS = pathlib.Path(__file__).resolve().parent / "data" / "xid_corpus.txt"
 

@@ -770,9 +770,9 @@ class SlurmTestbed:
             # never answers): there each node is its own host name (NodeAddr is what connects).
             if self.sbin_path != SBIN_PATH:
                 host = node
+            gres = self.node_gres.get(node, f"gpu:{self.gpu_type}:{self.gpus_per_node}")
             lines.append(f"NodeName={node} NodeAddr=127.0.0.1 NodeHostname={host} Port={self.ports[node]} "
-                         f"CPUs={cpus} RealMemory=1000 Gres={self.node_gres.get(node, f'gpu:{self.gpu_type}:{self.gpus_per_node}')} "
-                         "State=UNKNOWN")
+                         f"CPUs={cpus} RealMemory=1000 Gres={gres} State=UNKNOWN")
         lines.append(f"PartitionName=gpu Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
 
@@ -851,7 +851,8 @@ class SlurmTestbed:
             if ready():
                 return
             if daemon is not None and self._daemons[daemon].proc.poll() is not None:
-                raise TestbedError(f"{daemon} exited with status {self._daemons[daemon].proc.returncode} while waiting for {what}")
+                code = self._daemons[daemon].proc.returncode
+                raise TestbedError(f"{daemon} exited with status {code} while waiting for {what}")
             if time.monotonic() > deadline:
                 raise TestbedError(f"timed out after {timeout:.0f} s waiting for {what}")
             time.sleep(0.1)
@@ -1154,6 +1155,7 @@ def user_cli(user: str, args: Sequence[str], env: Mapping[str, str], timeout: fl
     package (and of click, its one import on this path) runs under the system python3."""
     global _USER_CLI_DIR
     import click
+
     import slurm_gpu
     if _USER_CLI_DIR is None or not _USER_CLI_DIR.exists():
         d = Path(tempfile.mkdtemp(prefix="slurm-gpu-usercli-", dir="/tmp"))

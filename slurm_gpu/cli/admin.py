@@ -52,7 +52,8 @@ def _hostlist_size(expr: str) -> Optional[int]:
         return hostlist.count(expr)
     except ValueError as e:
         raise InputError(str(e),
-                         f"check the range for a typo, or split it into ranges of at most {hostlist.SLURM_MAX_RANGE} hosts") from None
+                         "check the range for a typo, or split it into ranges of at most "
+                         f"{hostlist.SLURM_MAX_RANGE} hosts") from None
 
 
 def _apply(todo: List[str], dry_run: bool, change: Callable[[List[str]], Any]) -> Any:
@@ -86,7 +87,8 @@ def expand_nodes(args: Sequence[str], backend: Any = None, *, limit: Optional[in
         try:
             names = expand(arg)
         except ValueError as e:
-            raise InputError(f"invalid node list {arg!r}: {e}", "use a Slurm hostlist such as gpu[01-04,07] or gpu01,gpu02") from None
+            raise InputError(f"invalid node list {arg!r}: {e}",
+                             "use a Slurm hostlist such as gpu[01-04,07] or gpu01,gpu02") from None
         for n in names:
             if n not in seen:
                 seen.add(n)

@@ -56,8 +56,8 @@ def check(app, gpus, idle, idle_alias, fmt, verbose, snapshot_file, expected_cou
     Exit codes: 0 healthy (WARN allowed), 1 at least one FAIL, 2 usage or
     config error, 3 NVML unavailable (no driver / library).
     """
-    from slurm_gpu.hooks import check as hooks
     from slurm_gpu.gpu.snapshot import SnapshotFormatError, node_from_json
+    from slurm_gpu.hooks import check as hooks
 
     cfg = app.config
     indices = parse_gpu_list(gpus)

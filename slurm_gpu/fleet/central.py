@@ -10,8 +10,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurm_gpu.errors import CentralError, InputError, mismatch_versions
 from slurm_gpu.fleet.model import COUNTERS, Gpu, Mismatch, Point
-from slurm_gpu.store.central import Central
 from slurm_gpu.store.apply import MISMATCH_CHECK
+from slurm_gpu.store.central import Central
 
 FLEET_SCHEMA = 2
 _GPU_COLUMNS = ("node", "gpu_uuid", "time", "gpu_index", "serial", "model", "vbios", "driver_version",

@@ -152,7 +152,8 @@ def _verdict(node_name: str, info: Any, results: List[Any], err: Any, summarise:
                              exit_code=int(err.exit_code))
     if err is not None:
         return HealthOutcome(node_name, "ERROR", "error",
-                             f"{node_name}: internal error in the GPU check: {type(err).__name__}: {err}; node state left unchanged",
+                             f"{node_name}: internal error in the GPU check: {type(err).__name__}: {err}; "
+                             "node state left unchanged",
                              exit_code=int(ExitCode.UNHEALTHY))
     return summarise(results)
 
@@ -173,7 +174,8 @@ def _drain_unhealthy(backend: SlurmBackend, info: Any, node_name: str, fault: st
     if decision.action == KEEP:
         whose = "slurm-gpu" if decision.whose == "slurm-gpu" else (info.reason_user or "someone else")
         return HealthOutcome(node_name, "FAIL", "kept-drained",
-                             f"{node_name}: FAIL: {fault}; already {info.state} by {whose} ({info.reason or 'no reason'}), reason left as is",
+                             f"{node_name}: FAIL: {fault}; already {info.state} by {whose} "
+                             f"({info.reason or 'no reason'}), reason left as is",
                              info.reason, res, int(ExitCode.UNHEALTHY))
     text = decision.reason
     if dry_run:

@@ -174,7 +174,8 @@ def _nvml_unavailable(run: _Run, cfg: Any, job: Any, e: NvmlUnavailable, config_
         return 0
     if config_broken:
         # nvml_library may be the broken (defaulted) key: our config, not the node, may be at fault.
-        return run.fail_open("nvml-unavailable", error=e.message, hint="the config has errors (config-error above); fix them first")
+        return run.fail_open("nvml-unavailable", error=e.message,
+                             hint="the config has errors (config-error above); fix them first")
     # A GPU job on a node whose driver does not answer cannot use its GPUs: that is a node fault.
     run.log.error("nvml-unavailable", job=job.job_id, node=job.node, error=e.message)
     from slurm_gpu.hooks.check import mismatch_metric

@@ -6,7 +6,8 @@ left a tombstone in push_withdrawn.  One batch is one upsert statement and one s
 then the rows are marked shipped in the node database, only if they did not change meanwhile.
 A push that dies between the two sends the batch again next time: the upserts are keyed
 (cluster, job, restart, node, GPU UUID; events and drains by their own key; inventory rows
-by node, GPU UUID and time; XIDs by node and event key), so nothing is doubled, and a node database restored from an old backup ships its rows again, harmlessly.
+by node, GPU UUID and time; XIDs by node and event key), so nothing is doubled, and a node
+database restored from an old backup ships its rows again, harmlessly.
 """
 from __future__ import annotations
 

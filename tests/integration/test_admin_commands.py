@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Dict, Optional
 
 import pytest
-
 import simgpu
+
 from slurm_gpu.errors import SlurmError
 
 pytestmark = pytest.mark.slurm
@@ -134,8 +134,8 @@ def test_a_batch_update_slurm_half_refuses_is_settled_without_redoing_what_it_ap
     'Invalid node name specified' (exit 1) yet drains gpu01 and gpu02; a RESUME of a list with a
     node that is not drained fails with 'Invalid node state specified' yet resumes the others.
     The backend re-reads the batch once and redoes only what did not happen."""
-    from slurm_gpu.slurm.reason import format_reason
     from slurm_gpu.slurm.cli_backend import CliBackend
+    from slurm_gpu.slurm.reason import format_reason
     b = CliBackend(env=tb.env, timeout_s=10)
     text = format_reason("batch probe", "manual by test")
     res = b.drain_many(["gpu01", "nope", "gpu02"], text)

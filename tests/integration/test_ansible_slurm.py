@@ -24,12 +24,11 @@ from pathlib import Path
 from typing import Dict, List
 
 import pytest
-
-from checkout import copy_checkout
-
 import simgpu
-from integration.test_hooks_slurm import Site, play_work, wait_running
+from checkout import copy_checkout
 from testbed import unavailable
+
+from integration.test_hooks_slurm import Site, play_work, wait_running
 
 pytestmark = pytest.mark.slurm
 
@@ -341,6 +340,7 @@ def test_check_diff_shows_a_changed_variable_and_changes_nothing(deployment):
     assert d.password not in r.stdout + r.stderr
     assert d.config.read_bytes() == text and d.config.stat().st_mtime_ns == mtime
     cfg = subprocess.run([str(d.venv / "bin" / "python"), "-I", "-c",
-                          "import sys; from slurm_gpu import config; print(config.load(sys.argv[1]).get('health', 'max_temperature_c'))",
+                          "import sys; from slurm_gpu import config; "
+                          "print(config.load(sys.argv[1]).get('health', 'max_temperature_c'))",
                           str(d.config)], capture_output=True, text=True)
     assert cfg.stdout.strip() == "87"

@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 import pytest
-
 import simgpu
+from test_hooks import deps_for, job_env
+from testbed import _slurmd_cpus, slurm_version, slurmd_gres
+
 from slurm_gpu.hooks import flows as hooks
 from slurm_gpu.slurm import hostlist
 from slurm_gpu.slurm.jobenv import from_env
-from test_hooks import deps_for, job_env
-from testbed import _slurmd_cpus, slurm_version, slurmd_gres
 
 from .test_gres_slurmd import _need_slurmd, device_files  # noqa: F401  (fixture)
 

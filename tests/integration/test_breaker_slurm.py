@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import simgpu
+
 from slurm_gpu.metrics import textfile
 
 pytestmark = pytest.mark.slurm

@@ -10,11 +10,11 @@ not change the order.
 """
 from __future__ import annotations
 
+import gres_corpus as corpus
 import pytest
 
-import gres_corpus as corpus
-from slurm_gpu.slurm import hostlist
 from slurm_gpu.slurm import conf as slurmconf
+from slurm_gpu.slurm import hostlist
 
 from .test_gres_slurmd import _need_slurmd, device_files  # noqa: F401  (fixture)
 from .test_gresmap_slurmd import _slurmd_order

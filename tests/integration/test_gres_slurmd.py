@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import List
 
 import pytest
+from testbed import parse_gres_records, slurmd_gres, unavailable
 
 from slurm_gpu.gres import generate as gres
 from slurm_gpu.gres import inventory
-from testbed import parse_gres_records, slurmd_gres, unavailable
 
 HERE = Path(__file__).resolve().parent.parent
 INV = HERE / "golden" / "gres" / "inventory"
@@ -139,9 +139,11 @@ def _problems(out: str) -> List[str]:
 
 
 @pytest.mark.parametrize("fixture, naming, expect", [
-    ("hgx001", "autodetect", [("nvidia_h100_80gb_hbm3", 4, "/dev/nvidia[0-3]"), ("nvidia_h100_80gb_hbm3", 4, "/dev/nvidia[4-7]")]),
+    ("hgx001", "autodetect", [("nvidia_h100_80gb_hbm3", 4, "/dev/nvidia[0-3]"),
+                              ("nvidia_h100_80gb_hbm3", 4, "/dev/nvidia[4-7]")]),
     ("pcie01", "short", [("a100", 2, "/dev/nvidia[0-1]"), ("a100", 2, "/dev/nvidia[2-3]")]),
-    ("mig01", "autodetect", [("nvidia_a100_3g.20gb", 1, "/dev/nvidia0,/dev/nvidia-caps/nvidia-cap12,/dev/nvidia-caps/nvidia-cap13"),
+    ("mig01", "autodetect", [("nvidia_a100_3g.20gb", 1,
+                              "/dev/nvidia0,/dev/nvidia-caps/nvidia-cap12,/dev/nvidia-caps/nvidia-cap13"),
                              ("nvidia_a100_2g.10gb", 1, None), ("nvidia_a100_1g.5gb", 1, None)]),
 ])
 def test_slurmd_parses_generated_gres_conf_cleanly(tmp_path, device_files, slurmd_munge, fixture, naming, expect):

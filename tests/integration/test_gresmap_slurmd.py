@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import List
 
 import pytest
-
 import simgpu
 from testbed import parse_gres_records, run_slurmd_G
-from slurm_gpu.slurm import hostlist
+
 from slurm_gpu.slurm import conf as slurmconf
+from slurm_gpu.slurm import hostlist
+
 from .test_gres_slurmd import _need_slurmd, device_files  # noqa: F401  (fixture)
 from .test_hooks_slurm import Site, _script, wait_running
 
@@ -57,9 +58,12 @@ CASES = {
                                   "NodeName=n[0-2] Name=gpu Type=h100 \\\n File=/dev/nvidia[4-5]\n"
                                   "NodeName=n1,n7 Name=gpu Type=t4 File=/dev/nvidia[6-7]\n"),
     "mig_slices": ("gpu:a100_3g.20gb:1,gpu:a100_1g.5gb:2",
-                   "Name=gpu Type=a100_1g.5gb MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap120,/dev/nvidia-caps/nvidia-cap121\n"
-                   "Name=gpu Type=a100_3g.20gb MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap12,/dev/nvidia-caps/nvidia-cap13\n"
-                   "Name=gpu Type=a100_1g.5gb MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap48,/dev/nvidia-caps/nvidia-cap49\n"),
+                   "Name=gpu Type=a100_1g.5gb "
+                   "MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap120,/dev/nvidia-caps/nvidia-cap121\n"
+                   "Name=gpu Type=a100_3g.20gb "
+                   "MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap12,/dev/nvidia-caps/nvidia-cap13\n"
+                   "Name=gpu Type=a100_1g.5gb "
+                   "MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap48,/dev/nvidia-caps/nvidia-cap49\n"),
 }
 
 

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from mariadb import MariaDB, MariaDBUnavailable
 from testbed import unavailable
 
@@ -175,7 +174,8 @@ def test_every_job_gets_a_summary_in_its_admin_comment_with_the_node_records_num
     assert sorted(g.node for g in comments[wide].gpus) == ["gpu01", "gpu02"] and not comments[wide].partial
     assert all(len(comments[int(raw)].gpus) == 1 and comments[int(raw)].job_id == int(raw) for raw in tasks)
     assert [comments[r].job_id for r in (het, het + 1)] == [het, het + 1]
-    assert all(len(comments[r].gpus) == 1 and not comments[r].partial for r in (het, het + 1)), [comments[r] for r in (het, het + 1)]
+    assert all(len(comments[r].gpus) == 1 and not comments[r].partial for r in (het, het + 1)), \
+        [comments[r] for r in (het, het + 1)]
     # sacctmgr lowercased what it stored; the summary reads back all the same.
     assert wait_comment(bed, busy) == wait_comment(bed, busy).lower()
 
@@ -223,6 +223,7 @@ def private_bed(site, central, slurm_testbed_factory, tmp_path):  # noqa: F811
 def test_users_see_their_own_jobs_gpu_use_and_advice_and_not_other_users_jobs(private_bed, site, central):  # noqa: F811
     import json
     import pwd
+
     from testbed import OTHER_USER, user_cli
     try:
         pwd.getpwnam(OTHER_USER)
@@ -284,6 +285,7 @@ def test_a_jobstats_admin_comment_set_through_sacctmgr_is_not_overwritten(jobsta
 def test_a_summary_of_3000_gpus_fits_slurmdbds_column_and_slurm_gpu_job_decodes_it(bed, site, central):  # noqa: F811
     import json
     import random
+
     from slurm_gpu.config import load
     from slurm_gpu.slurm.cli_backend import CliBackend
     job = bed.sbatch("sleep 1", args=["-p", "gpu", "-w", "gpu01", "--gres=gpu:1"])

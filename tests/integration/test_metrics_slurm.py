@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 import simgpu
 from prometheus import NodeExporter, Prometheus, PrometheusUnavailable, require
 from testbed import unavailable

@@ -5,17 +5,14 @@ ends drained as an RMA.  Slurm's own records show that no job ran on the node be
 and its verified resume.  Only testbed APIs: the same test runs on every Slurm the testbed has."""
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-
 import simgpu
-from tests.integration.test_hooks_slurm import Site, _reasons, _script, cluster  # noqa: F401  (cluster: the fixture, on this module's site)
+
+from tests.integration.test_hooks_slurm import Site, _reasons, _script, hooked_cluster, site_fixture
 
 pytestmark = pytest.mark.slurm
 
@@ -28,11 +25,12 @@ class RemediationSite(Site):
                                    'lock_file = "%s/%%n/remediate.lock"\n' % (", ".join(f'"{a}"' for a in cmd), self.root))
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    s = RemediationSite(Path("/tmp") / f"slurm-gpu-remediate-{os.getpid()}")
-    yield s
-    shutil.rmtree(s.root, ignore_errors=True)
+site = site_fixture(RemediationSite, "remediate")
+
+
+@pytest.fixture
+def cluster(site, slurm_testbed_factory):
+    return hooked_cluster(site, slurm_testbed_factory)
 
 
 def _remediate(cluster, node: str) -> "subprocess.CompletedProcess[str]":

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Dict
 
 import pytest
-
 from testbed import CRED_EXPIRE_S, REGISTRY, SlurmTestbed, reap_crashed_runs
 
 pytestmark = pytest.mark.slurm

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Dict, NamedTuple, Tuple
 
 import pytest
-
 import simgpu
 from testbed import SlurmTestbed, run_slurmd_G, slurm_version
 

@@ -32,7 +32,6 @@ import contextlib
 import ctypes
 import fcntl
 import json
-import os
 import time as _time
 from typing import Any, Dict, Iterator, List, Optional
 
