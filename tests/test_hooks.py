@@ -505,3 +505,17 @@ def test_gpu_time_starts_when_slurmd_started_the_prolog_not_after_python_imports
     assert cp.returncode == 0, cp.stderr
     (start,) = rows(node.db, "SELECT start_time FROM job_starts")
     assert t0 - 0.05 <= start["start_time"] < t0 + 0.4, (t0, start)
+
+
+def test_the_seams_of_a_hook_are_protocols_its_real_parts_and_the_no_gpu_reader_implement(sim_node):
+    """HookDeps' reader, store and log are Protocols (hooks/deps.py): the real NvmlReader, Store and
+    HookLog implement them whole, and so does the reader of a hook whose driver does not answer
+    (it used to be a bare object() that would have failed with AttributeError)."""
+    from slurm_gpu.errors import NvmlUnavailable
+    from slurm_gpu.hooks.deps import EventLog, GpuReader, NoGpus, RecordStore
+    deps = deps_for(sim_node(simgpu.h100_sxm(2)))
+    assert isinstance(deps.reader, GpuReader) and isinstance(deps.store, RecordStore) and isinstance(deps.log, EventLog)
+    dead = NoGpus(NvmlUnavailable("NVML: driver not loaded", "load the driver"))
+    assert isinstance(dead, GpuReader) and not isinstance(object(), GpuReader)
+    with pytest.raises(NvmlUnavailable):
+        dead.snapshot([0])

@@ -14,11 +14,12 @@ from slurm_gpu.policy.health import CheckResult
 from slurm_gpu.policy.observed import Observed
 from slurm_gpu.slurm.gpumap import JobGpuMap, scope_to_instances, scope_xids
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # types only: the hook path imports pynvml when it first reads a GPU
+    from slurm_gpu.gpu.nvml import NvmlReader
     from slurm_gpu.hooks.deps import HookDeps
 
 
-def make_reader(cfg: Config, library: Optional[str] = None):
+def make_reader(cfg: Config, library: Optional[str] = None) -> "NvmlReader":
     from slurm_gpu.gpu.nvml import NvmlReader
     return NvmlReader(library=library if library is not None else cfg.get("", "nvml_library"),
                       timeout_s=cfg.get("", "nvml_timeout_s"), version_file=cfg.get("", "nvidia_version_file"))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Protocol, Sequence, runtime_checkable
 
 from slurm_gpu.config import Config
 from slurm_gpu.hooks import procs
@@ -12,23 +12,106 @@ from slurm_gpu.hooks.log import BoundLog
 from slurm_gpu.slurm.gpumap import JobGpuMap, map_job_gpus
 from slurm_gpu.slurm.jobenv import JobEnv
 
+if TYPE_CHECKING:  # types only: the hook path imports the store when it writes, not before
+    from slurm_gpu.gpu.snapshot import NodeSnapshot
+    from slurm_gpu.slurm.model import SlurmBackend
+    from slurm_gpu.store.node import IngestReport, StartLookup, Written
+    from slurm_gpu.store.record import Record
+
+
+@runtime_checkable
+class GpuReader(Protocol):
+    """What a hook reads from and sets on the GPUs: gpu/nvml.py's NvmlReader (tests' stand-ins too)."""
+
+    def identities(self) -> "NodeSnapshot": ...
+
+    def snapshot(self, indices: Optional[Sequence[int]] = None, ident_only: bool = False,
+                 inventory: bool = False) -> "NodeSnapshot": ...
+
+    def processes_many(self, indices: Sequence[int]) -> Dict[int, Any]: ...
+
+    def accounting_many(self, indices: Sequence[int]) -> Dict[int, Any]: ...
+
+    def prepare(self, indices: Sequence[int], *, persistence: bool = False, reset_clocks: bool = False,
+                accounting: bool = False, power_cap_tolerance_pct: Optional[float] = None) -> Dict[int, Any]: ...
+
+    def is_stuck(self, index: int) -> bool: ...
+
+
+class NoGpus:
+    """The reader of a hook whose driver does not answer (nvmlInit failed): every read raises that
+    error again, so nothing in the hook can read a GPU by mistake."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def identities(self) -> "NodeSnapshot":
+        raise self.error
+
+    def snapshot(self, indices: Optional[Sequence[int]] = None, ident_only: bool = False,
+                 inventory: bool = False) -> "NodeSnapshot":
+        raise self.error
+
+    def processes_many(self, indices: Sequence[int]) -> Dict[int, Any]:
+        raise self.error
+
+    def accounting_many(self, indices: Sequence[int]) -> Dict[int, Any]:
+        raise self.error
+
+    def prepare(self, indices: Sequence[int], *, persistence: bool = False, reset_clocks: bool = False,
+                accounting: bool = False, power_cap_tolerance_pct: Optional[float] = None) -> Dict[int, Any]:
+        raise self.error
+
+    def is_stuck(self, index: int) -> bool:
+        return False
+
+
+@runtime_checkable
+class RecordStore(Protocol):
+    """Where a hook's records go: store/node.py's Store."""
+
+    unavailable: str  # why the database cannot be used right now ('' when it can)
+
+    def write(self, record: "Record", ingest: bool = True) -> "Written": ...
+
+    def find_start(self, cluster: str, job_id: int, restart_count: int, node: str,
+                   spool_budget_s: float = 2.0) -> "StartLookup": ...
+
+    def housekeeping(self, max_files: int, max_seconds: float, prune: bool = False) -> "IngestReport": ...
+
+
+@runtime_checkable
+class EventLog(Protocol):
+    """The hook's decision log: hooks/log.py's HookLog."""
+
+    hook: str
+
+    def event(self, event: str, level: str = "info", **fields: Any) -> str: ...
+
+    def info(self, event: str, **f: Any) -> str: ...
+
+    def warning(self, event: str, **f: Any) -> str: ...
+
+    def error(self, event: str, **f: Any) -> str: ...
+
 
 class HookDeps:
     """What a hook talks to; tests inject fakes at these seams.  Whatever is not given is the real thing."""
 
-    def __init__(self, cfg: Config, log: Any, *, reader: Any = None, store: Any = None, slurm: Any = None,
+    def __init__(self, cfg: Config, log: EventLog, *, reader: Optional[GpuReader] = None,
+                 store: Optional[RecordStore] = None, slurm: Optional["SlurmBackend"] = None,
                  now: Callable[[], float] = time.time, kill: Optional[Callable[[int, int], None]] = None,
                  pid_alive: Optional[Callable[[int], bool]] = None,
                  owns: Optional[Callable[[int, JobEnv], bool]] = None, slurm_conf: str = "",
                  started: Optional[float] = None):
         self.cfg = cfg
-        self.log = log  # HookLog
-        self.reader = make_reader(cfg) if reader is None else reader  # NvmlReader
+        self.log = log
+        self.reader: GpuReader = make_reader(cfg) if reader is None else reader
         if store is None:
             from slurm_gpu.store.node import Store
             store = Store.from_config(cfg)
-        self.store = store  # Store
-        self.slurm = slurm  # SlurmBackend, chosen when first needed (backend())
+        self.store: RecordStore = store
+        self.slurm = slurm  # chosen when first needed (backend())
         self.now = now
         self.kill = os.kill if kill is None else kill
         self.pid_alive = procs.pid_alive if pid_alive is None else pid_alive
@@ -47,7 +130,7 @@ class HookDeps:
             self._job_log = BoundLog(self.log, job=job.job_id, node=job.node)
         return self._job_log
 
-    def backend(self):
+    def backend(self) -> "SlurmBackend":
         if self.slurm is None:
             from slurm_gpu.slurm.backend import get_backend
             self.slurm = get_backend(self.cfg)

@@ -179,9 +179,9 @@ def _nvml_unavailable(run: _Run, cfg: Any, job: Any, e: NvmlUnavailable, config_
     # A GPU job on a node whose driver does not answer cannot use its GPUs: that is a node fault.
     run.log.error("nvml-unavailable", job=job.job_id, node=job.node, error=e.message)
     from slurm_gpu.hooks.check import mismatch_metric
-    from slurm_gpu.hooks.deps import HookDeps
+    from slurm_gpu.hooks.deps import HookDeps, NoGpus
     from slurm_gpu.hooks.drain import drain
-    deps = HookDeps(cfg=cfg, log=run.log, reader=object())
+    deps = HookDeps(cfg=cfg, log=run.log, reader=NoGpus(e))
     # A mismatch is named as such (its message names both versions and the remedy); any other
     # failure to start NVML keeps the generic prefix.
     fault = e.message if isinstance(e, DriverLibraryMismatch) else f"NVML unavailable: {e.message}"
