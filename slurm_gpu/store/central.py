@@ -23,6 +23,8 @@ is imported when a connection is opened, never at module import.
 - Schema v5: one writer account per node or node group (table `writer_nodes`); apply_batch first
   calls check_batch_owner, which refuses a batch with a row of another node or cluster
   (store/writers.py).
+- Schema v6: job counts and peaks in the rollups' cells, so that a report's job counts do not
+  grow with jobs (store/rollups.py), built from the rollups already there.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ from slurm_gpu.errors import CentralError, WriterRefused
 from slurm_gpu.store import rollups
 from slurm_gpu.store import writers as W
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 DEFAULT_PORT = 3306
 SESSION_SQL_MODE = "ANSI_QUOTES,PIPES_AS_CONCAT,STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION"
 URL_HINT = "central.url looks like mysql://USER@HOST[:PORT]/DATABASE (password in central.password_file)"
@@ -548,6 +550,9 @@ MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
         W.TABLE_DDL,
         W.check_procedure(RECORD_TABLES),
         _procedure(RECORD_TABLES, 5, with_rollups=True),
+    ),
+    (   # v6, "job counts" (store/rollups.py): job counts and peaks in rollup_day(_node)'s cells.
+        rollups.job_counts_step,
     ),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION

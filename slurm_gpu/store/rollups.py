@@ -9,8 +9,20 @@ Three tables, all derived from `job_gpus` (never written by a node):
   the sums exactly as if it had never been there.
 - `rollup_day_node`: the same with the node, for node views and --node filters.
 - `rollup_jobs`: one row per (cluster, job, day, node, user, account, partition, gpu_model) with
-  the peak memory: distinct job counts and the maximum are not sums, so they are counted from
-  here (and a job's rows are recomputed from its records whenever any of them changes).
+  the peak memory (a job's rows are recomputed from its records whenever any of them changes),
+  and what kind of day it is for the job counts (schema v6, `day_kind` and `node_kind`).
+
+Job counts (v6).  Jobs are not additive over days (a job over midnight counts once) nor over
+groups (a job with two GPU models is one job of its user).  But a job whose rows all lie in one
+group and on consecutive days (a "simple" job: nearly all of them) is counted once in the
+window's days by counting it on its first day (`jobs_first`) plus, on the window's or bucket's
+first day only, the simple jobs there that began before (`jobs_later`): both sums in the cells of
+rollup_day.  `day_kind` of a rollup_jobs row says 1: the simple job's first day, 2: a later day,
+0: the job is not simple (several groups, or a day without it between two with it: a requeue) and
+is counted distinct from these rows.  `node_kind` is the same for the job's rows on one node, for
+rollup_day_node, whose counts are per node (a job on two nodes counts on each).  The cells' peak
+memory (`peak_bytes`) is the maximum of their rollup_jobs rows: raised as rows come in, computed
+again from the rows where a job's rows leave a cell.
 
 A record contributes to each day of `rollup_days` it overlaps the part inside that day, cut
 exactly as the report's calendar cuts a day bucket (report/query.py).  The days are those of one
@@ -19,7 +31,8 @@ zone, chosen when the rollups are built (`central init --rollup-tz`) and kept in
 Names in the key columns may be NULL in job_gpus but not in a primary key: they are stored as ''
 with a bit in `nulls` (1 user, 2 account, 4 partition, 8 gpu_model) saying which were NULL.
 
-This migration step is "rollups": its DDL is all here; store/central.py appends it to MIGRATIONS.
+These migration steps are "rollups" (v4) and "job counts" (v6): their DDL is all here; store/central.py
+appends them to MIGRATIONS.
 """
 from __future__ import annotations
 
@@ -63,6 +76,14 @@ COUNTS: Tuple[Tuple[str, str], ...] = (
     ("energy_n", "energy_j IS NOT NULL"),
 )
 FIGURES = tuple(c for c, _ in SUMS) + tuple(c for c, _ in COUNTS)
+# v6: a cell's job counts and peak (after FIGURES, in the order v6's ALTER TABLE adds them)
+JOB_FIGURES = ("jobs_first", "jobs_later", "peak_bytes")
+JOB_FIGURES_DDL = ('"jobs_first" BIGINT NOT NULL DEFAULT 0', '"jobs_later" BIGINT NOT NULL DEFAULT 0',
+                   '"peak_bytes" BIGINT')
+KINDS = ("day_kind", "node_kind")  # rollup_jobs: 0 counted distinct, 1 first day, 2 later day
+KINDS_DDL = tuple(f'"{k}" TINYINT NOT NULL DEFAULT 0' for k in KINDS)
+JOBS_KEYS = ("KEY rollup_jobs_cell (day, gkey)", "KEY rollup_jobs_mixed (day_kind, day)",
+             "KEY rollup_jobs_node_mixed (node_kind, day)")
 SUM_TABLES = {"rollup_day": (), "rollup_day_node": ("node",)}  # table -> key columns besides the groups
 TABLES = ("rollup_days", "rollup_day", "rollup_day_node", "rollup_jobs")
 
@@ -80,16 +101,15 @@ def sum_table_ddl(table: str, temporary: bool = False) -> str:
     extra = SUM_TABLES[table]
     cols = ['cluster VARCHAR(64) NOT NULL', 'day INT NOT NULL', *(f'"{c}" VARCHAR(255) NOT NULL' for c in extra),
             *_group_ddl(), *(f'"{c}" {SUM} NOT NULL' for c, _ in SUMS), *(f'"{c}" BIGINT NOT NULL' for c, _ in COUNTS),
-            f"PRIMARY KEY ({_q(_keys(extra))})", f"KEY {table}_day (day)"]
+            *JOB_FIGURES_DDL, f"PRIMARY KEY ({_q(_keys(extra))})", f"KEY {table}_day (day)"]
     return (f"CREATE {'TEMPORARY ' if temporary else ''}TABLE IF NOT EXISTS {_name(table, temporary)} (\n    "
             + ",\n    ".join(cols) + f"\n) {TAIL}")
 
 
 def jobs_table_ddl(temporary: bool = False) -> str:
     cols = ["cluster VARCHAR(64) NOT NULL", "job_id BIGINT NOT NULL", "day INT NOT NULL", f'"node" {NAME} NOT NULL',
-            *_group_ddl(), "peak_bytes BIGINT",
-            f"PRIMARY KEY ({_q(['cluster', 'job_id', 'day', 'node', 'gkey'])})",
-            "KEY rollup_jobs_day (day)"]
+            *_group_ddl(), "peak_bytes BIGINT", *KINDS_DDL,
+            f"PRIMARY KEY ({_q(['cluster', 'job_id', 'day', 'node', 'gkey'])})", *JOBS_KEYS]
     return (f"CREATE {'TEMPORARY ' if temporary else ''}TABLE IF NOT EXISTS {_name('rollup_jobs', temporary)} (\n    "
             + ",\n    ".join(cols) + f"\n) {TAIL}")
 
@@ -155,6 +175,63 @@ def _jobs_insert(target: str, records_sql: str) -> str:
             f"GROUP BY {', '.join(str(i) for i in range(1, len(cols)))}")
 
 
+def _cols(alias: str, cols: Sequence[str]) -> str:
+    return ", ".join(f'{alias}."{c}"' for c in cols)
+
+
+def _kinds_update(target: str, rows: str, jobs: Optional[str] = None) -> str:
+    """Set day_kind and node_kind of target's rows (of the jobs `jobs` selects, or all of them)
+    from the jobs' rows that `rows` selects (cluster, job_id, day, node, gkey)."""
+    simple = "(MIN(gkey) = MAX(gkey) AND MAX(day) - MIN(day) + 1 = COUNT(DISTINCT day))"
+    per_job = f"SELECT cluster, job_id, MIN(day) AS f, {simple} AS ok FROM ({rows}) AS x GROUP BY cluster, job_id"
+    per_node = (f"SELECT cluster, job_id, node, MIN(day) AS f, {simple} AS ok FROM ({rows}) AS y "
+                "GROUP BY cluster, job_id, node")
+    only = f" JOIN ({jobs}) AS s ON s.cluster = j.cluster AND s.job_id = j.job_id" if jobs else ""
+    return (f"UPDATE {target} j{only}\nJOIN ({per_job}) AS a ON a.cluster = j.cluster AND a.job_id = j.job_id\n"
+            f"JOIN ({per_node}) AS n ON n.cluster = j.cluster AND n.job_id = j.job_id AND n.node = j.node\n"
+            "SET j.day_kind = CASE WHEN a.ok THEN 1 + (j.day > a.f) ELSE 0 END, "
+            "j.node_kind = CASE WHEN n.ok THEN 1 + (j.day > n.f) ELSE 0 END")
+
+
+def _counts_upsert(table: str, target: str, rows: str, sign: int, assign: bool = False) -> str:
+    """Add (sign 1) or take out (sign -1) the job counts of the rollup_jobs rows `rows` selects in
+    their cells of `table` (with sign 1 the peaks are raised; `assign`: set, for a build)."""
+    extra = SUM_TABLES[table]
+    keys = ["cluster", "day", *extra, *GROUP_COLUMNS, "nulls", "gkey"]
+    if extra:  # a job has one row per cell of rollup_day_node
+        first, later = "SUM(j.node_kind = 1)", "SUM(j.node_kind = 2)"
+    else:  # and one per node in a cell of rollup_day
+        first, later = (f"COUNT(DISTINCT CASE WHEN j.day_kind = {k} THEN j.job_id END)" for k in (1, 2))
+    figs = list(FIGURES) + ["jobs_first", "jobs_later"] + (["peak_bytes"] if sign > 0 else [])
+    sel = [_cols("j", keys)] + ["0"] * len(FIGURES) + [f"{sign} * {first}", f"{sign} * {later}"]
+    sel += ["MAX(j.peak_bytes)"] if sign > 0 else []
+    if assign:
+        upd = ", ".join(f'"{c}" = VALUES("{c}")' for c in JOB_FIGURES)
+    else:
+        upd = ", ".join(f'"{c}" = "{c}" + VALUES("{c}")' for c in ("jobs_first", "jobs_later"))
+        if sign > 0:
+            upd += (', "peak_bytes" = GREATEST(COALESCE("peak_bytes", VALUES("peak_bytes")), '
+                    'COALESCE(VALUES("peak_bytes"), "peak_bytes"))')
+    return (f"INSERT INTO {target} ({_q(keys + figs)})\nSELECT {', '.join(sel)}\nFROM ({rows}) AS j\n"
+            f"GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 1))}\nON DUPLICATE KEY UPDATE {upd}")
+
+
+_BATCH_JOBS = "SELECT DISTINCT cluster, job_id FROM stage_job_gpus WHERE batch = b"
+_BATCH_ROWS = f"SELECT r.* FROM rollup_jobs r JOIN ({_BATCH_JOBS}) s ON s.cluster = r.cluster AND s.job_id = r.job_id"
+
+
+def _peaks_reset(table: str) -> str:
+    """The peaks of the cells where the batch's jobs have rows, from the other jobs' rows there."""
+    keys = ["cluster", "day", *SUM_TABLES[table], "gkey"]
+    cells = (f"SELECT DISTINCT {_cols('o', keys)} FROM rollup_jobs o JOIN ({_BATCH_JOBS}) s "
+             "ON s.cluster = o.cluster AND s.job_id = o.job_id")
+    on = " AND ".join(f'r."{k}" = c."{k}"' for k in keys)
+    same = " AND ".join(f'x."{k}" = r."{k}"' for k in keys)
+    return (f"UPDATE {table} r JOIN ({cells}) AS c ON {on}\nSET r.peak_bytes = (SELECT MAX(x.peak_bytes) FROM rollup_jobs x "
+            f"WHERE {same} AND NOT EXISTS (SELECT 1 FROM stage_job_gpus s WHERE s.batch = b "
+            "AND s.cluster = x.cluster AND s.job_id = x.job_id))")
+
+
 _STAGED = ("SELECT g.* FROM job_gpus g JOIN stage_job_gpus s ON s.cluster = g.cluster AND s.job_id = g.job_id "
            "AND s.restart_count = g.restart_count AND s.node = g.node AND s.gpu_uuid = g.gpu_uuid "
            f"WHERE s.batch = b AND g.withdrawn = 0 AND {VALID.replace('end_time', 'g.end_time').replace('start_time', 'g.start_time')}")
@@ -168,9 +245,14 @@ def procedures() -> List[str]:
     in the same transaction: take the batch's records' current versions out, put the new ones in."""
     before = [_sums_insert(t, t, _STAGED, -1) for t in SUM_TABLES]
     after = [_sums_insert(t, t, _STAGED, 1) for t in SUM_TABLES]
-    after += ["DELETE j FROM rollup_jobs j JOIN (SELECT DISTINCT cluster, job_id FROM stage_job_gpus WHERE batch = b) s "
-              "ON s.cluster = j.cluster AND s.job_id = j.job_id",
-              _jobs_insert("rollup_jobs", _STAGED_JOBS)]
+    # The batch's jobs' counts out of their cells and their peaks from the other jobs' rows there,
+    # their rows recomputed from their records, then their counts and peaks in again.
+    after += [_counts_upsert(t, t, _BATCH_ROWS, -1) for t in SUM_TABLES] + [_peaks_reset(t) for t in SUM_TABLES]
+    after += [f"DELETE j FROM rollup_jobs j JOIN ({_BATCH_JOBS}) s ON s.cluster = j.cluster AND s.job_id = j.job_id",
+              _jobs_insert("rollup_jobs", _STAGED_JOBS),
+              _kinds_update("rollup_jobs", f"SELECT r.cluster, r.job_id, r.day, r.node, r.gkey FROM ({_BATCH_ROWS}) AS r",
+                            _BATCH_JOBS)]
+    after += [_counts_upsert(t, t, _BATCH_ROWS, 1) for t in SUM_TABLES]
     out = []
     for name, body in (("rollups_before", before), ("rollups_after", after)):
         out.append(f"CREATE OR REPLACE PROCEDURE {name}(IN b CHAR(32)) MODIFIES SQL DATA SQL SECURITY DEFINER\n"
@@ -230,6 +312,20 @@ def build(srv: Any, first_day: int = 0, temporary: bool = False,
             f"{_DAY_JOIN}", f"{_DAY_JOIN} AND d.day BETWEEN {d0} AND {d1}"))
         if progress is not None:
             progress(i + 1, len(chunks))
+    job_counts(srv, first_day, temporary)
+
+
+def job_counts(srv: Any, first_day: int = 0, temporary: bool = False) -> None:
+    """The rollup_jobs rows' kinds and the cells' job counts and peaks, from the rollup_jobs rows of
+    days >= first_day (a job's rows before it, left as they are, count for its kinds)."""
+    jobs = _name("rollup_jobs", temporary)
+    rows = f"SELECT cluster, job_id, day, node, gkey FROM {jobs}"
+    if temporary and first_day > 0:
+        rows += f" UNION ALL SELECT cluster, job_id, day, node, gkey FROM rollup_jobs WHERE day < {int(first_day)}"
+    srv.execute(_kinds_update(jobs, rows))
+    for t in SUM_TABLES:
+        srv.execute(_counts_upsert(t, _name(t, temporary), f"SELECT * FROM {jobs} WHERE day >= {int(first_day)}", 1,
+                                   assign=True))
 
 
 def fill_days(srv: Any, utc: bool, zone_name: str) -> None:
@@ -260,10 +356,27 @@ def migration_step(utc: bool, zone_name: str, progress: Optional[Callable[[int, 
     return step
 
 
+def job_counts_step(srv: Any) -> None:
+    """The schema step "job counts" (v6) from v5's rollups: the cells' job counts and peaks and the
+    rows' kinds as columns, the procedures that keep them, then their values from the rollup_jobs
+    rows already there (themselves built from the records) in one serializable transaction."""
+    for t in SUM_TABLES:
+        srv.execute(f"ALTER TABLE {t} " + ", ".join(f"ADD COLUMN IF NOT EXISTS {c}" for c in JOB_FIGURES_DDL))
+    srv.execute("ALTER TABLE rollup_jobs " + ", ".join(
+        [f"ADD COLUMN IF NOT EXISTS {c}" for c in KINDS_DDL] + ["DROP INDEX IF EXISTS rollup_jobs_day"]
+        + [f"ADD {k.replace('KEY ', 'KEY IF NOT EXISTS ', 1)}" for k in JOBS_KEYS]))
+    for ddl in procedures():
+        srv.execute(ddl)
+    srv.commit()  # (ALTER TABLE commits anyway): the next transaction is the serializable one
+    srv.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+    srv.execute("START TRANSACTION")
+    job_counts(srv)
+
+
 def _null_safe_join(table: str) -> Tuple[str, str]:
     keys = _keys(SUM_TABLES[table]) if table != "rollup_jobs" else \
         ["cluster", "job_id", "day", "node", "gkey"]
-    vals = list(FIGURES) if table != "rollup_jobs" else ["peak_bytes"]
+    vals = list(FIGURES + JOB_FIGURES) if table != "rollup_jobs" else ["peak_bytes", *KINDS]
     on = " AND ".join(f'a."{k}" = b."{k}"' for k in keys)
     same = " AND ".join(f'a."{v}" <=> b."{v}"' for v in vals)
     return on, same
@@ -289,6 +402,12 @@ def differences(srv: Any, first_day: int) -> Dict[str, Tuple[int, int, int]]:
     return out
 
 
+def _columns(table: str) -> List[str]:
+    if table == "rollup_jobs":
+        return ["cluster", "job_id", "day", "node", *GROUP_COLUMNS, "nulls", "gkey", "peak_bytes", *KINDS]
+    return ["cluster", "day", *SUM_TABLES[table], *GROUP_COLUMNS, "nulls", "gkey", *FIGURES, *JOB_FIGURES]
+
+
 def rebuild(srv: Any, first_day: int = 0, progress: Optional[Callable[[int, int], None]] = None
             ) -> Dict[str, Tuple[int, int, int]]:
     """Recompute the rollups from the records for days >= first_day, replace them, and say what
@@ -301,7 +420,8 @@ def rebuild(srv: Any, first_day: int = 0, progress: Optional[Callable[[int, int]
         diff = differences(srv, first_day)
         for t in ("rollup_day", "rollup_day_node", "rollup_jobs"):
             srv.execute(f"DELETE FROM {t} WHERE day >= %s", (first_day,))
-            srv.execute(f"INSERT INTO {t} SELECT * FROM tmp_{t}")
+            cols = _q(_columns(t))
+            srv.execute(f"INSERT INTO {t} ({cols}) SELECT {cols} FROM tmp_{t}")
         srv.commit()
     except BaseException:
         srv.rollback()
