@@ -313,15 +313,7 @@ TRICKY_WINDOWS = ((T0 + 10 * D, T0 + 80 * D), (T0 + 10 * D + 1800.0, T0 + 70 * D
 def test_job_counts_from_the_rollups_count_no_job_twice(server, tmp_path):
     s = Site(server, tmp_path)
     _init(s)
-    files = []
-    for node, pushes in TRICKY.items():
-        st = Store(str(tmp_path / f"{node}.db"), str(tmp_path / f"spool-{node}"))
-        for batch in pushes:
-            for rec in batch:
-                st.write(rec)
-            assert s.push("--db", str(tmp_path / f"{node}.db")).returncode == 0
-        st.close()
-        files.append(str(tmp_path / f"{node}.db"))
+    files = _push_tricky(s, tmp_path)
     assert s.rows("SELECT COUNT(*) FROM job_gpus WHERE withdrawn = 1") == [["1"]]
     # The counts the pushes kept are the counts built from the records (each kind of job is there).
     r = cli("--config", str(s.config), "central", "rollup", "--rebuild")
@@ -340,3 +332,38 @@ def test_job_counts_from_the_rollups_count_no_job_twice(server, tmp_path):
     # The counts themselves, as a person would count: one job on two nodes is one job in the total.
     a, _b, _plan = _both(s, files, Q.Query(since_s=T0 + 20 * D, until_s=T0 + 21 * D, tz="utc"), ("user",))
     assert a[1].splitlines()[1].split(",")[:2] == ["alice", "1"], a[1]
+
+
+def _push_tricky(s: Site, tmp_path) -> list:
+    files = []
+    for node, pushes in TRICKY.items():
+        st = Store(str(tmp_path / f"{node}.db"), str(tmp_path / f"spool-{node}"))
+        for batch in pushes:
+            for rec in batch:
+                st.write(rec)
+            assert s.push("--db", str(tmp_path / f"{node}.db")).returncode == 0
+        st.close()
+        files.append(str(tmp_path / f"{node}.db"))
+    return files
+
+
+def test_migrating_a_v5_server_builds_the_job_counts_from_its_rollups(server, tmp_path):
+    s = Site(server, tmp_path)
+    _init(s)
+    files = _push_tricky(s, tmp_path)
+    # The server as v5 left it: rollups without job counts, peaks or kinds.
+    drop = ", ".join(f"DROP COLUMN {c}" for c in R.JOB_FIGURES)
+    s.server.sql(f"ALTER TABLE rollup_day {drop}; ALTER TABLE rollup_day_node {drop}; "
+                 "ALTER TABLE rollup_jobs DROP INDEX rollup_jobs_cell, DROP INDEX rollup_jobs_mixed, "
+                 "DROP INDEX rollup_jobs_node_mixed, DROP COLUMN day_kind, DROP COLUMN node_kind, "
+                 "ADD KEY rollup_jobs_day (day); UPDATE meta SET value = '5' WHERE name = 'schema_version';", s.db)
+    r = cli("--config", str(s.config), "central", "init", "--writer", s.writer, "--reporter", s.reporter)
+    assert r.returncode == 0, r.stderr
+    assert f"schema migrated from 5 at version {C.SCHEMA_VERSION}" in r.stderr
+    assert s.rows("SELECT SUM(jobs_first) FROM rollup_day") == [["4"]]
+    r = cli("--config", str(s.config), "central", "rollup", "--rebuild")
+    assert r.returncode == 0 and "rollups exact" in r.stderr, r.stdout + r.stderr
+    for since, until in TRICKY_WINDOWS[:2]:
+        for by in (("user",), ("node", "day"), ("gpu-model", "month")):
+            a, b, plan = _both(s, files, Q.Query(since_s=since, until_s=until, tz="utc"), by)
+            assert b == a and plan.startswith("rollups"), (by, plan, _diff(a[1], b[1]))
