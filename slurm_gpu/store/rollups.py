@@ -155,6 +155,12 @@ def _group_select() -> List[str]:
     return names + [f"({nulls})", f"UNHEX(SHA2(CONCAT(({nulls}), ':', {parts}), 256))"]
 
 
+def _group_by(keys: Sequence[str]) -> str:
+    """GROUP BY the key columns' positions but the names: `gkey` (their hash with `nulls`) stands
+    for them, and a grouping on four VARCHAR(255) made every statement's temporary table wide."""
+    return "GROUP BY " + ", ".join(str(i) for i, k in enumerate(keys, 1) if k not in GROUP_COLUMNS and k != "nulls")
+
+
 def _sums_insert(table: str, target: str, records_sql: str, sign: int) -> str:
     """Add (sign 1) or take out (sign -1) the pieces of the records `records_sql` selects."""
     extra = SUM_TABLES[table]
@@ -165,14 +171,14 @@ def _sums_insert(table: str, target: str, records_sql: str, sign: int) -> str:
     n_keys = len(cols) - len(FIGURES)
     upd = ", ".join(f'"{c}" = "{c}" + VALUES("{c}")' for c in FIGURES)
     return (f"INSERT INTO {target} ({_q(cols)})\nSELECT {', '.join(sel)}\nFROM ({records_sql}) AS r {_DAY_JOIN}\n"
-            f"GROUP BY {', '.join(str(i) for i in range(1, n_keys + 1))}\nON DUPLICATE KEY UPDATE {upd}")
+            f"{_group_by(cols[:n_keys])}\nON DUPLICATE KEY UPDATE {upd}")
 
 
 def _jobs_insert(target: str, records_sql: str) -> str:
     cols = ["cluster", "job_id", "day", "node", *GROUP_COLUMNS, "nulls", "gkey", "peak_bytes"]
     sel = ["r.cluster", "r.job_id", "d.day", "r.node", *_group_select(), "MAX(r.max_memory_bytes)"]
     return (f"INSERT INTO {target} ({_q(cols)})\nSELECT {', '.join(sel)}\nFROM ({records_sql}) AS r {_DAY_JOIN}\n"
-            f"GROUP BY {', '.join(str(i) for i in range(1, len(cols)))}")
+            f"{_group_by(cols[:-1])}")
 
 
 def _cols(alias: str, cols: Sequence[str]) -> str:
@@ -213,7 +219,7 @@ def _counts_upsert(table: str, target: str, rows: str, sign: int, assign: bool =
             upd += (', "peak_bytes" = GREATEST(COALESCE("peak_bytes", VALUES("peak_bytes")), '
                     'COALESCE(VALUES("peak_bytes"), "peak_bytes"))')
     return (f"INSERT INTO {target} ({_q(keys + figs)})\nSELECT {', '.join(sel)}\nFROM ({rows}) AS j\n"
-            f"GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 1))}\nON DUPLICATE KEY UPDATE {upd}")
+            f"{_group_by(keys)}\nON DUPLICATE KEY UPDATE {upd}")
 
 
 _BATCH_JOBS = "SELECT DISTINCT cluster, job_id FROM stage_job_gpus WHERE batch = b"
@@ -232,22 +238,54 @@ def _peaks_reset(table: str) -> str:
             "AND s.cluster = x.cluster AND s.job_id = x.job_id))")
 
 
-_STAGED = ("SELECT g.* FROM job_gpus g JOIN stage_job_gpus s ON s.cluster = g.cluster AND s.job_id = g.job_id "
-           "AND s.restart_count = g.restart_count AND s.node = g.node AND s.gpu_uuid = g.gpu_uuid "
-           f"WHERE s.batch = b AND g.withdrawn = 0 AND {VALID.replace('end_time', 'g.end_time').replace('start_time', 'g.start_time')}")
-_STAGED_JOBS = ("SELECT g.* FROM job_gpus g JOIN (SELECT DISTINCT cluster, job_id FROM stage_job_gpus WHERE batch = b) s "
-                "ON s.cluster = g.cluster AND s.job_id = g.job_id "
-                f"WHERE g.withdrawn = 0 AND {VALID.replace('end_time', 'g.end_time').replace('start_time', 'g.start_time')}")
+def _valid(alias: str) -> str:
+    return VALID.replace("end_time", f"{alias}.end_time").replace("start_time", f"{alias}.start_time")
+
+
+# The columns the rollups read from a record.
+_RECORD = ("cluster", "job_id", "node", *GROUP_COLUMNS, "start_time", "end_time", "energy_j", "gpu_util_mean_pct",
+           "mem_util_mean_pct", "max_memory_bytes")
+_KEY_ON = ("s.cluster = g.cluster AND s.job_id = g.job_id AND s.restart_count = g.restart_count AND s.node = g.node "
+           "AND s.gpu_uuid = g.gpu_uuid")
+# The batch's records as the upsert leaves them (+1: the staged rows it applies) and as they are
+# before it (-1: the server's current versions of the staged rows, taken out).
+_NET = (f"SELECT 1 AS sgn, {_cols('s', _RECORD)} FROM stage_job_gpus s WHERE s.batch = b AND s.withdrawn = 0 "
+        f"AND {_valid('s')}\n  UNION ALL\n  SELECT -1, {_cols('g', _RECORD)} FROM job_gpus g JOIN stage_job_gpus s "
+        f"ON {_KEY_ON} WHERE s.batch = b AND g.withdrawn = 0 AND {_valid('g')}")
+_STAGED_JOBS = (f"SELECT {_cols('g', _RECORD)} FROM job_gpus g JOIN ({_BATCH_JOBS}) s "
+                f"ON s.cluster = g.cluster AND s.job_id = g.job_id WHERE g.withdrawn = 0 AND {_valid('g')}")
+
+
+def _delta() -> List[str]:
+    """The batch's net change of the sums, per node cell, once, into a temporary table; then into
+    rollup_day_node as it is and into rollup_day summed over the nodes."""
+    extra = SUM_TABLES["rollup_day_node"]
+    keys = ["cluster", "day", *extra, *GROUP_COLUMNS, "nulls", "gkey"]
+    sel = ["r.cluster", "d.day", *(f'r."{c}"' for c in extra), *_group_select(),
+           *(f'SUM(r.sgn * CAST({expr} AS {SUM})) AS "{c}"' for c, expr in SUMS),
+           *(f'SUM(r.sgn * ({expr})) AS "{c}"' for c, expr in COUNTS)]
+    names = [f'{n} AS "{c}"' for n, c in zip(sel[:len(keys)], keys)]
+    make = (f"CREATE TEMPORARY TABLE rollup_delta AS\nSELECT {', '.join(names + sel[len(keys):])}\n"
+            f"FROM (\n  {_NET}\n) AS r {_DAY_JOIN}\n{_group_by(keys)}")
+    out = ["DROP TEMPORARY TABLE IF EXISTS rollup_delta", make]
+    for table, extra in SUM_TABLES.items():
+        cols = ["cluster", "day", *extra, *GROUP_COLUMNS, "nulls", "gkey"]
+        figs = [f'SUM("{c}")' for c in FIGURES] if not extra else [f'"{c}"' for c in FIGURES]
+        upd = ", ".join(f'{table}."{c}" = {table}."{c}" + VALUES("{c}")' for c in FIGURES)
+        group = f"\n{_group_by(cols)}" if not extra else ""
+        out.append(f"INSERT INTO {table} ({_q(cols + list(FIGURES))})\nSELECT {_q(cols)}, {', '.join(figs)} "
+                   f"FROM rollup_delta{group}\nON DUPLICATE KEY UPDATE {upd}")
+    return out + ["DROP TEMPORARY TABLE rollup_delta"]
 
 
 def procedures() -> List[str]:
     """rollups_before(b) / rollups_after(b): what apply_batch calls around its job_gpus upsert,
-    in the same transaction: take the batch's records' current versions out, put the new ones in."""
-    before = [_sums_insert(t, t, _STAGED, -1) for t in SUM_TABLES]
-    after = [_sums_insert(t, t, _STAGED, 1) for t in SUM_TABLES]
+    in the same transaction: before it, the batch's net change of the sums (its records' current
+    versions out, the staged ones in); after it, the batch's jobs' rows and counts."""
+    before = _delta()
     # The batch's jobs' counts out of their cells and their peaks from the other jobs' rows there,
     # their rows recomputed from their records, then their counts and peaks in again.
-    after += [_counts_upsert(t, t, _BATCH_ROWS, -1) for t in SUM_TABLES] + [_peaks_reset(t) for t in SUM_TABLES]
+    after = [_counts_upsert(t, t, _BATCH_ROWS, -1) for t in SUM_TABLES] + [_peaks_reset(t) for t in SUM_TABLES]
     after += [f"DELETE j FROM rollup_jobs j JOIN ({_BATCH_JOBS}) s ON s.cluster = j.cluster AND s.job_id = j.job_id",
               _jobs_insert("rollup_jobs", _STAGED_JOBS),
               _kinds_update("rollup_jobs", f"SELECT r.cluster, r.job_id, r.day, r.node, r.gkey FROM ({_BATCH_ROWS}) AS r",
