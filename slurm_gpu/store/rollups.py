@@ -174,68 +174,94 @@ def _sums_insert(table: str, target: str, records_sql: str, sign: int) -> str:
             f"{_group_by(cols[:n_keys])}\nON DUPLICATE KEY UPDATE {upd}")
 
 
-def _jobs_insert(target: str, records_sql: str) -> str:
-    cols = ["cluster", "job_id", "day", "node", *GROUP_COLUMNS, "nulls", "gkey", "peak_bytes"]
+JOB_COLS = ["cluster", "job_id", "day", "node", *GROUP_COLUMNS, "nulls", "gkey", "peak_bytes"]
+
+
+def _jobs_select(records_sql: str) -> str:
+    """The rollup_jobs rows (without kinds) of the records `records_sql` selects."""
     sel = ["r.cluster", "r.job_id", "d.day", "r.node", *_group_select(), "MAX(r.max_memory_bytes)"]
-    return (f"INSERT INTO {target} ({_q(cols)})\nSELECT {', '.join(sel)}\nFROM ({records_sql}) AS r {_DAY_JOIN}\n"
-            f"{_group_by(cols[:-1])}")
+    names = [f'{e} AS "{c}"' for e, c in zip(sel, JOB_COLS)]
+    return f"SELECT {', '.join(names)}\nFROM ({records_sql}) AS r {_DAY_JOIN}\n{_group_by(JOB_COLS[:-1])}"
+
+
+def _jobs_insert(target: str, records_sql: str) -> str:
+    return f"INSERT INTO {target} ({_q(JOB_COLS)})\n{_jobs_select(records_sql)}"
 
 
 def _cols(alias: str, cols: Sequence[str]) -> str:
     return ", ".join(f'{alias}."{c}"' for c in cols)
 
 
-def _kinds_update(target: str, rows: str, jobs: Optional[str] = None) -> str:
-    """Set day_kind and node_kind of target's rows (of the jobs `jobs` selects, or all of them)
-    from the jobs' rows that `rows` selects (cluster, job_id, day, node, gkey)."""
-    simple = "(MIN(gkey) = MAX(gkey) AND MAX(day) - MIN(day) + 1 = COUNT(DISTINCT day))"
-    per_job = f"SELECT cluster, job_id, MIN(day) AS f, {simple} AS ok FROM ({rows}) AS x GROUP BY cluster, job_id"
-    per_node = (f"SELECT cluster, job_id, node, MIN(day) AS f, {simple} AS ok FROM ({rows}) AS y "
-                "GROUP BY cluster, job_id, node")
-    only = f" JOIN ({jobs}) AS s ON s.cluster = j.cluster AND s.job_id = j.job_id" if jobs else ""
-    return (f"UPDATE {target} j{only}\nJOIN ({per_job}) AS a ON a.cluster = j.cluster AND a.job_id = j.job_id\n"
-            f"JOIN ({per_node}) AS n ON n.cluster = j.cluster AND n.job_id = j.job_id AND n.node = j.node\n"
-            "SET j.day_kind = CASE WHEN a.ok THEN 1 + (j.day > a.f) ELSE 0 END, "
-            "j.node_kind = CASE WHEN n.ok THEN 1 + (j.day > n.f) ELSE 0 END")
+def _with_kinds(rows: str) -> str:
+    """The rollup_jobs rows `rows` selects (every row of their jobs) with their kinds.
+
+    day_kind: 0 the job is not simple (several groups, or a day without it between two with it);
+    for a simple job, on one row per day (the first node's, the "lead"), 1 its first day and 2 a
+    later one, 3 on its other nodes' rows: so that rollup_day's counts are sums of its node
+    cells'.  node_kind: the same for the job's rows on one node (one row a day there)."""
+    job, node = "PARTITION BY cluster, job_id", "PARTITION BY cluster, job_id, node"
+    w1 = (f"SELECT y.*, MIN(gkey) OVER ({job}) AS g_lo, MAX(gkey) OVER ({job}) AS g_hi, MIN(day) OVER ({job}) AS d_lo, "
+          f"MAX(day) OVER ({job}) AS d_hi, ROW_NUMBER() OVER ({job}, day ORDER BY node, gkey) AS lead, "
+          f"MIN(gkey) OVER ({node}) AS ng_lo, MAX(gkey) OVER ({node}) AS ng_hi, MIN(day) OVER ({node}) AS nd_lo, "
+          f"MAX(day) OVER ({node}) AS nd_hi, COUNT(*) OVER ({node}) AS nn FROM ({rows}) AS y")
+    w2 = f"SELECT w.*, SUM(lead = 1) OVER ({job}) AS n_days FROM ({w1}) AS w"
+    day_kind = ("CASE WHEN g_lo = g_hi AND d_hi - d_lo + 1 = n_days THEN "
+                "CASE WHEN lead = 1 THEN 1 + (day > d_lo) ELSE 3 END ELSE 0 END")
+    node_kind = "CASE WHEN ng_lo = ng_hi AND nd_hi - nd_lo + 1 = nn THEN 1 + (day > nd_lo) ELSE 0 END"
+    return f"SELECT {_q(JOB_COLS)}, {day_kind} AS day_kind, {node_kind} AS node_kind FROM ({w2}) AS k"
 
 
-def _counts_upsert(table: str, target: str, rows: str, sign: int, assign: bool = False) -> str:
-    """Add (sign 1) or take out (sign -1) the job counts of the rollup_jobs rows `rows` selects in
-    their cells of `table` (with sign 1 the peaks are raised; `assign`: set, for a build)."""
-    extra = SUM_TABLES[table]
-    keys = ["cluster", "day", *extra, *GROUP_COLUMNS, "nulls", "gkey"]
-    if extra:  # a job has one row per cell of rollup_day_node
-        first, later = "SUM(j.node_kind = 1)", "SUM(j.node_kind = 2)"
-    else:  # and one per node in a cell of rollup_day
-        first, later = (f"COUNT(DISTINCT CASE WHEN j.day_kind = {k} THEN j.job_id END)" for k in (1, 2))
-    figs = list(FIGURES) + ["jobs_first", "jobs_later"] + (["peak_bytes"] if sign > 0 else [])
-    sel = [_cols("j", keys)] + ["0"] * len(FIGURES) + [f"{sign} * {first}", f"{sign} * {later}"]
-    sel += ["MAX(j.peak_bytes)"] if sign > 0 else []
-    if assign:
-        upd = ", ".join(f'"{c}" = VALUES("{c}")' for c in JOB_FIGURES)
-    else:
-        upd = ", ".join(f'"{c}" = "{c}" + VALUES("{c}")' for c in ("jobs_first", "jobs_later"))
-        if sign > 0:
-            upd += (', "peak_bytes" = GREATEST(COALESCE("peak_bytes", VALUES("peak_bytes")), '
-                    'COALESCE(VALUES("peak_bytes"), "peak_bytes"))')
-    return (f"INSERT INTO {target} ({_q(keys + figs)})\nSELECT {', '.join(sel)}\nFROM ({rows}) AS j\n"
-            f"{_group_by(keys)}\nON DUPLICATE KEY UPDATE {upd}")
+def _kinds_update(target: str, rows: str) -> str:
+    """Set day_kind and node_kind of target's rows from every row of their jobs (`rows`)."""
+    on = " AND ".join(f'k."{c}" = j."{c}"' for c in ("cluster", "job_id", "day", "node", "gkey"))
+    return (f"UPDATE {target} j JOIN ({_with_kinds(rows)}) AS k ON {on}\n"
+            "SET j.day_kind = k.day_kind, j.node_kind = k.node_kind")
+
+
+def _first_later(table: str, sign: str = "") -> Tuple[str, str]:
+    kind = "node_kind" if SUM_TABLES[table] else "day_kind"
+    return f"SUM({sign}(j.{kind} = 1))", f"SUM({sign}(j.{kind} = 2))"
+
+
+def _counts_assign(table: str, target: str, rows: str) -> str:
+    """Set the job counts and peaks of target's cells from the rollup_jobs rows `rows` selects (a build)."""
+    keys = ["cluster", "day", *SUM_TABLES[table], *GROUP_COLUMNS, "nulls", "gkey"]
+    sel = [_cols("j", keys)] + ["0"] * len(FIGURES) + list(_first_later(table)) + ["MAX(j.peak_bytes)"]
+    upd = ", ".join(f'"{c}" = VALUES("{c}")' for c in JOB_FIGURES)
+    return (f"INSERT INTO {target} ({_q(keys + list(FIGURES + JOB_FIGURES))})\nSELECT {', '.join(sel)}\n"
+            f"FROM ({rows}) AS j\n{_group_by(keys)}\nON DUPLICATE KEY UPDATE {upd}")
 
 
 _BATCH_JOBS = "SELECT DISTINCT cluster, job_id FROM stage_job_gpus WHERE batch = b"
-_BATCH_ROWS = f"SELECT r.* FROM rollup_jobs r JOIN ({_BATCH_JOBS}) s ON s.cluster = r.cluster AND s.job_id = r.job_id"
+_KINDED = JOB_COLS + list(KINDS)
 
 
-def _peaks_reset(table: str) -> str:
-    """The peaks of the cells where the batch's jobs have rows, from the other jobs' rows there."""
-    keys = ["cluster", "day", *SUM_TABLES[table], "gkey"]
-    cells = (f"SELECT DISTINCT {_cols('o', keys)} FROM rollup_jobs o JOIN ({_BATCH_JOBS}) s "
-             "ON s.cluster = o.cluster AND s.job_id = o.job_id")
-    on = " AND ".join(f'r."{k}" = c."{k}"' for k in keys)
-    same = " AND ".join(f'x."{k}" = r."{k}"' for k in keys)
-    return (f"UPDATE {table} r JOIN ({cells}) AS c ON {on}\nSET r.peak_bytes = (SELECT MAX(x.peak_bytes) FROM rollup_jobs x "
-            f"WHERE {same} AND NOT EXISTS (SELECT 1 FROM stage_job_gpus s WHERE s.batch = b "
-            "AND s.cluster = x.cluster AND s.job_id = x.job_id))")
+def _jobs_change() -> List[str]:
+    """After the upsert: the batch's jobs' rows recomputed from their records, and the change of
+    their counts (old rows out, new in) and peaks (the maximum of the cell's rows now) in the cells."""
+    node_keys = ["cluster", "day", "node", *GROUP_COLUMNS, "nulls", "gkey"]
+    old = (f"SELECT -1 AS sgn, {_cols('o', _KINDED)} FROM rollup_jobs o JOIN ({_BATCH_JOBS}) s "
+           "ON s.cluster = o.cluster AND s.job_id = o.job_id")
+    new = f"SELECT 1, {_cols('n', _KINDED)} FROM rollup_jobs_new n"
+    deltas = [f'{e} AS "{c}"' for c, table in (("d", "rollup_day"), ("n", "rollup_day_node"))
+              for e, c in zip(_first_later(table, "j.sgn * "), (f"{c}_first", f"{c}_later"))]
+    cells = (f"CREATE TEMPORARY TABLE rollup_cells AS\nSELECT {_cols('j', node_keys)}, {', '.join(deltas)}\n"
+             f"FROM ({old}\n  UNION ALL\n  {new}) AS j\n{_group_by(node_keys)}")
+    out = ["DROP TEMPORARY TABLE IF EXISTS rollup_jobs_new", "DROP TEMPORARY TABLE IF EXISTS rollup_cells",
+           f"CREATE TEMPORARY TABLE rollup_jobs_new AS\n{_with_kinds(_jobs_select(_STAGED_JOBS))}", cells,
+           f"DELETE j FROM rollup_jobs j JOIN ({_BATCH_JOBS}) s ON s.cluster = j.cluster AND s.job_id = j.job_id",
+           f"INSERT INTO rollup_jobs ({_q(_KINDED)}) SELECT {_q(_KINDED)} FROM rollup_jobs_new"]
+    for table, extra in SUM_TABLES.items():
+        keys = ["cluster", "day", *extra, *GROUP_COLUMNS, "nulls", "gkey"]
+        p = "n" if extra else "d"
+        same = " AND ".join(f'x."{k}" = c."{k}"' for k in ("day", "gkey", "cluster", *extra))
+        peak = f"(SELECT MAX(x.peak_bytes) FROM rollup_jobs x WHERE {same})"
+        figs = [f"SUM(c.{p}_first)", f"SUM(c.{p}_later)", peak]
+        upd = ", ".join(f'{table}."{c}" = {table}."{c}" + VALUES("{c}")' for c in ("jobs_first", "jobs_later"))
+        out.append(f"INSERT INTO {table} ({_q(keys + list(FIGURES + JOB_FIGURES))})\n"
+                   f"SELECT {_cols('c', keys)}, {', '.join(['0'] * len(FIGURES) + figs)} FROM rollup_cells c\n"
+                   f"{_group_by(keys)}\nON DUPLICATE KEY UPDATE {upd}, {table}.peak_bytes = VALUES(peak_bytes)")
+    return out + ["DROP TEMPORARY TABLE rollup_jobs_new", "DROP TEMPORARY TABLE rollup_cells"]
 
 
 def _valid(alias: str) -> str:
@@ -283,14 +309,7 @@ def procedures() -> List[str]:
     in the same transaction: before it, the batch's net change of the sums (its records' current
     versions out, the staged ones in); after it, the batch's jobs' rows and counts."""
     before = _delta()
-    # The batch's jobs' counts out of their cells and their peaks from the other jobs' rows there,
-    # their rows recomputed from their records, then their counts and peaks in again.
-    after = [_counts_upsert(t, t, _BATCH_ROWS, -1) for t in SUM_TABLES] + [_peaks_reset(t) for t in SUM_TABLES]
-    after += [f"DELETE j FROM rollup_jobs j JOIN ({_BATCH_JOBS}) s ON s.cluster = j.cluster AND s.job_id = j.job_id",
-              _jobs_insert("rollup_jobs", _STAGED_JOBS),
-              _kinds_update("rollup_jobs", f"SELECT r.cluster, r.job_id, r.day, r.node, r.gkey FROM ({_BATCH_ROWS}) AS r",
-                            _BATCH_JOBS)]
-    after += [_counts_upsert(t, t, _BATCH_ROWS, 1) for t in SUM_TABLES]
+    after = _jobs_change()
     out = []
     for name, body in (("rollups_before", before), ("rollups_after", after)):
         out.append(f"CREATE OR REPLACE PROCEDURE {name}(IN b CHAR(32)) MODIFIES SQL DATA SQL SECURITY DEFINER\n"
@@ -357,13 +376,12 @@ def job_counts(srv: Any, first_day: int = 0, temporary: bool = False) -> None:
     """The rollup_jobs rows' kinds and the cells' job counts and peaks, from the rollup_jobs rows of
     days >= first_day (a job's rows before it, left as they are, count for its kinds)."""
     jobs = _name("rollup_jobs", temporary)
-    rows = f"SELECT cluster, job_id, day, node, gkey FROM {jobs}"
+    rows = f"SELECT {_q(JOB_COLS)} FROM {jobs}"
     if temporary and first_day > 0:
-        rows += f" UNION ALL SELECT cluster, job_id, day, node, gkey FROM rollup_jobs WHERE day < {int(first_day)}"
+        rows += f" UNION ALL SELECT {_q(JOB_COLS)} FROM rollup_jobs WHERE day < {int(first_day)}"
     srv.execute(_kinds_update(jobs, rows))
     for t in SUM_TABLES:
-        srv.execute(_counts_upsert(t, _name(t, temporary), f"SELECT * FROM {jobs} WHERE day >= {int(first_day)}", 1,
-                                   assign=True))
+        srv.execute(_counts_assign(t, _name(t, temporary), f"SELECT * FROM {jobs} WHERE day >= {int(first_day)}"))
 
 
 def fill_days(srv: Any, utc: bool, zone_name: str) -> None:
@@ -442,7 +460,7 @@ def differences(srv: Any, first_day: int) -> Dict[str, Tuple[int, int, int]]:
 
 def _columns(table: str) -> List[str]:
     if table == "rollup_jobs":
-        return ["cluster", "job_id", "day", "node", *GROUP_COLUMNS, "nulls", "gkey", "peak_bytes", *KINDS]
+        return JOB_COLS + list(KINDS)
     return ["cluster", "day", *SUM_TABLES[table], *GROUP_COLUMNS, "nulls", "gkey", *FIGURES, *JOB_FIGURES]
 
 
