@@ -357,6 +357,10 @@ def test_migrating_a_v5_server_builds_the_job_counts_from_its_rollups(server, tm
                  "ALTER TABLE rollup_jobs DROP INDEX rollup_jobs_cell, DROP INDEX rollup_jobs_mixed, "
                  "DROP INDEX rollup_jobs_node_mixed, DROP COLUMN day_kind, DROP COLUMN node_kind, "
                  "ADD KEY rollup_jobs_day (day); UPDATE meta SET value = '5' WHERE name = 'schema_version';", s.db)
+    # Not yet migrated: the report reads the records and says why.
+    q = Q.Query(since_s=TRICKY_WINDOWS[0][0], until_s=TRICKY_WINDOWS[0][1], tz="utc")
+    a, b, plan = _both(s, files, q, ("user",))
+    assert b == a and plan.startswith("records (not the rollups: schema v5's rollups have no job counts"), plan
     r = cli("--config", str(s.config), "central", "init", "--writer", s.writer, "--reporter", s.reporter)
     assert r.returncode == 0, r.stderr
     assert f"schema migrated from 5 at version {C.SCHEMA_VERSION}" in r.stderr

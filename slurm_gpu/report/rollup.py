@@ -42,6 +42,8 @@ def plan(src: Any, by: Sequence[str]) -> Plan:
     info = R.meta(lambda sql: src.conn.execute(sql).fetchall())
     if info is None:
         return Plan("the server has no rollups")
+    if int(info.get("schema_version", R.JOB_COUNTS_VERSION)) < R.JOB_COUNTS_VERSION:
+        return Plan(f"schema v{info['schema_version']}'s rollups have no job counts: `slurm-gpu central init` migrates it")
     if float(info["rollup_idle_threshold_pct"]) != q.idle_threshold_pct:
         return Plan(f"--idle-threshold {q.idle_threshold_pct:g} is not the rollups' {info['rollup_idle_threshold_pct']}")
     if q.job_id is not None:

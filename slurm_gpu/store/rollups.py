@@ -493,8 +493,13 @@ def first_day_of(srv: Any, since_s: Optional[float]) -> int:
     return int(row[0][0]) if row and row[0][0] is not None else 0
 
 
+JOB_COUNTS_VERSION = 6  # the central schema whose rollups hold job counts (an older server: records)
+
+
 def meta(conn_execute: Callable[[str], List[Tuple[Any, ...]]]) -> Optional[Dict[str, str]]:
-    """The rollups' zone and idle threshold from meta; None where the schema has no rollups."""
-    rows = conn_execute("SELECT name, value FROM meta WHERE name IN ('rollup_zone', 'rollup_idle_threshold_pct')")
+    """The rollups' zone and idle threshold (and the schema version) from meta; None where the
+    schema has no rollups."""
+    rows = conn_execute("SELECT name, value FROM meta WHERE name IN ('rollup_zone', 'rollup_idle_threshold_pct', "
+                        "'schema_version')")
     got = {str(n): str(v) for n, v in rows}
-    return got if len(got) == 2 else None
+    return got if "rollup_zone" in got and "rollup_idle_threshold_pct" in got else None
