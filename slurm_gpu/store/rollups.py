@@ -348,8 +348,9 @@ def _chunks(srv: Any, first_day: int) -> List[Tuple[int, int, float, float]]:
 
 
 def build(srv: Any, first_day: int = 0, temporary: bool = False,
-          progress: Optional[Callable[[int, int], None]] = None) -> None:
-    """Fill the rollup tables (or their temporary twins) from the records, for days >= first_day.
+          progress: Optional[Callable[[int, int], None]] = None, counts: bool = True) -> None:
+    """Fill the rollup tables (or their temporary twins) from the records, for days >= first_day
+    (without `counts`, their job counts and kinds are left to job_counts()).
 
     The caller holds the transaction; with `temporary` the tables are created empty first."""
     if temporary:
@@ -369,7 +370,8 @@ def build(srv: Any, first_day: int = 0, temporary: bool = False,
             f"{_DAY_JOIN}", f"{_DAY_JOIN} AND d.day BETWEEN {d0} AND {d1}"))
         if progress is not None:
             progress(i + 1, len(chunks))
-    job_counts(srv, first_day, temporary)
+    if counts:
+        job_counts(srv, first_day, temporary)
 
 
 def job_counts(srv: Any, first_day: int = 0, temporary: bool = False) -> None:
@@ -408,7 +410,7 @@ def migration_step(utc: bool, zone_name: str, progress: Optional[Callable[[int, 
         fill_days(srv, utc, zone_name)
         for t in ("rollup_day", "rollup_day_node", "rollup_jobs"):
             srv.execute(f"DELETE FROM {t}")
-        build(srv, progress=progress)
+        build(srv, progress=progress, counts=False)  # the v6 step that follows counts the jobs
     return step
 
 
