@@ -110,7 +110,7 @@ def _rollup_parts(by: Sequence[str], buckets: Sequence[Tuple[float, float, str]]
     bucket = _bucket_of("d.d_start", buckets)
     params["r_d0"], params["r_d1"] = days
     where = ["r.day BETWEEN :r_d0 AND :r_d1"] + Q._filters(q, params, _col, "r_")
-    sums = ", ".join(f'r."{c}" AS "{c}"' for c in R.FIGURES)
+    sums = ", ".join(f'SUM(r."{c}") AS "{c}"' for c in R.FIGURES)
     # Jobs that began before a bucket (or the window) count on its first day.
     first = "r.day = :r_d0" + (
         f" OR d.d_start = {Q._bucket_tree('d.d_start', buckets, lambda i: repr(buckets[i][0]))}" if buckets else "")
@@ -118,8 +118,10 @@ def _rollup_parts(by: Sequence[str], buckets: Sequence[Tuple[float, float, str]]
     head = ", ".join(keys + [f'{bucket} AS "_bucket"'])
     distinct = [f"r.{kind} = 0"] if kind else []
     return (
-        f"SELECT {head}, {sums}, {jobs_n} AS jobs_n, r.peak_bytes AS peak FROM {table} r JOIN rollup_days d "
-        f"ON d.day = r.day WHERE {' AND '.join(where + ['r.records <> 0'])}",
+        # Added up per group here: the cells (days x groups) never make a derived table.
+        f"SELECT {head}, {sums}, SUM({jobs_n}) AS jobs_n, MAX(r.peak_bytes) AS peak FROM {table} r JOIN rollup_days d "
+        f"ON d.day = r.day WHERE {' AND '.join(where + ['r.records <> 0'])} "
+        f"GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 2))}",
         f"SELECT {head}, r.cluster AS jc, r.job_id AS jid FROM rollup_jobs r JOIN rollup_days d "
         f"ON d.day = r.day WHERE {' AND '.join(where + distinct)}",
     )

@@ -238,13 +238,15 @@ _KINDED = JOB_COLS + list(KINDS)
 
 def _jobs_change() -> List[str]:
     """After the upsert: the batch's jobs' rows recomputed from their records, and the change of
-    their counts (old rows out, new in) and peaks (the maximum of the cell's rows now) in the cells."""
+    their counts (old rows out, new in) and peaks (raised by the new rows; where old rows left a
+    cell, the maximum of its rows now) in the cells."""
     node_keys = ["cluster", "day", "node", *GROUP_COLUMNS, "nulls", "gkey"]
     old = (f"SELECT -1 AS sgn, {_cols('o', _KINDED)} FROM rollup_jobs o JOIN ({_BATCH_JOBS}) s "
            "ON s.cluster = o.cluster AND s.job_id = o.job_id")
     new = f"SELECT 1, {_cols('n', _KINDED)} FROM rollup_jobs_new n"
     deltas = [f'{e} AS "{c}"' for c, table in (("d", "rollup_day"), ("n", "rollup_day_node"))
               for e, c in zip(_first_later(table, "j.sgn * "), (f"{c}_first", f"{c}_later"))]
+    deltas += ["MAX(CASE WHEN j.sgn > 0 THEN j.peak_bytes END) AS new_peak", "MAX(j.sgn < 0) AS had_old"]
     cells = (f"CREATE TEMPORARY TABLE rollup_cells AS\nSELECT {_cols('j', node_keys)}, {', '.join(deltas)}\n"
              f"FROM ({old}\n  UNION ALL\n  {new}) AS j\n{_group_by(node_keys)}")
     out = ["DROP TEMPORARY TABLE IF EXISTS rollup_jobs_new", "DROP TEMPORARY TABLE IF EXISTS rollup_cells",
@@ -254,14 +256,26 @@ def _jobs_change() -> List[str]:
     for table, extra in SUM_TABLES.items():
         keys = ["cluster", "day", *extra, *GROUP_COLUMNS, "nulls", "gkey"]
         p = "n" if extra else "d"
-        same = " AND ".join(f'x."{k}" = c."{k}"' for k in ("day", "gkey", "cluster", *extra))
-        peak = f"(SELECT MAX(x.peak_bytes) FROM rollup_jobs x WHERE {same})"
-        figs = [f"SUM(c.{p}_first)", f"SUM(c.{p}_later)", peak]
+        figs = [f"SUM(c.{p}_first)", f"SUM(c.{p}_later)", "MAX(c.new_peak)"]
         upd = ", ".join(f'{table}."{c}" = {table}."{c}" + VALUES("{c}")' for c in ("jobs_first", "jobs_later"))
+        peak = (f'GREATEST(COALESCE({table}.peak_bytes, VALUES(peak_bytes)), '
+                f'COALESCE(VALUES(peak_bytes), {table}.peak_bytes))')
         out.append(f"INSERT INTO {table} ({_q(keys + list(FIGURES + JOB_FIGURES))})\n"
                    f"SELECT {_cols('c', keys)}, {', '.join(['0'] * len(FIGURES) + figs)} FROM rollup_cells c\n"
-                   f"{_group_by(keys)}\nON DUPLICATE KEY UPDATE {upd}, {table}.peak_bytes = VALUES(peak_bytes)")
+                   f"{_group_by(keys)}\nON DUPLICATE KEY UPDATE {upd}, {table}.peak_bytes = {peak}")
+        out.append(_peaks_again(table))
     return out + ["DROP TEMPORARY TABLE rollup_jobs_new", "DROP TEMPORARY TABLE rollup_cells"]
+
+
+def _peaks_again(table: str) -> str:
+    """The peaks of the cells a job's rows left, from the rows there now (peaks only rise otherwise:
+    no other job's rows are read, so concurrent pushes into one cell do not wait on each other's)."""
+    keys = ["cluster", "day", *SUM_TABLES[table], "gkey"]
+    on = " AND ".join(f'r."{k}" = c."{k}"' for k in keys)
+    same = " AND ".join(f'x."{k}" = r."{k}"' for k in ("day", "gkey", "cluster", *SUM_TABLES[table]))
+    cells = f"SELECT DISTINCT {_cols('o', keys)} FROM rollup_cells o WHERE o.had_old"
+    return (f"UPDATE {table} r JOIN ({cells}) AS c ON {on}\n"
+            f"SET r.peak_bytes = (SELECT MAX(x.peak_bytes) FROM rollup_jobs x WHERE {same})")
 
 
 def _valid(alias: str) -> str:
