@@ -117,13 +117,12 @@ def _rollup_parts(by: Sequence[str], buckets: Sequence[Tuple[float, float, str]]
     jobs_n = f"r.jobs_first + CASE WHEN {first} THEN r.jobs_later ELSE 0 END" if kind else "0"
     head = ", ".join(keys + [f'{bucket} AS "_bucket"'])
     distinct = [f"r.{kind} = 0"] if kind else []
+    days_join = " JOIN rollup_days d ON d.day = r.day" if buckets else ""  # the days' starts cut buckets
     return (
         # Added up per group here: the cells (days x groups) never make a derived table.
-        f"SELECT {head}, {sums}, SUM({jobs_n}) AS jobs_n, MAX(r.peak_bytes) AS peak FROM {table} r JOIN rollup_days d "
-        f"ON d.day = r.day WHERE {' AND '.join(where + ['r.records <> 0'])} "
-        f"GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 2))}",
-        f"SELECT {head}, r.cluster AS jc, r.job_id AS jid FROM rollup_jobs r JOIN rollup_days d "
-        f"ON d.day = r.day WHERE {' AND '.join(where + distinct)}",
+        f"SELECT {head}, {sums}, SUM({jobs_n}) AS jobs_n, MAX(r.peak_bytes) AS peak FROM {table} r{days_join} "
+        f"WHERE {' AND '.join(where + ['r.records <> 0'])} GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 2))}",
+        f"SELECT {head}, r.cluster AS jc, r.job_id AS jid FROM rollup_jobs r{days_join} WHERE {' AND '.join(where + distinct)}",
     )
 
 
