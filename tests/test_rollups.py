@@ -10,16 +10,16 @@ import os
 import random
 import time
 
-import pytest
-
 import mariadb as testdb
+import pytest
 from test_central import Site, cli, cli_env
+
 from slurm_gpu.report import reports as Q
 from slurm_gpu.report import sql as S
 from slurm_gpu.report.calendar import calendar
+from slurm_gpu.report.central import CentralSource
 from slurm_gpu.report.query import Query
 from slurm_gpu.report.sources import FileSource
-from slurm_gpu.report.central import CentralSource
 from slurm_gpu.store import central as C
 from slurm_gpu.store import rollups as R
 from slurm_gpu.store.node import Store
@@ -278,3 +278,100 @@ def test_the_rollups_rules_are_the_reports(monkeypatch):
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()
+
+
+def _one(job_id: int, node: str, start: float, dur: float, models=("H100",), restart: int = 0, partial: int = 0,
+         user: str = "alice", partition: str = "gpu"):
+    """One job's record on one node: a GPU per model given."""
+    job = {"cluster": "c", "job_id": job_id, "restart_count": restart, "node": node, "user": user, "uid": 1,
+           "account": "physics", "partition": partition, "gpu_count": len(models), "start_time": start,
+           "end_time": start + dur, "exit_code": "0", "partial": partial}
+    rows = [{k: job[k] for k in ("cluster", "job_id", "restart_count", "node", "user", "account", "partition",
+                                 "start_time", "end_time")} | {
+        "gpu_uuid": f"GPU-{node}-{i}", "gpu_index": i, "gpu_model": m, "duration_s": dur, "energy_j": 1000.0 + i,
+        "gpu_util_mean_pct": 50.0, "mem_util_mean_pct": 10.0, "max_memory_bytes": (i + 1 + job_id % 7) << 30,
+        "process_count": 1, "partial": partial} for i, m in enumerate(models)]
+    return {"kind": "job_end", "job": job, "gpus": rows}
+
+
+D = 86400
+# Jobs that a count summed over days or groups would count twice (or miss), by node: (first push, second push).
+TRICKY = {
+    "n1": ([_one(9001, "n1", T0 + 10 * D - 3600, 2 * D),  # over the window's start (and two midnights)
+            _one(9002, "n1", T0 + 20 * D + 100, 3600),  # on two nodes: one job in the total row
+            _one(9003, "n1", T0 + 30 * D + 100, 7200, models=("H100", "A100")),  # two models on one node
+            _one(9004, "n1", T0 + 40 * D + 100, 3600),  # requeued with a whole day between its runs
+            _one(9004, "n1", T0 + 42 * D + 100, 3600, restart=1),
+            _one(9005, "n1", T0 + 50 * D + 100, 3600, partial=1),  # withdrawn: never ran
+            _one(9006, "n1", T0 + 60 * D + 100, 3 * D, partial=1),  # partial, completed as another partition
+            _one(9007, "n1", T0 + 70 * D - 600, 1200, user="bob")],  # across midnight into a partial day
+           [_one(9006, "n1", T0 + 59 * D + 100, 5 * D, partition="long"),
+            _drain(_one(9005, "n1", T0 + 50 * D + 100, 3600, partial=1))]),
+    "n2": ([_one(9002, "n2", T0 + 20 * D + 100, 3600),
+            _one(9008, "n2", T0 + 10 * D - 7200, 3 * D, models=("H100", "A100"), user="bob")], []),
+}
+TRICKY_WINDOWS = ((T0 + 10 * D, T0 + 80 * D), (T0 + 10 * D + 1800.0, T0 + 70 * D + 300.0), (T0 + 11 * D, T0 + 43 * D),
+                  (T0 + 21 * D, T0 + 61 * D + 5.0), (None, None))
+
+
+def test_job_counts_from_the_rollups_count_no_job_twice(server, tmp_path):
+    s = Site(server, tmp_path)
+    _init(s)
+    files = _push_tricky(s, tmp_path)
+    assert s.rows("SELECT COUNT(*) FROM job_gpus WHERE withdrawn = 1") == [["1"]]
+    # The counts the pushes kept are the counts built from the records (each kind of job is there).
+    r = cli("--config", str(s.config), "central", "rollup", "--rebuild")
+    assert r.returncode == 0 and "rollups exact" in r.stderr, r.stdout + r.stderr
+    assert s.rows("SELECT day_kind, COUNT(DISTINCT job_id) FROM rollup_jobs GROUP BY day_kind") == \
+        [["0", "3"], ["1", "4"], ["2", "3"], ["3", "1"]]  # 3: the two-node job's second node
+    for since, until in TRICKY_WINDOWS:
+        for by in (("user",), ("node",), ("partition",), ("gpu-model",), ("user", "node"), ("user", "gpu-model"),
+                   ("user", "day"), ("user", "week"), ("node", "month"), ("month",), ("partition", "day")):
+            for q in (Q.Query(since_s=since, until_s=until, tz="utc"),
+                      Q.Query(since_s=since, until_s=until, tz="utc", nodes=("n1",)),
+                      Q.Query(since_s=since, until_s=until, tz="utc", nodes=("n1", "n2"))):
+                a, b, plan = _both(s, files, q, by)
+                assert b == a, (by, since, until, q.nodes, plan, _diff(a[1], b[1]))
+                assert plan.startswith("rollups"), plan
+    # The counts themselves, as a person would count: one job on two nodes is one job in the total.
+    a, _b, _plan = _both(s, files, Q.Query(since_s=T0 + 20 * D, until_s=T0 + 21 * D, tz="utc"), ("user",))
+    assert a[1].splitlines()[1].split(",")[:2] == ["alice", "1"], a[1]
+
+
+def _push_tricky(s: Site, tmp_path) -> list:
+    files = []
+    for node, pushes in TRICKY.items():
+        st = Store(str(tmp_path / f"{node}.db"), str(tmp_path / f"spool-{node}"))
+        for batch in pushes:
+            for rec in batch:
+                st.write(rec)
+            assert s.push("--db", str(tmp_path / f"{node}.db")).returncode == 0
+        st.close()
+        files.append(str(tmp_path / f"{node}.db"))
+    return files
+
+
+def test_migrating_a_v5_server_builds_the_job_counts_from_its_rollups(server, tmp_path):
+    s = Site(server, tmp_path)
+    _init(s)
+    files = _push_tricky(s, tmp_path)
+    # The server as v5 left it: rollups without job counts, peaks or kinds.
+    drop = ", ".join(f"DROP COLUMN {c}" for c in R.JOB_FIGURES)
+    s.server.sql(f"ALTER TABLE rollup_day {drop}; ALTER TABLE rollup_day_node {drop}; "
+                 "ALTER TABLE rollup_jobs DROP INDEX rollup_jobs_cell, DROP INDEX rollup_jobs_mixed, "
+                 "DROP INDEX rollup_jobs_node_mixed, DROP COLUMN day_kind, DROP COLUMN node_kind, "
+                 "ADD KEY rollup_jobs_day (day); UPDATE meta SET value = '5' WHERE name = 'schema_version';", s.db)
+    # Not yet migrated: the report reads the records and says why.
+    q = Q.Query(since_s=TRICKY_WINDOWS[0][0], until_s=TRICKY_WINDOWS[0][1], tz="utc")
+    a, b, plan = _both(s, files, q, ("user",))
+    assert b == a and plan.startswith("records (not the rollups: schema v5's rollups have no job counts"), plan
+    r = cli("--config", str(s.config), "central", "init", "--writer", s.writer, "--reporter", s.reporter)
+    assert r.returncode == 0, r.stderr
+    assert f"schema migrated from 5 at version {C.SCHEMA_VERSION}" in r.stderr
+    assert s.rows("SELECT SUM(jobs_first) FROM rollup_day") == [["4"]]
+    r = cli("--config", str(s.config), "central", "rollup", "--rebuild")
+    assert r.returncode == 0 and "rollups exact" in r.stderr, r.stdout + r.stderr
+    for since, until in TRICKY_WINDOWS[:2]:
+        for by in (("user",), ("node", "day"), ("gpu-model", "month")):
+            a, b, plan = _both(s, files, Q.Query(since_s=since, until_s=until, tz="utc"), by)
+            assert b == a and plan.startswith("rollups"), (by, plan, _diff(a[1], b[1]))

@@ -6,7 +6,8 @@ window holds at least one whole day of the rollups' zone; for day/week/month gro
 bucket boundary must also be a rollup day boundary (the rollups' zone cuts days as --tz does).
 Otherwise the caller reads the records (`plan()` says why).  The figures are the raw plan's:
 each record's piece inside a day is the piece the report's calendar cuts, the window's edges
-are clipped as the raw plan clips them, and jobs are counted distinct over both parts.
+are clipped as the raw plan clips them, and a job is counted once over both parts (by the cells'
+job counts where it lies in one group on consecutive days, store/rollups.py; else distinct).
 """
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ def plan(src: Any, by: Sequence[str]) -> Plan:
     info = R.meta(lambda sql: src.conn.execute(sql).fetchall())
     if info is None:
         return Plan("the server has no rollups")
+    if int(info.get("schema_version", R.JOB_COUNTS_VERSION)) < R.JOB_COUNTS_VERSION:
+        return Plan(f"schema v{info['schema_version']}'s rollups have no job counts: `slurm-gpu central init` migrates it")
     if float(info["rollup_idle_threshold_pct"]) != q.idle_threshold_pct:
         return Plan(f"--idle-threshold {q.idle_threshold_pct:g} is not the rollups' {info['rollup_idle_threshold_pct']}")
     if q.job_id is not None:
@@ -89,9 +92,19 @@ def _bucket_of(col: str, buckets: Sequence[Tuple[float, float, str]]) -> str:
     return S.bucket_tree(col, buckets, str) if buckets else "0"
 
 
-def _rollup_parts(by: Sequence[str], unit: Optional[str], buckets: Sequence[Tuple[float, float, str]],
-                  q: Query, params: Dict[str, Any], days: Tuple[int, int]) -> Tuple[str, str]:
-    """(the whole days' sums, the whole days' jobs and peaks): one SELECT each."""
+def _kind(by: Sequence[str], q: Query) -> Optional[str]:
+    """The rollup_jobs column whose kinds make the cells' job counts exact for this grouping; None:
+    every job is counted distinct.  rollup_day's counts add over any grouping of its keys (a simple
+    job lies in one cell a day); rollup_day_node's per node, so only where the node is a key (or
+    one node is asked for): a job on two nodes is one job of its user."""
+    if "node" not in by and not q.nodes:
+        return "day_kind"
+    return "node_kind" if "node" in by or len(q.nodes) == 1 else None
+
+
+def _rollup_parts(by: Sequence[str], buckets: Sequence[Tuple[float, float, str]], q: Query,
+                  params: Dict[str, Any], days: Tuple[int, int], kind: Optional[str]) -> Tuple[str, str]:
+    """(the whole days' sums, job counts and peaks; the jobs counted distinct): one SELECT each."""
     has_node = "node" in by or bool(q.nodes)
     table = "rollup_day_node" if has_node else "rollup_day"
     plain = [k for k in by if k not in TIME_KEYS]
@@ -99,20 +112,27 @@ def _rollup_parts(by: Sequence[str], unit: Optional[str], buckets: Sequence[Tupl
     bucket = _bucket_of("d.d_start", buckets)
     params["r_d0"], params["r_d1"] = days
     where = ["r.day BETWEEN :r_d0 AND :r_d1"] + S.filters(q, params, _col, "r_")
-    sums = ", ".join(f'r."{c}" AS "{c}"' for c in R.FIGURES)
+    sums = ", ".join(f'SUM(r."{c}") AS "{c}"' for c in R.FIGURES)
+    # Jobs that began before a bucket (or the window) count on its first day.
+    first = "r.day = :r_d0" + (
+        f" OR d.d_start = {S.bucket_tree('d.d_start', buckets, lambda i: repr(buckets[i][0]))}" if buckets else "")
+    jobs_n = f"r.jobs_first + CASE WHEN {first} THEN r.jobs_later ELSE 0 END" if kind else "0"
     head = ", ".join(keys + [f'{bucket} AS "_bucket"'])
+    distinct = [f"r.{kind} = 0"] if kind else []
+    days_join = " JOIN rollup_days d ON d.day = r.day" if buckets else ""  # the days' starts cut buckets
     return (
-        f"SELECT {head}, {sums} FROM {table} r JOIN rollup_days d "
-        f"ON d.day = r.day WHERE {' AND '.join(where + ['r.records <> 0'])}",
-        f"SELECT {head}, r.cluster AS jc, r.job_id AS jid, r.peak_bytes AS peak FROM rollup_jobs r JOIN rollup_days d "
-        f"ON d.day = r.day WHERE {' AND '.join(where)}",
+        # Added up per group here: the cells (days x groups) never make a derived table.
+        f"SELECT {head}, {sums}, SUM({jobs_n}) AS jobs_n, MAX(r.peak_bytes) AS peak FROM {table} r{days_join} "
+        f"WHERE {' AND '.join(where + ['r.records <> 0'])} GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 2))}",
+        f"SELECT {head}, r.cluster AS jc, r.job_id AS jid FROM rollup_jobs r{days_join} WHERE {' AND '.join(where + distinct)}",
     )
 
 
-def _edge_part(src: Any, by: Sequence[str], lo: float, hi: float, bucket: int, n: int
-               ) -> Tuple[str, str, Dict[str, Any]]:
+def _edge_part(src: Any, by: Sequence[str], lo: float, hi: float, bucket: int, n: int,
+               counted: Optional[Tuple[str, int]]) -> Tuple[str, str, Dict[str, Any]]:
     """The records' pieces in [lo, hi), a part of one day, as the raw plan computes them: (their
-    sums, their jobs and peaks, the parameters)."""
+    sums and peaks, their jobs, the parameters).  `counted` (kind, day): a job of that kind in the
+    rollups on that whole day of the same bucket is counted there already, not here."""
     q = src.query
     edge = Query(since_s=lo, until_s=hi, users=q.users, accounts=q.accounts, partitions=q.partitions,
                    nodes=q.nodes, clusters=q.clusters, idle_threshold_pct=q.idle_threshold_pct, tz=q.tz)
@@ -124,8 +144,14 @@ def _edge_part(src: Any, by: Sequence[str], lo: float, hi: float, bucket: int, n
     keys = [f'{GROUP_KEYS[k]} AS "{k}"' for k in by if k not in TIME_KEYS]
     figs = ", ".join(f'{exprs[c]} AS "{c}"' for c in R.FIGURES)
     head = ", ".join(keys + [f'{bucket} AS "_bucket"'])
-    return (f"SELECT {head}, {figs} FROM {src.table} WHERE {where}",
-            f"SELECT {head}, cluster AS jc, job_id AS jid, max_memory_bytes AS peak FROM {src.table} WHERE {where}",
+    jobs_where = where
+    if counted is not None:
+        kind, day = counted
+        node = " AND x.node = e.node" if kind == "node_kind" else ""
+        jobs_where += (f" AND NOT EXISTS (SELECT 1 FROM rollup_jobs x WHERE x.cluster = e.cluster AND x.job_id = e.job_id "
+                       f"AND x.day = {int(day)} AND x.{kind} <> 0{node})")
+    return (f"SELECT {head}, {figs}, 0 AS jobs_n, max_memory_bytes AS peak FROM {src.table} WHERE {where}",
+            f"SELECT {head}, cluster AS jc, job_id AS jid FROM {src.table} AS e WHERE {jobs_where}",
             params)
 
 
@@ -135,7 +161,8 @@ def _rename(where: str, n: int) -> str:
 
 
 def _outer(by: Sequence[str], unit: Optional[str], sums: Sequence[str], jobs: Sequence[str]) -> str:
-    """The sums and the distinct jobs aggregated apart, then joined on the group.
+    """The sums (with the cells' job counts) and the jobs counted distinct aggregated apart, then
+    joined on the group.
 
     Apart, because one UNION ALL of both made the server materialise every rollup_jobs row with
     the sums' thirteen (NULL) DECIMAL columns beside it: a derived table too wide for memory."""
@@ -148,16 +175,39 @@ def _outer(by: Sequence[str], unit: Optional[str], sums: Sequence[str], jobs: Se
             "CASE WHEN SUM(mem_n) > 0 THEN SUM(mem_pct_s) END AS mem_pct_s",
             "CASE WHEN SUM(mem_n) > 0 THEN SUM(mem_known_s) END AS mem_known_s",
             "CASE WHEN SUM(energy_n) > 0 THEN SUM(energy_j) END AS energy_j",
-            "SUM(idle_s) AS idle_s", "SUM(clamped_s) AS clamped_s"]
+            "SUM(idle_s) AS idle_s", "SUM(clamped_s) AS clamped_s",
+            "SUM(jobs_n) AS jobs_n", "MAX(peak) AS peak_bytes"]
     on = " AND ".join(f's."{k}" <=> j."{k}"' for k in names)
     order = ", ".join(f's."{k}"' for k in names)
     s_body = "\n    UNION ALL\n    ".join(sums)
     j_body = "\n    UNION ALL\n    ".join(jobs)
-    return (f"SELECT {out},\n  COALESCE(j.jobs, 0) AS jobs,\n  s.alloc_s, s.util_pct_s, s.util_known_s, s.mem_pct_s, "
-            f"s.mem_known_s,\n  j.peak_bytes, s.energy_j, s.idle_s, s.clamped_s\n"
-            f"FROM (\n  SELECT {group},\n  " + ",\n  ".join(figs) + f"\n  FROM (\n    {s_body}\n  ) AS sp GROUP BY {group}\n) AS s\n"
-            f"LEFT JOIN (\n  SELECT {group}, COUNT(DISTINCT jc, jid) AS jobs, MAX(peak) AS peak_bytes\n  FROM (\n    {j_body}\n"
+    return (f"SELECT {out},\n  CAST(s.jobs_n AS SIGNED) + COALESCE(j.jobs, 0) AS jobs,\n  s.alloc_s, s.util_pct_s, "
+            f"s.util_known_s, s.mem_pct_s, s.mem_known_s,\n  s.peak_bytes, s.energy_j, s.idle_s, s.clamped_s\n"
+            f"FROM (\n  SELECT {group},\n  " + ",\n  ".join(figs)
+            + f"\n  FROM (\n    {s_body}\n  ) AS sp GROUP BY {group}\n) AS s\n"
+            f"LEFT JOIN (\n  SELECT {group}, COUNT(DISTINCT jc, jid) AS jobs\n  FROM (\n    {j_body}\n"
             f"  ) AS jp GROUP BY {group}\n) AS j ON {on}\nORDER BY {order}")
+
+
+def _bucket_at(buckets: Sequence[Tuple[float, float, str]], t: float) -> int:
+    from bisect import bisect_right
+    return max(bisect_right([b[0] for b in buckets], t) - 1, 0) if buckets else 0
+
+
+def _edges(q: Query, buckets: Sequence[Tuple[float, float, str]], days: Tuple[int, int],
+           whole: Tuple[Optional[float], Optional[float]], kind: Optional[str]
+           ) -> List[Tuple[float, float, int, Optional[Tuple[str, int]]]]:
+    """The window's partial days: (from, to, bucket, the whole day next to it when it is in the same
+    bucket and `kind` counts jobs there)."""
+    out: List[Tuple[float, float, int, Optional[Tuple[str, int]]]] = []
+    if q.since_s is not None and whole[0] is not None and q.since_s < whole[0]:
+        same = _bucket_at(buckets, q.since_s) == _bucket_at(buckets, whole[0])
+        out.append((q.since_s, whole[0], 0, (kind, days[0]) if kind and same else None))
+    if q.until_s is not None and whole[1] is not None and whole[1] < q.until_s:
+        last = len(buckets) - 1 if buckets else 0
+        same = _bucket_at(buckets, whole[1] - 1.0) == last
+        out.append((whole[1], q.until_s, last, (kind, days[1]) if kind and same else None))
+    return out
 
 
 def _build(src: Any, by: Sequence[str], unit: Optional[str], buckets: List[Tuple[float, float, str]],
@@ -165,20 +215,19 @@ def _build(src: Any, by: Sequence[str], unit: Optional[str], buckets: List[Tuple
            info: Dict[str, str]) -> Plan:
     q = src.query
     params: Dict[str, Any] = {}
-    day_sums, day_jobs = _rollup_parts(by, unit, buckets, q, params, days)
+    kind = _kind(by, q)
+    day_sums, day_jobs = _rollup_parts(by, buckets, q, params, days, kind)
     sums, jobs = [day_sums], [day_jobs]
-    edges = []
-    if q.since_s is not None and whole[0] is not None and q.since_s < whole[0]:
-        edges.append((q.since_s, whole[0], 0))
-    if q.until_s is not None and whole[1] is not None and whole[1] < q.until_s:
-        edges.append((whole[1], q.until_s, len(buckets) - 1 if buckets else 0))
-    for n, (lo, hi, b) in enumerate(edges):
-        edge_sums, edge_jobs, p = _edge_part(src, by, lo, hi, b, n)
+    edges = _edges(q, buckets, days, whole, kind)
+    for n, (lo, hi, b, counted) in enumerate(edges):
+        edge_sums, edge_jobs, p = _edge_part(src, by, lo, hi, b, n, counted)
         sums.append(edge_sums)
         jobs.append(edge_jobs)
         params.update(p)
     table = "rollup_day_node" if ("node" in by or q.nodes) else "rollup_day"
-    span = f"{len(used)} day(s) of {table} and rollup_jobs ({info['rollup_zone']})"
+    counts = ("job counts from its cells, rollup_jobs for the jobs of several groups or days apart" if kind
+              else "rollup_jobs for the job counts (a job on several of the nodes is one job)")
+    span = f"{len(used)} day(s) of {table} ({info['rollup_zone']}; {counts})"
     describe = f"rollups: {span}" + (f" + records of {len(edges)} partial day(s) at the window's edges" if edges else "")
     return Plan("", _outer(by, unit, sums, jobs), params, buckets, unit, describe)
 

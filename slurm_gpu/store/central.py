@@ -23,6 +23,8 @@ is imported when a connection is opened, never at module import.
 - Schema v5: one writer account per node or node group (table `writer_nodes`); apply_batch first
   calls check_batch_owner, which refuses a batch with a row of another node or cluster
   (store/writers.py).
+- Schema v6: job counts and peaks in the rollups' cells, so that a report's job counts do not
+  grow with jobs (store/rollups.py), built from the rollups already there.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ from slurm_gpu.errors import CentralError, WriterRefused
 from slurm_gpu.store import rollups
 from slurm_gpu.store import writers as W
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 DEFAULT_PORT = 3306
 SESSION_SQL_MODE = "ANSI_QUOTES,PIPES_AS_CONCAT,STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION"
 URL_HINT = "central.url looks like mysql://USER@HOST[:PORT]/DATABASE (password in central.password_file)"
@@ -74,7 +76,8 @@ def parse_url(url: str) -> Target:
         raise CentralError(f"central URL scheme {u.scheme!r} is not supported", URL_HINT)
     if u.password is not None:
         # Say where, never what: the text after ':' is a secret.
-        raise CentralError("central URL contains a password", "remove it from the URL and put it in central.password_file (mode 600)")
+        raise CentralError("central URL contains a password",
+                           "remove it from the URL and put it in central.password_file (mode 600)")
     database = unquote(u.path.strip("/"))
     if not u.username or not database or "/" in database:
         raise CentralError(f"central URL {_safe(url)} must name a user and one database", URL_HINT)
@@ -157,7 +160,8 @@ def describe_error(e: BaseException, target: Target, password: str = "") -> Tupl
         return (f"central server {where}: no access to database {target.database} ({text})",
                 "run `slurm-gpu central init` as the database admin, then the GRANTs it prints")
     if code in (1142, 1143, 1227):
-        return f"central server {where}: permission denied ({text})", "the account lacks a GRANT that `slurm-gpu central init` prints"
+        return (f"central server {where}: permission denied ({text})",
+                "the account lacks a GRANT that `slurm-gpu central init` prints")
     refused, why = W.refusal(code, text, target.user)
     if refused:
         return f"central server {where}: {refused}", why
@@ -400,7 +404,8 @@ def staged_columns(table: str) -> Tuple[str, ...]:
     return COLUMNS[table] + (("row_version",) if table in VERSIONED else ())
 
 _TYPES = {
-    "cluster": "VARCHAR(64)", "job_id": "BIGINT", "restart_count": "INT", "node": "VARCHAR(255)", "user": _NAME, "uid": "BIGINT", "account": _NAME, "partition": _NAME,
+    "cluster": "VARCHAR(64)", "job_id": "BIGINT", "restart_count": "INT", "node": "VARCHAR(255)", "user": _NAME,
+    "uid": "BIGINT", "account": _NAME, "partition": _NAME,
     "gpu_count": "INT NOT NULL DEFAULT 0", "start_time": "DOUBLE", "end_time": "DOUBLE", "exit_code": "VARCHAR(64)",
     "partial": "TINYINT NOT NULL DEFAULT 0", "gpu_uuid": "VARCHAR(128)", "gpu_index": "INT",
     "gpu_model": _NAME, "duration_s": "DOUBLE NOT NULL", "energy_j": "DOUBLE", "gpu_util_mean_pct": "DOUBLE",
@@ -549,6 +554,9 @@ MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
         W.TABLE_DDL,
         W.check_procedure(RECORD_TABLES),
         _procedure(RECORD_TABLES, 5, with_rollups=True),
+    ),
+    (   # v6, "job counts" (store/rollups.py): job counts and peaks in rollup_day(_node)'s cells.
+        rollups.job_counts_step,
     ),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION

@@ -9,8 +9,20 @@ Three tables, all derived from `job_gpus` (never written by a node):
   the sums exactly as if it had never been there.
 - `rollup_day_node`: the same with the node, for node views and --node filters.
 - `rollup_jobs`: one row per (cluster, job, day, node, user, account, partition, gpu_model) with
-  the peak memory: distinct job counts and the maximum are not sums, so they are counted from
-  here (and a job's rows are recomputed from its records whenever any of them changes).
+  the peak memory (a job's rows are recomputed from its records whenever any of them changes),
+  and what kind of day it is for the job counts (schema v6, `day_kind` and `node_kind`).
+
+Job counts (v6).  Jobs are not additive over days (a job over midnight counts once) nor over
+groups (a job with two GPU models is one job of its user).  But a job whose rows all lie in one
+group and on consecutive days (a "simple" job: nearly all of them) is counted once in the
+window's days by counting it on its first day (`jobs_first`) plus, on the window's or bucket's
+first day only, the simple jobs there that began before (`jobs_later`): both sums in the cells of
+rollup_day.  `day_kind` of a rollup_jobs row says 1: the simple job's first day, 2: a later day,
+0: the job is not simple (several groups, or a day without it between two with it: a requeue) and
+is counted distinct from these rows.  `node_kind` is the same for the job's rows on one node, for
+rollup_day_node, whose counts are per node (a job on two nodes counts on each).  The cells' peak
+memory (`peak_bytes`) is the maximum of their rollup_jobs rows: raised as rows come in, computed
+again from the rows where a job's rows leave a cell.
 
 A record contributes to each day of `rollup_days` it overlaps the part inside that day, cut
 exactly as the report's calendar cuts a day bucket (report/query.py).  The days are those of one
@@ -19,7 +31,8 @@ zone, chosen when the rollups are built (`central init --rollup-tz`) and kept in
 Names in the key columns may be NULL in job_gpus but not in a primary key: they are stored as ''
 with a bit in `nulls` (1 user, 2 account, 4 partition, 8 gpu_model) saying which were NULL.
 
-This migration step is "rollups": its DDL is all here; store/central.py appends it to MIGRATIONS.
+These migration steps are "rollups" (v4) and "job counts" (v6): their DDL is all here; store/central.py
+appends them to MIGRATIONS.
 """
 from __future__ import annotations
 
@@ -63,6 +76,14 @@ COUNTS: Tuple[Tuple[str, str], ...] = (
     ("energy_n", "energy_j IS NOT NULL"),
 )
 FIGURES = tuple(c for c, _ in SUMS) + tuple(c for c, _ in COUNTS)
+# v6: a cell's job counts and peak (after FIGURES, in the order v6's ALTER TABLE adds them)
+JOB_FIGURES = ("jobs_first", "jobs_later", "peak_bytes")
+JOB_FIGURES_DDL = ('"jobs_first" BIGINT NOT NULL DEFAULT 0', '"jobs_later" BIGINT NOT NULL DEFAULT 0',
+                   '"peak_bytes" BIGINT')
+KINDS = ("day_kind", "node_kind")  # rollup_jobs: 0 counted distinct, 1 first day, 2 later day
+KINDS_DDL = tuple(f'"{k}" TINYINT NOT NULL DEFAULT 0' for k in KINDS)
+JOBS_KEYS = ("KEY rollup_jobs_cell (day, gkey)", "KEY rollup_jobs_mixed (day_kind, day)",
+             "KEY rollup_jobs_node_mixed (node_kind, day)")
 SUM_TABLES = {"rollup_day": (), "rollup_day_node": ("node",)}  # table -> key columns besides the groups
 TABLES = ("rollup_days", "rollup_day", "rollup_day_node", "rollup_jobs")
 
@@ -80,16 +101,15 @@ def sum_table_ddl(table: str, temporary: bool = False) -> str:
     extra = SUM_TABLES[table]
     cols = ['cluster VARCHAR(64) NOT NULL', 'day INT NOT NULL', *(f'"{c}" VARCHAR(255) NOT NULL' for c in extra),
             *_group_ddl(), *(f'"{c}" {SUM} NOT NULL' for c, _ in SUMS), *(f'"{c}" BIGINT NOT NULL' for c, _ in COUNTS),
-            f"PRIMARY KEY ({_q(_keys(extra))})", f"KEY {table}_day (day)"]
+            *JOB_FIGURES_DDL, f"PRIMARY KEY ({_q(_keys(extra))})", f"KEY {table}_day (day)"]
     return (f"CREATE {'TEMPORARY ' if temporary else ''}TABLE IF NOT EXISTS {_name(table, temporary)} (\n    "
             + ",\n    ".join(cols) + f"\n) {TAIL}")
 
 
 def jobs_table_ddl(temporary: bool = False) -> str:
     cols = ["cluster VARCHAR(64) NOT NULL", "job_id BIGINT NOT NULL", "day INT NOT NULL", f'"node" {NAME} NOT NULL',
-            *_group_ddl(), "peak_bytes BIGINT",
-            f"PRIMARY KEY ({_q(['cluster', 'job_id', 'day', 'node', 'gkey'])})",
-            "KEY rollup_jobs_day (day)"]
+            *_group_ddl(), "peak_bytes BIGINT", *KINDS_DDL,
+            f"PRIMARY KEY ({_q(['cluster', 'job_id', 'day', 'node', 'gkey'])})", *JOBS_KEYS]
     return (f"CREATE {'TEMPORARY ' if temporary else ''}TABLE IF NOT EXISTS {_name('rollup_jobs', temporary)} (\n    "
             + ",\n    ".join(cols) + f"\n) {TAIL}")
 
@@ -108,9 +128,9 @@ def _name(table: str, temporary: bool) -> str:
 
 def day_rows(utc: bool) -> List[Tuple[int, str, float, float]]:
     """(day number, YYYY-MM-DD, start, end) for every calendar day FIRST_YEAR..END_YEAR, midnight to
-    midnight in UTC or the host's local zone (as report/query.py's calendar cuts days)."""
+    midnight in UTC or the host's local zone (as report/calendar.py cuts days)."""
     from datetime import date, timedelta
-    out = []
+    out: List[Tuple[int, str, float, float]] = []
     d, end = date(FIRST_YEAR, 1, 1), date(END_YEAR, 1, 1)
     start = wall_clock_to_unix(d.year, d.month, d.day, utc=utc)
     while d < end:
@@ -135,6 +155,12 @@ def _group_select() -> List[str]:
     return names + [f"({nulls})", f"UNHEX(SHA2(CONCAT(({nulls}), ':', {parts}), 256))"]
 
 
+def _group_by(keys: Sequence[str]) -> str:
+    """GROUP BY the key columns' positions but the names: `gkey` (their hash with `nulls`) stands
+    for them, and a grouping on four VARCHAR(255) made every statement's temporary table wide."""
+    return "GROUP BY " + ", ".join(str(i) for i, k in enumerate(keys, 1) if k not in GROUP_COLUMNS and k != "nulls")
+
+
 def _sums_insert(table: str, target: str, records_sql: str, sign: int) -> str:
     """Add (sign 1) or take out (sign -1) the pieces of the records `records_sql` selects."""
     extra = SUM_TABLES[table]
@@ -145,32 +171,159 @@ def _sums_insert(table: str, target: str, records_sql: str, sign: int) -> str:
     n_keys = len(cols) - len(FIGURES)
     upd = ", ".join(f'"{c}" = "{c}" + VALUES("{c}")' for c in FIGURES)
     return (f"INSERT INTO {target} ({_q(cols)})\nSELECT {', '.join(sel)}\nFROM ({records_sql}) AS r {_DAY_JOIN}\n"
-            f"GROUP BY {', '.join(str(i) for i in range(1, n_keys + 1))}\nON DUPLICATE KEY UPDATE {upd}")
+            f"{_group_by(cols[:n_keys])}\nON DUPLICATE KEY UPDATE {upd}")
+
+
+JOB_COLS = ["cluster", "job_id", "day", "node", *GROUP_COLUMNS, "nulls", "gkey", "peak_bytes"]
+
+
+def _jobs_select(records_sql: str) -> str:
+    """The rollup_jobs rows (without kinds) of the records `records_sql` selects."""
+    sel = ["r.cluster", "r.job_id", "d.day", "r.node", *_group_select(), "MAX(r.max_memory_bytes)"]
+    names = [f'{e} AS "{c}"' for e, c in zip(sel, JOB_COLS)]
+    return f"SELECT {', '.join(names)}\nFROM ({records_sql}) AS r {_DAY_JOIN}\n{_group_by(JOB_COLS[:-1])}"
 
 
 def _jobs_insert(target: str, records_sql: str) -> str:
-    cols = ["cluster", "job_id", "day", "node", *GROUP_COLUMNS, "nulls", "gkey", "peak_bytes"]
-    sel = ["r.cluster", "r.job_id", "d.day", "r.node", *_group_select(), "MAX(r.max_memory_bytes)"]
-    return (f"INSERT INTO {target} ({_q(cols)})\nSELECT {', '.join(sel)}\nFROM ({records_sql}) AS r {_DAY_JOIN}\n"
-            f"GROUP BY {', '.join(str(i) for i in range(1, len(cols)))}")
+    return f"INSERT INTO {target} ({_q(JOB_COLS)})\n{_jobs_select(records_sql)}"
 
 
-_STAGED = ("SELECT g.* FROM job_gpus g JOIN stage_job_gpus s ON s.cluster = g.cluster AND s.job_id = g.job_id "
-           "AND s.restart_count = g.restart_count AND s.node = g.node AND s.gpu_uuid = g.gpu_uuid "
-           f"WHERE s.batch = b AND g.withdrawn = 0 AND {VALID.replace('end_time', 'g.end_time').replace('start_time', 'g.start_time')}")
-_STAGED_JOBS = ("SELECT g.* FROM job_gpus g JOIN (SELECT DISTINCT cluster, job_id FROM stage_job_gpus WHERE batch = b) s "
-                "ON s.cluster = g.cluster AND s.job_id = g.job_id "
-                f"WHERE g.withdrawn = 0 AND {VALID.replace('end_time', 'g.end_time').replace('start_time', 'g.start_time')}")
+def _cols(alias: str, cols: Sequence[str]) -> str:
+    return ", ".join(f'{alias}."{c}"' for c in cols)
+
+
+def _with_kinds(rows: str) -> str:
+    """The rollup_jobs rows `rows` selects (every row of their jobs) with their kinds.
+
+    day_kind: 0 the job is not simple (several groups, or a day without it between two with it);
+    for a simple job, on one row per day (the first node's, the "lead"), 1 its first day and 2 a
+    later one, 3 on its other nodes' rows: so that rollup_day's counts are sums of its node
+    cells'.  node_kind: the same for the job's rows on one node (one row a day there)."""
+    job, node = "PARTITION BY cluster, job_id", "PARTITION BY cluster, job_id, node"
+    w1 = (f"SELECT y.*, MIN(gkey) OVER ({job}) AS g_lo, MAX(gkey) OVER ({job}) AS g_hi, MIN(day) OVER ({job}) AS d_lo, "
+          f"MAX(day) OVER ({job}) AS d_hi, ROW_NUMBER() OVER ({job}, day ORDER BY node, gkey) AS lead, "
+          f"MIN(gkey) OVER ({node}) AS ng_lo, MAX(gkey) OVER ({node}) AS ng_hi, MIN(day) OVER ({node}) AS nd_lo, "
+          f"MAX(day) OVER ({node}) AS nd_hi, COUNT(*) OVER ({node}) AS nn FROM ({rows}) AS y")
+    w2 = f"SELECT w.*, SUM(lead = 1) OVER ({job}) AS n_days FROM ({w1}) AS w"
+    day_kind = ("CASE WHEN g_lo = g_hi AND d_hi - d_lo + 1 = n_days THEN "
+                "CASE WHEN lead = 1 THEN 1 + (day > d_lo) ELSE 3 END ELSE 0 END")
+    node_kind = "CASE WHEN ng_lo = ng_hi AND nd_hi - nd_lo + 1 = nn THEN 1 + (day > nd_lo) ELSE 0 END"
+    return f"SELECT {_q(JOB_COLS)}, {day_kind} AS day_kind, {node_kind} AS node_kind FROM ({w2}) AS k"
+
+
+def _kinds_update(target: str, rows: str) -> str:
+    """Set day_kind and node_kind of target's rows from every row of their jobs (`rows`)."""
+    on = " AND ".join(f'k."{c}" = j."{c}"' for c in ("cluster", "job_id", "day", "node", "gkey"))
+    return (f"UPDATE {target} j JOIN ({_with_kinds(rows)}) AS k ON {on}\n"
+            "SET j.day_kind = k.day_kind, j.node_kind = k.node_kind")
+
+
+def _first_later(table: str, sign: str = "") -> Tuple[str, str]:
+    kind = "node_kind" if SUM_TABLES[table] else "day_kind"
+    return f"SUM({sign}(j.{kind} = 1))", f"SUM({sign}(j.{kind} = 2))"
+
+
+def _counts_assign(table: str, target: str, rows: str) -> str:
+    """Set the job counts and peaks of target's cells from the rollup_jobs rows `rows` selects (a build)."""
+    keys = ["cluster", "day", *SUM_TABLES[table], *GROUP_COLUMNS, "nulls", "gkey"]
+    sel = [_cols("j", keys)] + ["0"] * len(FIGURES) + list(_first_later(table)) + ["MAX(j.peak_bytes)"]
+    upd = ", ".join(f'"{c}" = VALUES("{c}")' for c in JOB_FIGURES)
+    return (f"INSERT INTO {target} ({_q(keys + list(FIGURES + JOB_FIGURES))})\nSELECT {', '.join(sel)}\n"
+            f"FROM ({rows}) AS j\n{_group_by(keys)}\nON DUPLICATE KEY UPDATE {upd}")
+
+
+_BATCH_JOBS = "SELECT DISTINCT cluster, job_id FROM stage_job_gpus WHERE batch = b"
+_KINDED = JOB_COLS + list(KINDS)
+
+
+def _jobs_change() -> List[str]:
+    """After the upsert: the batch's jobs' rows recomputed from their records, and the change of
+    their counts (old rows out, new in) and peaks (raised by the new rows; where old rows left a
+    cell, the maximum of its rows now) in the cells."""
+    node_keys = ["cluster", "day", "node", *GROUP_COLUMNS, "nulls", "gkey"]
+    old = (f"SELECT -1 AS sgn, {_cols('o', _KINDED)} FROM rollup_jobs o JOIN ({_BATCH_JOBS}) s "
+           "ON s.cluster = o.cluster AND s.job_id = o.job_id")
+    new = f"SELECT 1, {_cols('n', _KINDED)} FROM rollup_jobs_new n"
+    deltas = [f'{e} AS "{c}"' for c, table in (("d", "rollup_day"), ("n", "rollup_day_node"))
+              for e, c in zip(_first_later(table, "j.sgn * "), (f"{c}_first", f"{c}_later"))]
+    deltas += ["MAX(CASE WHEN j.sgn > 0 THEN j.peak_bytes END) AS new_peak", "MAX(j.sgn < 0) AS had_old"]
+    cells = (f"CREATE TEMPORARY TABLE rollup_cells AS\nSELECT {_cols('j', node_keys)}, {', '.join(deltas)}\n"
+             f"FROM ({old}\n  UNION ALL\n  {new}) AS j\n{_group_by(node_keys)}")
+    out = ["DROP TEMPORARY TABLE IF EXISTS rollup_jobs_new", "DROP TEMPORARY TABLE IF EXISTS rollup_cells",
+           f"CREATE TEMPORARY TABLE rollup_jobs_new AS\n{_with_kinds(_jobs_select(_STAGED_JOBS))}", cells,
+           f"DELETE j FROM rollup_jobs j JOIN ({_BATCH_JOBS}) s ON s.cluster = j.cluster AND s.job_id = j.job_id",
+           f"INSERT INTO rollup_jobs ({_q(_KINDED)}) SELECT {_q(_KINDED)} FROM rollup_jobs_new"]
+    for table, extra in SUM_TABLES.items():
+        keys = ["cluster", "day", *extra, *GROUP_COLUMNS, "nulls", "gkey"]
+        p = "n" if extra else "d"
+        figs = [f"SUM(c.{p}_first)", f"SUM(c.{p}_later)", "MAX(c.new_peak)"]
+        upd = ", ".join(f'{table}."{c}" = {table}."{c}" + VALUES("{c}")' for c in ("jobs_first", "jobs_later"))
+        peak = (f'GREATEST(COALESCE({table}.peak_bytes, VALUES(peak_bytes)), '
+                f'COALESCE(VALUES(peak_bytes), {table}.peak_bytes))')
+        out.append(f"INSERT INTO {table} ({_q(keys + list(FIGURES + JOB_FIGURES))})\n"
+                   f"SELECT {_cols('c', keys)}, {', '.join(['0'] * len(FIGURES) + figs)} FROM rollup_cells c\n"
+                   f"{_group_by(keys)}\nON DUPLICATE KEY UPDATE {upd}, {table}.peak_bytes = {peak}")
+        out.append(_peaks_again(table))
+    return out + ["DROP TEMPORARY TABLE rollup_jobs_new", "DROP TEMPORARY TABLE rollup_cells"]
+
+
+def _peaks_again(table: str) -> str:
+    """The peaks of the cells a job's rows left, from the rows there now (peaks only rise otherwise:
+    no other job's rows are read, so concurrent pushes into one cell do not wait on each other's)."""
+    keys = ["cluster", "day", *SUM_TABLES[table], "gkey"]
+    on = " AND ".join(f'r."{k}" = c."{k}"' for k in keys)
+    same = " AND ".join(f'x."{k}" = r."{k}"' for k in ("day", "gkey", "cluster", *SUM_TABLES[table]))
+    cells = f"SELECT DISTINCT {_cols('o', keys)} FROM rollup_cells o WHERE o.had_old"
+    return (f"UPDATE {table} r JOIN ({cells}) AS c ON {on}\n"
+            f"SET r.peak_bytes = (SELECT MAX(x.peak_bytes) FROM rollup_jobs x WHERE {same})")
+
+
+def _valid(alias: str) -> str:
+    return VALID.replace("end_time", f"{alias}.end_time").replace("start_time", f"{alias}.start_time")
+
+
+# The columns the rollups read from a record.
+_RECORD = ("cluster", "job_id", "node", *GROUP_COLUMNS, "start_time", "end_time", "energy_j", "gpu_util_mean_pct",
+           "mem_util_mean_pct", "max_memory_bytes")
+_KEY_ON = ("s.cluster = g.cluster AND s.job_id = g.job_id AND s.restart_count = g.restart_count AND s.node = g.node "
+           "AND s.gpu_uuid = g.gpu_uuid")
+# The batch's records as the upsert leaves them (+1: the staged rows it applies) and as they are
+# before it (-1: the server's current versions of the staged rows, taken out).
+_NET = (f"SELECT 1 AS sgn, {_cols('s', _RECORD)} FROM stage_job_gpus s WHERE s.batch = b AND s.withdrawn = 0 "
+        f"AND {_valid('s')}\n  UNION ALL\n  SELECT -1, {_cols('g', _RECORD)} FROM job_gpus g JOIN stage_job_gpus s "
+        f"ON {_KEY_ON} WHERE s.batch = b AND g.withdrawn = 0 AND {_valid('g')}")
+_STAGED_JOBS = (f"SELECT {_cols('g', _RECORD)} FROM job_gpus g JOIN ({_BATCH_JOBS}) s "
+                f"ON s.cluster = g.cluster AND s.job_id = g.job_id WHERE g.withdrawn = 0 AND {_valid('g')}")
+
+
+def _delta() -> List[str]:
+    """The batch's net change of the sums, per node cell, once, into a temporary table; then into
+    rollup_day_node as it is and into rollup_day summed over the nodes."""
+    extra = SUM_TABLES["rollup_day_node"]
+    keys = ["cluster", "day", *extra, *GROUP_COLUMNS, "nulls", "gkey"]
+    sel = ["r.cluster", "d.day", *(f'r."{c}"' for c in extra), *_group_select(),
+           *(f'SUM(r.sgn * CAST({expr} AS {SUM})) AS "{c}"' for c, expr in SUMS),
+           *(f'SUM(r.sgn * ({expr})) AS "{c}"' for c, expr in COUNTS)]
+    names = [f'{n} AS "{c}"' for n, c in zip(sel[:len(keys)], keys)]
+    make = (f"CREATE TEMPORARY TABLE rollup_delta AS\nSELECT {', '.join(names + sel[len(keys):])}\n"
+            f"FROM (\n  {_NET}\n) AS r {_DAY_JOIN}\n{_group_by(keys)}")
+    out = ["DROP TEMPORARY TABLE IF EXISTS rollup_delta", make]
+    for table, extra in SUM_TABLES.items():
+        cols = ["cluster", "day", *extra, *GROUP_COLUMNS, "nulls", "gkey"]
+        figs = [f'SUM("{c}")' for c in FIGURES] if not extra else [f'"{c}"' for c in FIGURES]
+        upd = ", ".join(f'{table}."{c}" = {table}."{c}" + VALUES("{c}")' for c in FIGURES)
+        group = f"\n{_group_by(cols)}" if not extra else ""
+        out.append(f"INSERT INTO {table} ({_q(cols + list(FIGURES))})\nSELECT {_q(cols)}, {', '.join(figs)} "
+                   f"FROM rollup_delta{group}\nON DUPLICATE KEY UPDATE {upd}")
+    return out + ["DROP TEMPORARY TABLE rollup_delta"]
 
 
 def procedures() -> List[str]:
     """rollups_before(b) / rollups_after(b): what apply_batch calls around its job_gpus upsert,
-    in the same transaction: take the batch's records' current versions out, put the new ones in."""
-    before = [_sums_insert(t, t, _STAGED, -1) for t in SUM_TABLES]
-    after = [_sums_insert(t, t, _STAGED, 1) for t in SUM_TABLES]
-    after += ["DELETE j FROM rollup_jobs j JOIN (SELECT DISTINCT cluster, job_id FROM stage_job_gpus WHERE batch = b) s "
-              "ON s.cluster = j.cluster AND s.job_id = j.job_id",
-              _jobs_insert("rollup_jobs", _STAGED_JOBS)]
+    in the same transaction: before it, the batch's net change of the sums (its records' current
+    versions out, the staged ones in); after it, the batch's jobs' rows and counts."""
+    before = _delta()
+    after = _jobs_change()
     out = []
     for name, body in (("rollups_before", before), ("rollups_after", after)):
         out.append(f"CREATE OR REPLACE PROCEDURE {name}(IN b CHAR(32)) MODIFIES SQL DATA SQL SECURITY DEFINER\n"
@@ -209,8 +362,9 @@ def _chunks(srv: Any, first_day: int) -> List[Tuple[int, int, float, float]]:
 
 
 def build(srv: Any, first_day: int = 0, temporary: bool = False,
-          progress: Optional[Callable[[int, int], None]] = None) -> None:
-    """Fill the rollup tables (or their temporary twins) from the records, for days >= first_day.
+          progress: Optional[Callable[[int, int], None]] = None, counts: bool = True) -> None:
+    """Fill the rollup tables (or their temporary twins) from the records, for days >= first_day
+    (without `counts`, their job counts and kinds are left to job_counts()).
 
     The caller holds the transaction; with `temporary` the tables are created empty first."""
     if temporary:
@@ -230,6 +384,20 @@ def build(srv: Any, first_day: int = 0, temporary: bool = False,
             f"{_DAY_JOIN}", f"{_DAY_JOIN} AND d.day BETWEEN {d0} AND {d1}"))
         if progress is not None:
             progress(i + 1, len(chunks))
+    if counts:
+        job_counts(srv, first_day, temporary)
+
+
+def job_counts(srv: Any, first_day: int = 0, temporary: bool = False) -> None:
+    """The rollup_jobs rows' kinds and the cells' job counts and peaks, from the rollup_jobs rows of
+    days >= first_day (a job's rows before it, left as they are, count for its kinds)."""
+    jobs = _name("rollup_jobs", temporary)
+    rows = f"SELECT {_q(JOB_COLS)} FROM {jobs}"
+    if temporary and first_day > 0:
+        rows += f" UNION ALL SELECT {_q(JOB_COLS)} FROM rollup_jobs WHERE day < {int(first_day)}"
+    srv.execute(_kinds_update(jobs, rows))
+    for t in SUM_TABLES:
+        srv.execute(_counts_assign(t, _name(t, temporary), f"SELECT * FROM {jobs} WHERE day >= {int(first_day)}"))
 
 
 def fill_days(srv: Any, utc: bool, zone_name: str) -> None:
@@ -256,14 +424,31 @@ def migration_step(utc: bool, zone_name: str, progress: Optional[Callable[[int, 
         fill_days(srv, utc, zone_name)
         for t in ("rollup_day", "rollup_day_node", "rollup_jobs"):
             srv.execute(f"DELETE FROM {t}")
-        build(srv, progress=progress)
+        build(srv, progress=progress, counts=False)  # the v6 step that follows counts the jobs
     return step
+
+
+def job_counts_step(srv: Any) -> None:
+    """The schema step "job counts" (v6) from v5's rollups: the cells' job counts and peaks and the
+    rows' kinds as columns, the procedures that keep them, then their values from the rollup_jobs
+    rows already there (themselves built from the records) in one serializable transaction."""
+    for t in SUM_TABLES:
+        srv.execute(f"ALTER TABLE {t} " + ", ".join(f"ADD COLUMN IF NOT EXISTS {c}" for c in JOB_FIGURES_DDL))
+    srv.execute("ALTER TABLE rollup_jobs " + ", ".join(
+        [f"ADD COLUMN IF NOT EXISTS {c}" for c in KINDS_DDL] + ["DROP INDEX IF EXISTS rollup_jobs_day"]
+        + [f"ADD {k.replace('KEY ', 'KEY IF NOT EXISTS ', 1)}" for k in JOBS_KEYS]))
+    for ddl in procedures():
+        srv.execute(ddl)
+    srv.commit()  # (ALTER TABLE commits anyway): the next transaction is the serializable one
+    srv.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+    srv.execute("START TRANSACTION")
+    job_counts(srv)
 
 
 def _null_safe_join(table: str) -> Tuple[str, str]:
     keys = _keys(SUM_TABLES[table]) if table != "rollup_jobs" else \
         ["cluster", "job_id", "day", "node", "gkey"]
-    vals = list(FIGURES) if table != "rollup_jobs" else ["peak_bytes"]
+    vals = list(FIGURES + JOB_FIGURES) if table != "rollup_jobs" else ["peak_bytes", *KINDS]
     on = " AND ".join(f'a."{k}" = b."{k}"' for k in keys)
     same = " AND ".join(f'a."{v}" <=> b."{v}"' for v in vals)
     return on, same
@@ -289,6 +474,12 @@ def differences(srv: Any, first_day: int) -> Dict[str, Tuple[int, int, int]]:
     return out
 
 
+def _columns(table: str) -> List[str]:
+    if table == "rollup_jobs":
+        return JOB_COLS + list(KINDS)
+    return ["cluster", "day", *SUM_TABLES[table], *GROUP_COLUMNS, "nulls", "gkey", *FIGURES, *JOB_FIGURES]
+
+
 def rebuild(srv: Any, first_day: int = 0, progress: Optional[Callable[[int, int], None]] = None
             ) -> Dict[str, Tuple[int, int, int]]:
     """Recompute the rollups from the records for days >= first_day, replace them, and say what
@@ -301,7 +492,8 @@ def rebuild(srv: Any, first_day: int = 0, progress: Optional[Callable[[int, int]
         diff = differences(srv, first_day)
         for t in ("rollup_day", "rollup_day_node", "rollup_jobs"):
             srv.execute(f"DELETE FROM {t} WHERE day >= %s", (first_day,))
-            srv.execute(f"INSERT INTO {t} SELECT * FROM tmp_{t}")
+            cols = _q(_columns(t))
+            srv.execute(f"INSERT INTO {t} ({cols}) SELECT {cols} FROM tmp_{t}")
         srv.commit()
     except BaseException:
         srv.rollback()
@@ -317,8 +509,13 @@ def first_day_of(srv: Any, since_s: Optional[float]) -> int:
     return int(row[0][0]) if row and row[0][0] is not None else 0
 
 
+JOB_COUNTS_VERSION = 6  # the central schema whose rollups hold job counts (an older server: records)
+
+
 def meta(conn_execute: Callable[[str], List[Tuple[Any, ...]]]) -> Optional[Dict[str, str]]:
-    """The rollups' zone and idle threshold from meta; None where the schema has no rollups."""
-    rows = conn_execute("SELECT name, value FROM meta WHERE name IN ('rollup_zone', 'rollup_idle_threshold_pct')")
+    """The rollups' zone and idle threshold (and the schema version) from meta; None where the
+    schema has no rollups."""
+    rows = conn_execute("SELECT name, value FROM meta WHERE name IN ('rollup_zone', 'rollup_idle_threshold_pct', "
+                        "'schema_version')")
     got = {str(n): str(v) for n, v in rows}
-    return got if len(got) == 2 else None
+    return got if "rollup_zone" in got and "rollup_idle_threshold_pct" in got else None
