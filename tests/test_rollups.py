@@ -327,14 +327,14 @@ def test_job_counts_from_the_rollups_count_no_job_twice(server, tmp_path):
     for since, until in TRICKY_WINDOWS:
         for by in (("user",), ("node",), ("partition",), ("gpu-model",), ("user", "node"), ("user", "gpu-model"),
                    ("user", "day"), ("user", "week"), ("node", "month"), ("month",), ("partition", "day")):
-            for q in (Q.Query(since_s=since, until_s=until, tz="utc"),
-                      Q.Query(since_s=since, until_s=until, tz="utc", nodes=("n1",)),
-                      Q.Query(since_s=since, until_s=until, tz="utc", nodes=("n1", "n2"))):
+            for q in (Query(since_s=since, until_s=until, tz="utc"),
+                      Query(since_s=since, until_s=until, tz="utc", nodes=("n1",)),
+                      Query(since_s=since, until_s=until, tz="utc", nodes=("n1", "n2"))):
                 a, b, plan = _both(s, files, q, by)
                 assert b == a, (by, since, until, q.nodes, plan, _diff(a[1], b[1]))
                 assert plan.startswith("rollups"), plan
     # The counts themselves, as a person would count: one job on two nodes is one job in the total.
-    a, _b, _plan = _both(s, files, Q.Query(since_s=T0 + 20 * D, until_s=T0 + 21 * D, tz="utc"), ("user",))
+    a, _b, _plan = _both(s, files, Query(since_s=T0 + 20 * D, until_s=T0 + 21 * D, tz="utc"), ("user",))
     assert a[1].splitlines()[1].split(",")[:2] == ["alice", "1"], a[1]
 
 
@@ -362,7 +362,7 @@ def test_migrating_a_v5_server_builds_the_job_counts_from_its_rollups(server, tm
                  "DROP INDEX rollup_jobs_node_mixed, DROP COLUMN day_kind, DROP COLUMN node_kind, "
                  "ADD KEY rollup_jobs_day (day); UPDATE meta SET value = '5' WHERE name = 'schema_version';", s.db)
     # Not yet migrated: the report reads the records and says why.
-    q = Q.Query(since_s=TRICKY_WINDOWS[0][0], until_s=TRICKY_WINDOWS[0][1], tz="utc")
+    q = Query(since_s=TRICKY_WINDOWS[0][0], until_s=TRICKY_WINDOWS[0][1], tz="utc")
     a, b, plan = _both(s, files, q, ("user",))
     assert b == a and plan.startswith("records (not the rollups: schema v5's rollups have no job counts"), plan
     r = cli("--config", str(s.config), "central", "init", "--writer", s.writer, "--reporter", s.reporter)
@@ -373,5 +373,5 @@ def test_migrating_a_v5_server_builds_the_job_counts_from_its_rollups(server, tm
     assert r.returncode == 0 and "rollups exact" in r.stderr, r.stdout + r.stderr
     for since, until in TRICKY_WINDOWS[:2]:
         for by in (("user",), ("node", "day"), ("gpu-model", "month")):
-            a, b, plan = _both(s, files, Q.Query(since_s=since, until_s=until, tz="utc"), by)
+            a, b, plan = _both(s, files, Query(since_s=since, until_s=until, tz="utc"), by)
             assert b == a and plan.startswith("rollups"), (by, plan, _diff(a[1], b[1]))
