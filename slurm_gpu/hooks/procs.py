@@ -32,11 +32,16 @@ def process_start_time(pid: str = "self") -> Optional[float]:
         return None
 
 
+def _proc_file(pid: int, name: str) -> bytes:
+    """/proc/<pid>/<name>, whole (OSError when the process or the file is gone or unreadable)."""
+    with open(f"/proc/{pid}/{name}", "rb") as f:
+        return f.read()
+
+
 def pid_alive(pid: int) -> bool:
     """True while the process exists and is not a zombie (a zombie holds no GPU context)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+        stat = _proc_file(pid, "stat")
     except FileNotFoundError:
         return False
     except OSError:
@@ -68,8 +73,7 @@ def process_identity(pid: int) -> Tuple[Optional[int], Optional[int]]:
     except (OSError, ValueError, IndexError):
         return None, None
     try:
-        with open(f"/proc/{pid}/cgroup", "rb") as f:
-            m = re.search(_JOB_CGROUP, f.read())
+        m = re.search(_JOB_CGROUP, _proc_file(pid, "cgroup"))
         if m:
             return uid, int(m.group(1))
     except OSError:
@@ -80,8 +84,7 @@ def process_identity(pid: int) -> Tuple[Optional[int], Optional[int]]:
 def _job_from_environ(pid: int) -> Optional[int]:
     for attempt in range(2):
         try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                raw = f.read()
+            raw = _proc_file(pid, "environ")
         except OSError:
             return UNKNOWN_JOB
         if raw:
