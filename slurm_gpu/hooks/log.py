@@ -13,6 +13,7 @@ syslog, stderr or a file, because a log line must never be the thing that crashe
 """
 from __future__ import annotations
 
+import abc
 import errno
 import os
 import stat
@@ -55,11 +56,12 @@ def _to_stderr(text: str) -> None:
         pass
 
 
-class _Levels:
+class _Levels(abc.ABC):
     """info / warning / error: event() at that level."""
 
+    @abc.abstractmethod
     def event(self, event: str, level: str = "info", **fields: Any) -> str:
-        raise NotImplementedError
+        """Write one decision line at level; returns the line."""
 
     def info(self, event: str, **f: Any) -> str:
         return self.event(event, "info", **f)
