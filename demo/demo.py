@@ -187,8 +187,13 @@ def _remediation(bed, site: Path, env: dict) -> None:
     def drained_by_a_job() -> int:
         """A job for gpu01: its prolog finds the fault, drains the node; Slurm requeues the job."""
         job = bed.sbatch("sleep 1", args=["-p", "gpu", "-A", "physics", "--gres=gpu:4", "-w", "gpu01"])
-        # remediate acts only once Slurm has the node idle: wait for the requeue to finish
-        bed.wait_node_state("gpu01", lambda i: "DRAIN" in i["State"] and "COMPLETING" not in i["State"], timeout=60)
+        # remediate acts only once Slurm has the node idle: wait for the requeue to finish (the
+        # job back in the queue, the node no longer running or completing it)
+        end = time.monotonic() + 60
+        while time.monotonic() < end and bed.job_info(job).get("JobState") != "PENDING":
+            time.sleep(0.2)
+        bed.wait_node_state("gpu01", lambda i: "DRAIN" in i["State"] and not {"COMPLETING", "ALLOCATED", "MIXED"}
+                            & set(i["State"].split("+")), timeout=60)
         print(f"job {job} for gpu01: {bed.job_info(job).get('JobState')} (requeued: the prolog refused the GPU)")
         print(bed.run("sinfo", "-R", "-h", "-o", "%15N %E").stdout, end="")
         return job
