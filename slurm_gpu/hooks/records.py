@@ -34,7 +34,7 @@ def write(deps: HookDeps, record: R.Record, job: JobEnv) -> str:
         return "log"
     if written.where == "spool":
         deps.job_log(job).warning("record-spooled", kind=record.kind, file=written.path,
-                                  reason=getattr(deps.store, "unavailable", "") or None)
+                                  reason=deps.store.unavailable or None)
     elif written.where == "quarantine":
         deps.job_log(job).error("record-quarantined", kind=record.kind, file=written.path,
                                 hint="the database refused this record; `slurm-gpu db check` lists it")
@@ -51,7 +51,7 @@ def _lost_to_log(deps: HookDeps, job: JobEnv, record: R.Record, e: Exception) ->
                   hint="replay with `slurm-gpu db ingest --from-log FILE`", record=data)
     deps.log.error("record-lost-to-log", **fields)
     from slurm_gpu.hooks.log import fallback_path, write_fallback
-    write_fallback(fallback_path(), getattr(deps.log, "hook", "hook"), "record-lost-to-log", **fields)
+    write_fallback(fallback_path(), deps.log.hook, "record-lost-to-log", **fields)
 
 
 # What a hook spends at most on the spool (files, seconds) after its own records and its drain
