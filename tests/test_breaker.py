@@ -77,10 +77,11 @@ class MemCluster(slurm.SlurmBackend):
         return [a[1] for a in self.actions if a[0] == "drain"]
 
 
-def _cfg(tmp_path, pct=50.0, window=3600.0, extra=""):
+def _cfg(tmp_path, pct=50.0, window=3600.0, extra="", settle=0.01):
     p = tmp_path / "breaker.toml"
     p.write_text(f'[store]\ndatabase = "{tmp_path / "db" / "usage.db"}"\n[breaker]\nmax_drained_pct = {pct}\n'
-                 f'window_s = {window}\n[metrics]\ntextfile_dir = "{tmp_path / "prom"}"\n[log]\nsyslog = false\n' + extra)
+                 f'window_s = {window}\nsettle_s = {settle}\n'
+                 f'[metrics]\ntextfile_dir = "{tmp_path / "prom"}"\n[log]\nsyslog = false\n' + extra)
     os.chmod(p, 0o644)
     return config.load(str(p))
 
@@ -212,6 +213,85 @@ def test_breaker_reset_lets_the_next_drain_for_the_check_go(tmp_path):
     assert node_health_cycle(cluster, "gpu03", _fail(), breaker_cfg=cfg).action == "breaker-open"
 
 
+def _three_at_once(cluster, cfg, nodes, when):
+    """Nodes deciding at the same moment: every count before any drain lands, then the drains."""
+    reason = format_reason("XID 119 GSP RPC timeout", "healthcheck", check="xid")
+    assert not any(HB.ask(cfg, cluster, n, "xid", when).open for n in nodes)
+    for n in nodes:
+        cluster.drain(n, reason)
+    return reason
+
+
+def test_nodes_deciding_at_the_same_moment_all_drained_past_the_share_withdraw_to_it(tmp_path):
+    clock = [1_000_000.25]
+    cfg = _cfg(tmp_path, pct=50.0)
+    cluster = MemCluster(["gpu01", "gpu02", "gpu03", "gpu04"], clock=lambda: clock[0])
+    reason = _three_at_once(cluster, cfg, ["gpu03", "gpu01", "gpu02"], clock[0])
+    clock[0] += 2.0
+    outs = {n: HB.confirm(cfg, cluster, n, "xid", reason, sleep=lambda s: None, clock=lambda: clock[0])
+            for n in ("gpu02", "gpu03", "gpu01")}
+    # Same ReasonTime second: ranked by name; the share (2) is gpu01 and gpu02.
+    assert {n: v.open for n, v in outs.items()} == {"gpu01": False, "gpu02": False, "gpu03": True}
+    assert [n for n in cluster.table if cluster.node(n).drained] == ["gpu01", "gpu02"]
+    assert ("resume", "gpu03") in cluster.actions and _breaker_metric(tmp_path) == {"xid": 1.0}
+    assert "2 of 4 nodes in partition gpu drained by slurm-gpu for it before gpu03" in outs["gpu03"].text
+
+
+def test_a_drain_that_lands_after_a_nodes_second_count_ranks_after_it():
+    b = P.Breaker(50.0, 3600.0, 2.0)
+    xid = format_reason("XID 119", "healthcheck", check="xid")
+    # gpu03 drained at 100.9 and counted again at 102.9 seeing gpu01 only: it keeps its drain.
+    idle = [_node("gpu02", state="IDLE"), _node("gpu04", state="IDLE")]
+    seen = [_node("gpu01", xid, 100.0), _node("gpu03", xid, 100.0)]
+    assert not P.confirm(b, "xid", "gpu03", seen + idle, 103.0).open
+    # gpu02's drain landed after that (ReasonTime 102, later than gpu03's 100 whatever the names): it goes.
+    later = seen + [_node("gpu02", xid, 102.0), idle[1]]
+    assert P.confirm(b, "xid", "gpu02", later, 105.0).open
+    assert not P.confirm(b, "xid", "gpu03", later, 105.0).open and not P.confirm(b, "xid", "gpu01", later, 105.0).open
+
+
+def test_second_count_leaves_a_drain_whose_reason_someone_changed_meanwhile(tmp_path):
+    clock = [2_000_000.0]
+    cfg = _cfg(tmp_path, pct=50.0)
+    cluster = MemCluster(["gpu01", "gpu02", "gpu03", "gpu04"], clock=lambda: clock[0])
+    reason = _three_at_once(cluster, cfg, ["gpu01", "gpu02", "gpu03"], clock[0])
+    cluster.table["gpu03"]["reason"] = "admin: bad fan"
+    v = HB.confirm(cfg, cluster, "gpu03", "xid", reason, sleep=lambda s: None, clock=lambda: clock[0] + 2)
+    assert not v.open and cluster.node("gpu03").drained and ("resume", "gpu03") not in cluster.actions
+
+
+def test_second_count_that_cannot_read_the_node_list_keeps_the_drain(tmp_path):
+    cfg = _cfg(tmp_path, pct=50.0)
+    cluster = MemCluster(["gpu01", "gpu02"])
+    cluster.drain("gpu01", format_reason("XID 119", "healthcheck", check="xid"))
+
+    def broken(names=None):
+        raise SlurmError("slurmctld down", "")
+    cluster.nodes = broken  # type: ignore[method-assign]
+    v = HB.confirm(cfg, cluster, "gpu01", "xid", cluster.node("gpu01").reason, sleep=lambda s: None)
+    assert not v.open and cluster.node("gpu01").drained
+
+
+def test_healthcheck_waits_settle_s_and_withdraws_its_drain_past_the_share(tmp_path, monkeypatch):
+    cfg = _cfg(tmp_path, pct=25.0, settle=2.0)
+    cluster = MemCluster(["gpu01", "gpu02", "gpu03", "gpu04"])
+    cluster.drain("gpu02", format_reason("XID 119", "healthcheck", check="xid"))  # lands while gpu01 decides
+    slept: List[float] = []
+    monkeypatch.setattr(HB.time, "sleep", slept.append)
+    real_nodes = cluster.nodes
+    calls = [0]
+
+    def nodes(names=None):  # gpu01's first count misses gpu02's drain; its second sees it
+        calls[0] += 1
+        listing = real_nodes(names)
+        return [n for n in listing if n.name != "gpu02"] if calls[0] == 1 else listing
+    cluster.nodes = nodes  # type: ignore[method-assign]
+    cluster.table["gpu02"]["time"] -= 5  # drained earlier than gpu01
+    out = node_health_cycle(cluster, "gpu01", _fail(), breaker_cfg=cfg)
+    assert slept == [2.0]
+    assert out.action == "breaker-open" and "drain withdrawn" in out.message and not cluster.node("gpu01").drained
+
+
 def test_breaker_that_cannot_read_the_node_list_lets_the_drain_go(tmp_path):
     cfg = _cfg(tmp_path, pct=25.0)
 
@@ -300,6 +380,32 @@ def test_remediate_asks_no_reboot_while_the_share_of_the_partition_is_rebooting(
     out = REM._reboot(env, [], [], "XID 79 fallen off the bus")
     assert out.outcome == "breaker-open" and "breaker open for reboot" in out.message, out
     assert [a[0] for a in cluster.actions] == ["reboot", "drain"] and env.store.rows[-1]["outcome"] == "refused"
+
+
+def test_two_nodes_asking_for_a_reboot_at_once_reboot_only_the_share(tmp_path):
+    from slurm_gpu.hooks import remediate as REM
+    cfg = _cfg(tmp_path, pct=25.0)
+    t0 = float(int(time.time()))
+    cluster = MemCluster(["gpu01", "gpu02", "gpu03", "gpu04"], clock=lambda: t0)
+    fault = format_reason("XID 79 fallen off the bus", "healthcheck", check="xid")
+    for n in ("gpu01", "gpu02"):
+        cluster.drain(n, fault)
+    # gpu01 has claimed its reboot (its reason is the reboot's) in the same second gpu02 counts,
+    # and gpu02's first count did not see it yet.
+    cluster.drain("gpu01", format_reason("XID 79 fallen off the bus", "remediate: reboot", check=P.REBOOT))
+    real_nodes, calls = cluster.nodes, [0]
+
+    def nodes(names=None):
+        calls[0] += 1
+        listing = real_nodes(names)
+        return [n if n.name != "gpu01" else _node("gpu01", fault, t0) for n in listing] if calls[0] == 1 else listing
+    cluster.nodes = nodes  # type: ignore[method-assign]
+    env = REM.Env(cfg, cluster, _NoStore(), "gpu02", checker=lambda info: [])
+    out = REM._reboot(env, [], [], "XID 79 fallen off the bus")
+    assert out.outcome == "breaker-open" and "gpu02's drain withdrawn" in out.message, out
+    assert not any(a[0] == "reboot" for a in cluster.actions)
+    assert cluster.node("gpu02").reason == fault and cluster.node("gpu02").drained  # its own reason back
+    assert env.store.rows[-1]["outcome"] == "refused"
 
 
 class _NoStore:

@@ -11,13 +11,17 @@ breaker-reset.json beside the node database (store.database's directory); drains
 longer count on this node.  An admin resets the cluster by running it on every node
 (`pdsh -a slurm-gpu breaker reset`, docs/remediation.md): nothing travels between nodes.
 
+confirm(): the second count after a drain (policy/breaker.py: nodes deciding at the same moment),
+which withdraws this node's own drain when the nodes drained before it fill the share.
+
 On the hook path: standard library and our own modules only.
 """
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Iterable
+import time
+from typing import Any, Callable, Dict, Iterable, Optional
 
 from slurm_gpu.errors import SlurmGpuError
 from slurm_gpu.policy import breaker as P
@@ -70,6 +74,36 @@ def ask(cfg: Any, backend: Any, node: str, check: str, now: float, log: Any = No
     if verdict.open:
         _say(log, "warning", "breaker-open", node=node, check=check, message=verdict.text, **ids)
     write_metric(cfg, {check: 1.0 if verdict.open else 0.0}, log)
+    return verdict
+
+
+def confirm(cfg: Any, backend: Any, node: str, check: str, reason: str, log: Any = None,
+            sleep: Optional[Callable[[float], None]] = None, clock: Callable[[], float] = time.time,
+            withdraw: Optional[Callable[[], None]] = None, **ids: Any) -> P.Verdict:
+    """Right after this node drained for `check` with `reason`: wait breaker.settle_s, count again and
+    withdraw the drain (resume the node, or `withdraw()`, only while its reason is still `reason`) when
+    nodes drained before it already fill the share (policy/breaker.py confirm).  Never raises: a count
+    or a withdrawal that fails leaves the node drained (the safe side for its GPUs)."""
+    b = P.Breaker.from_config(cfg)
+    if b.max_drained_pct >= 100 or b.settle_s <= 0:
+        return P.Verdict(False, check, "", 0, 0, 0, "no second count")
+    (sleep or time.sleep)(b.settle_s)
+    try:
+        nodes = backend.nodes()
+        verdict = P.confirm(b, check, node, nodes, clock(), read_resets(cfg))
+        if not verdict.open:
+            return verdict
+        me = next(n for n in nodes if n.name == node)
+        if me.reason != reason:  # someone changed it meanwhile: theirs now, left alone
+            return P.Verdict(False, check, verdict.partition, verdict.drained, verdict.allowed, verdict.total,
+                             f"{node}'s reason changed meanwhile ({me.reason}): drain left")
+        (withdraw or (lambda: backend.resume(node)))()
+    except Exception as e:
+        error = e.message if isinstance(e, SlurmGpuError) else f"{type(e).__name__}: {e}"
+        _say(log, "warning", "breaker-unknown", node=node, check=check, error=error, **ids)
+        return P.Verdict(False, check, "", 0, 0, 0, f"drain kept, second count failed: {error}")
+    _say(log, "warning", "breaker-withdrawn", node=node, check=check, message=verdict.text, **ids)
+    write_metric(cfg, {check: 1.0}, log)
     return verdict
 
 

@@ -43,7 +43,7 @@ def drain_node(deps: HookDeps, job: JobEnv, source: str, fault: str, check: str 
             else:
                 backend.drain(job.node, decision.reason)
                 deps.job_log(job).warning("drain", reason=reason)
-                outcome = "drained"
+                outcome = "breaker" if breaker and _withdrawn(deps, job, check, decision.reason) else "drained"
             drained = True
         except SlurmGpuError as e:
             deps.job_log(job).error("drain-failed", reason=reason, error=e.message)
@@ -58,6 +58,13 @@ def _breaker_open(deps: HookDeps, job: JobEnv, check: str) -> bool:
     """Ask the circuit breaker (hooks/breaker.py) before a drain for `check`; True: do not drain."""
     from slurm_gpu.hooks.breaker import ask
     return ask(deps.cfg, deps.backend(), job.node, check, deps.now(), deps.log, job=job.job_id).open
+
+
+def _withdrawn(deps: HookDeps, job: JobEnv, check: str, reason: str) -> bool:
+    """The breaker's second count after this drain (nodes deciding at the same moment); True: the
+    drain was withdrawn, nodes drained before this one filling the share."""
+    from slurm_gpu.hooks.breaker import confirm
+    return confirm(deps.cfg, deps.backend(), job.node, check, reason, deps.log, job=job.job_id).open
 
 
 def drain(deps: HookDeps, job: JobEnv, source: str, fault: str, seen: Any = None, check: str = "",

@@ -192,6 +192,12 @@ def _drain_unhealthy(backend: SlurmBackend, info: Any, node_name: str, fault: st
     except SlurmGpuError as e:
         e.drain_reason = text  # type: ignore[attr-defined]  # the caller records the failed drain
         raise
+    if breaker_cfg is not None:  # nodes deciding at the same moment: count again, withdraw past the share
+        from slurm_gpu.hooks.breaker import confirm
+        second = confirm(breaker_cfg, backend, node_name, check, text, _breaker_log(breaker_cfg))
+        if second.open:
+            return HealthOutcome(node_name, "FAIL", "breaker-open", f"{node_name}: FAIL: {fault}; drain withdrawn: {second.text}",
+                                 "", res, int(ExitCode.UNHEALTHY))
     return HealthOutcome(node_name, "FAIL", "drained", f"{node_name}: FAIL: drained: {text}", text, res,
                          int(ExitCode.UNHEALTHY))
 

@@ -315,13 +315,13 @@ def _reboot(env: Env, run: Any, found: Sequence[R.Remedy], fault: str, because: 
                                                       "left drained for a human")
     if env.dry_run:
         return Outcome(env.node, "reboot", "would-reboot", f"{env.node}: would ask Slurm to reboot: {because or fault}")
-    held = _reboot_breaker(env)
+    text = _reason.format_reason(fault, "remediate: reboot", check=BRK.REBOOT)
+    held = _reboot_breaker(env, text)
     if held:
         _row(env, run, first, "reboot", "refused", held)
         return Outcome(env.node, "reboot", "breaker-open", f"{env.node}: needs a reboot ({because or fault}) but {held}: "
                                                            "left drained")
     row = _row(env, run, first, "reboot", "started", because)
-    text = _reason.format_reason(fault, "remediate: reboot", check=BRK.REBOOT)
     try:
         env.backend.reboot(env.node, text)
     except Exception as e:  # the intent stays on record with why it did not happen
@@ -331,12 +331,24 @@ def _reboot(env: Env, run: Any, found: Sequence[R.Remedy], fault: str, because: 
     return Outcome(env.node, "reboot", "requested", f"{env.node}: reboot requested through Slurm: {text}")
 
 
-def _reboot_breaker(env: Env) -> str:
+def _reboot_breaker(env: Env, text: str) -> str:
     """The circuit breaker for reboots (policy/breaker.py, check `reboot`): its text when open, else ''.
-    remediate's other drains re-drain a node already drained by us: they add nothing to its count."""
-    from slurm_gpu.hooks.breaker import ask
+    remediate's other drains re-drain a node already drained by us: they add nothing to its count.
+    A reboot cannot be taken back, so the node claims its place first: its reason becomes the reboot's
+    (it counts for `reboot` now), and after breaker.settle_s the second count (confirm) either lets
+    the reboot go or puts the node's reason back (nodes deciding at the same moment, the healthcheck
+    running remediate on every node at once)."""
+    from slurm_gpu.hooks.breaker import ask, confirm
     verdict = ask(env.cfg, env.backend, env.node, BRK.REBOOT, env.now(), env.log)
-    return verdict.text if verdict.open else ""
+    if verdict.open:
+        return verdict.text
+    if BRK.Breaker.from_config(env.cfg).max_drained_pct >= 100:
+        return ""
+    before = env.backend.node(env.node).reason
+    env.backend.drain(env.node, text)  # drained already: only the reason (and its time) changes
+    second = confirm(env.cfg, env.backend, env.node, BRK.REBOOT, text, env.log,
+                     withdraw=lambda: env.backend.drain(env.node, before or text))
+    return second.text if second.open else ""
 
 
 def _after_reboot(env: Env, info: Any, run: Any, row: Dict[str, Any]) -> Outcome:

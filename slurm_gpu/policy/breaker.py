@@ -14,6 +14,17 @@ one node per partition and window may always go (a lone broken node in a small p
 storm), and a node already drained by us is never counted against itself.  max_drained_pct 100
 turns the breaker off.
 
+Nodes decide at the same moment (slurmctld asks every slurmd for its HealthCheckProgram at once,
+and a storm ends many jobs together), so each may count the others before their drains land: the
+count before a drain cannot hold the share alone.  So a node that has just drained for a check
+confirms it (confirm()) after breaker.settle_s: it ranks the nodes drained by us for the check in
+the window by (Slurm's ReasonTime, node name), and withdraws its own drain when the share is filled
+by nodes ranked before it.  Exact when settle_s >= 1 s: a drain slurmctld takes after this node's
+second read gets a ReasonTime (whole seconds, slurmctld's clock) later than this node's, so it ranks
+after it; the last node kept therefore saw every other kept node before it, fewer than the share.
+A node may withdraw when a node ranked before it withdraws too (fewer than the share drained): the
+next healthcheck or epilog drains it then, the count before the drain having room again.
+
 Never suspended (HARDWARE): the prolog's gate on the job's own GPUs for a hardware fault.  A job
 never starts on a GPU with uncorrectable ECC errors, a failed or pending row remap, one that is lost,
 one whose driver asks for recovery or whose NVSwitch fabric is not ready; the prolog fails and Slurm
@@ -40,10 +51,12 @@ ANY = "*"  # a reset of every check (`slurm-gpu breaker reset` without --check)
 class Breaker(NamedTuple):
     max_drained_pct: float
     window_s: float
+    settle_s: float = 2.0
 
     @classmethod
     def from_config(cls, cfg: Any) -> "Breaker":
-        return cls(float(cfg.get("breaker", "max_drained_pct")), float(cfg.get("breaker", "window_s")))
+        return cls(float(cfg.get("breaker", "max_drained_pct")), float(cfg.get("breaker", "window_s")),
+                   float(cfg.get("breaker", "settle_s")))
 
 
 class Verdict(NamedTuple):
@@ -97,6 +110,39 @@ def decide(b: Breaker, check: str, node: str, nodes: Iterable[Any], now: float,
     if drained < allowed:
         return Verdict(False, check, part, drained, allowed, total, f"breaker closed for {check}: {counts}")
     return Verdict(True, check, part, drained, allowed, total, f"breaker open for {check}: {counts}; {node} not drained")
+
+
+def _rank_key(n: Any) -> Tuple[float, str]:
+    t = getattr(n, "reason_time", None)
+    return (float("-inf") if t is None else float(int(float(t))), str(n.name))  # whole seconds: Slurm's ReasonTime
+
+
+def confirm(b: Breaker, check: str, node: str, nodes: Iterable[Any], now: float,
+            resets: Optional[Mapping[str, float]] = None) -> Verdict:
+    """After `node` drained for `check` (and settle_s passed): may its drain stay?  Open when, in a
+    partition of the node, the nodes drained by us for the check in the window that rank before it by
+    (ReasonTime, name) already fill the share: the node then withdraws its drain."""
+    listing = list(nodes)
+    if b.max_drained_pct >= 100:
+        return Verdict(False, check, "", 0, 0, len(listing), f"breaker off (max_drained_pct {b.max_drained_pct:g})")
+    resets = resets or {}
+    since = max(now - b.window_s, float(resets.get(check, 0.0)), float(resets.get(ANY, 0.0)))
+    me = next((n for n in listing if n.name == node), None)
+    if me is None or not _drained_for(me, check, since):
+        return Verdict(False, check, "", 0, 0, len(listing), f"{node} is not drained by slurm-gpu for {check}")
+    mine = _rank_key(me)
+    counted = []
+    for part in tuple(getattr(me, "partitions", ()) or ()) or ("",):
+        members = [n for n in listing if not part or part in (getattr(n, "partitions", ()) or ())]
+        before = sum(1 for n in members if n.name != node and _drained_for(n, check, since) and _rank_key(n) < mine)
+        counted.append((before - allowed_nodes(b, len(members)), part, before, allowed_nodes(b, len(members)), len(members)))
+    _margin, part, before, allowed, total = max(counted)
+    where = f"partition {part}" if part else "the cluster"
+    counts = f"{before} of {total} nodes in {where} drained by slurm-gpu for it before {node} within {b.window_s:g} s " \
+             f"(max_drained_pct {b.max_drained_pct:g} allows {allowed})"
+    if before < allowed:
+        return Verdict(False, check, part, before, allowed, total, f"breaker closed for {check}: {counts}")
+    return Verdict(True, check, part, before, allowed, total, f"breaker open for {check}: {counts}; {node}'s drain withdrawn")
 
 
 def gate_suspended(checks: Iterable[str]) -> bool:

@@ -7,12 +7,16 @@ testbed APIs: the same test runs on every Slurm the testbed has."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import simgpu
+from prometheus import NodeExporter, Prometheus, PrometheusUnavailable, require
+from testbed import unavailable
 
 from slurm_gpu.metrics import textfile
 
@@ -86,3 +90,112 @@ def test_three_of_four_nodes_failing_one_check_drain_only_the_configured_share(f
     assert again.returncode == 1 and "drained" in again.stdout, again.stdout + again.stderr
     four.wait_node_state("gpu03", lambda i: "DRAIN" in i.get("State", ""))
     assert _reason(four, "gpu03").endswith("[healthcheck; check ecc_uncorrectable]")
+
+
+# ------------------------------------------------------------------ slurmd's HealthCheckProgram, Prometheus
+
+RULES = REPO / "monitoring" / "alerts" / "slurm-gpu.rules.yml"
+
+
+def _rules_firing_at_once(tmp: Path) -> Path:
+    """The shipped rules with SlurmGpuBreakerOpen's `for:` cut to 1 s: its expression, labels and
+    annotations as shipped; its 5-minute delay is what monitoring/alerts' promtool unit tests check."""
+    lines = RULES.read_text().splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.strip() == "- alert: SlurmGpuBreakerOpen")
+    hold = next(i for i in range(start, len(lines)) if lines[i].strip().startswith("for:"))
+    lines[hold] = lines[hold][:lines[hold].index("for:")] + "for: 1s\n"
+    out = tmp / "rules.yml"
+    out.write_text("".join(lines))
+    return out
+
+
+def _healthcheck_wrapper(tmp: Path, cfg: Path, states: Path, conf_path: Path) -> Path:
+    """docs/admin-guide.md's wrapper: slurmd gives HealthCheckProgram no SLURM_CONF and no PATH."""
+    wrapper = tmp / "slurm-gpu-healthcheck"
+    wrapper.write_text(f"""#!/bin/sh
+[ -r {conf_path} ] || exit 0
+export SLURM_CONF="$(cat {conf_path})"
+export SLURM_GPU_CONFIG={cfg}
+export SIMNVML_STATE={states}/"$SLURMD_NODENAME".state
+export PYTHONPATH={REPO}
+exec {sys.executable} -m slurm_gpu.cli healthcheck
+""")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def _slow_drains(tmp: Path) -> Path:
+    """A slurmctld that takes its time over drains (as a busy one does with a thousand nodes asking at
+    once): a stand-in scontrol, first in slurm_bin_dir, holds each drain 2 s before the real one runs,
+    so every failing node has counted before any drain lands."""
+    real = shutil.which("scontrol")
+    assert real, "scontrol not installed"
+    bindir = tmp / "slow-bin"
+    bindir.mkdir()
+    (bindir / "scontrol").write_text(f'#!/bin/sh\ncase "$*" in *State=DRAIN*) sleep 2;; esac\nexec {real} "$@"\n')
+    (bindir / "scontrol").chmod(0o755)
+    return bindir
+
+
+def _drained(bed) -> set:
+    return {n for n in NODES if "DRAIN" in bed.node_info(n).get("State", "")}
+
+
+def test_slurmd_healthchecks_failing_on_three_of_four_nodes_at_once_drain_the_share_and_the_alert_fires(
+        slurm_testbed_factory, tmp_path, sim_lib):
+    """The real chain: slurmctld asks every slurmd for its HealthCheckProgram at the same moment
+    (HealthCheckInterval), so the three failing nodes decide at once, each from Slurm's node list,
+    and none sees the others' drains before its own (slurmctld slow to take drains); still only the
+    share (2 of 4) stays drained, the third withdraws its drain and reports through its gauge,
+    node_exporter serves it and the shipped SlurmGpuBreakerOpen rule fires in Prometheus."""
+    try:
+        require("prometheus", "prometheus-node-exporter")
+    except PrometheusUnavailable as e:
+        unavailable(str(e))
+    os.chmod(tmp_path, 0o755)
+    states = tmp_path / "states"
+    states.mkdir()
+    for n in NODES:
+        simgpu.write_state(states / f"{n}.state", simgpu.h100_sxm(4, seed=n))
+    cfg = _config(tmp_path, sim_lib)
+    cfg.write_text(f'slurm_bin_dir = "{_slow_drains(tmp_path)}"\n' + cfg.read_text())
+    conf_path = tmp_path / "slurm_conf_path"  # the wrapper waits for it: the cluster's path is not known before
+    bed = slurm_testbed_factory(nodes=NODES, health_check_program=str(_healthcheck_wrapper(tmp_path, cfg, states, conf_path)),
+                                extra_slurm_conf="HealthCheckInterval=2")
+    exporters = []
+    for n in NODES:
+        (tmp_path / n / "prom").mkdir(parents=True, exist_ok=True)
+        os.chmod(tmp_path / n, 0o755)
+        exporters.append(NodeExporter(tmp_path / n / "prom", tmp_path / f"ne-{n}").start())
+    prom = Prometheus({"node": [(e.address, {"instance": n}) for n, e in zip(NODES, exporters)]},
+                      rule_files=[_rules_firing_at_once(tmp_path)], workdir=tmp_path / "prometheus").start()
+    try:
+        conf_path.write_text(bed.env["SLURM_CONF"])
+        # Every node healthy first: each has had a healthcheck (its log says so) and none is drained.
+        deadline = time.monotonic() + 30
+        while not all((tmp_path / n / "hooks.log").exists() for n in NODES):
+            assert time.monotonic() < deadline, "slurmd ran no HealthCheckProgram"
+            time.sleep(0.2)
+        assert _drained(bed) == set()
+        for n in NODES[:3]:  # one moment: the next round of healthchecks finds all three failing
+            simgpu.set_gpu(states / f"{n}.state", 1, ecc_volatile_uncorrected=2)
+        firing = prom.wait_for_alerts(lambda alerts: any(a["labels"].get("alertname") == "SlurmGpuBreakerOpen"
+                                                         and a["state"] == "firing" for a in alerts), timeout=60)
+        alert = next(a for a in firing if a["labels"].get("alertname") == "SlurmGpuBreakerOpen")
+        assert alert["labels"]["check"] == "ecc_uncorrectable" and alert["labels"]["cluster"] == "sgtest", alert
+        # Several rounds later the share still holds: two drained, the third in service and reporting.
+        time.sleep(6)
+        drained = _drained(bed)
+        assert len(drained) == 2 and drained < set(NODES[:3]), drained
+        (held,) = set(NODES[:3]) - drained
+        for n in drained:
+            assert _reason(bed, n).endswith("[healthcheck; check ecc_uncorrectable]"), _reason(bed, n)
+        assert _breaker_open(tmp_path, held) == {"ecc_uncorrectable": 1.0}
+        assert prom.query(f'slurm_gpu_breaker_open{{instance="{held}",check="ecc_uncorrectable"}} == 1')["result"]
+        # It had drained too (its count saw none of the others'), counted again and withdrew its drain.
+        assert "breaker-withdrawn" in (tmp_path / held / "hooks.log").read_text()
+        assert "DRAIN" not in bed.node_info("gpu04")["State"]
+    finally:
+        prom.cleanup()
+        for e in exporters:
+            e.cleanup()
