@@ -52,6 +52,7 @@ class Env:
         self.run = run or subprocess.run
         self.sleep, self.now, self.log, self.dry_run = sleep, now, log, dry_run
         self.budget = B.Budget.from_config(cfg)
+        self.drain_time: Optional[float] = None  # when the node was drained for the fault remedied (drain_time)
 
     def get(self, key: str) -> Any:
         return self.cfg.get("remediation", key)
@@ -87,6 +88,7 @@ def remediate(env: Env) -> Outcome:
 
 def _remediate(env: Env) -> Outcome:
     info = env.backend.node(env.node)
+    env.drain_time = drain_time(env, info)
     why = _not_ours(info)
     if why and not (info.drained or info.down or info.states & REBOOTING_STATES):
         rebooted = _pending_reboot(env)
@@ -126,6 +128,24 @@ def _not_ours(info: Any) -> str:
 
 def is_rma(reason: Optional[str]) -> bool:
     return _reason.is_ours(reason) and (reason or "").split(":", 1)[1].lstrip().startswith("RMA:")
+
+
+def drain_time(env: Env, info: Any) -> Optional[float]:
+    """When the node was drained for the fault being remedied: what "drain to resume" is measured from.
+
+    A reason of remediate's own (a step under way, `[remediate: reboot] : reboot complete`) was set
+    by an earlier run of this episode: its ReasonTime is that re-drain's, so the drain time is the
+    one the node's latest attempt row keeps.  Otherwise Slurm's ReasonTime of the drain (the CLI and
+    pyslurm backends read it), and without one the node database's record of that drain (the
+    drains table: the newest drain of the node with this reason, else its newest drain of ours)."""
+    reason = getattr(info, "reason", "") or ""
+    if _reason.reason_context(reason).startswith(_reason.REMEDIATE):
+        kept = [r["drain_time"] for r in env.store.remediations(node=env.node) if r.get("drain_time") is not None]
+        if kept:
+            return float(kept[-1])
+    if getattr(info, "reason_time", None):
+        return float(info.reason_time)
+    return env.store.drain_time(env.node, reason) if _reason.is_ours(reason) else None
 
 
 def _slurm_busy(info: Any) -> str:
@@ -181,7 +201,7 @@ def _row(env: Env, run: Any, r: Optional[R.Remedy], action: str, outcome: str, d
     row = {"time": env.now(), "node": env.node, "gpu_index": None if r is None else r.gpu_index,
            "gpu_uuid": "" if r is None else r.gpu_uuid, "serial": _serial(run, None if r is None else r.gpu_index),
            "fault_check": None if r is None else r.check, "fault": None if r is None else r.fault,
-           "action": action, "outcome": outcome, "detail": detail, "drain_time": None}
+           "action": action, "outcome": outcome, "detail": detail, "drain_time": env.drain_time}
     return env.store.record_remediation(row)
 
 
