@@ -75,3 +75,136 @@ def test_a_run_after_remediates_own_redrain_keeps_the_first_drains_time(sim_node
     out = _run(node, backend)  # the fault survived the boot: RMA row
     assert out.outcome == "rma"
     assert set(_drain_times(node)) == {1_700_000_000.0}
+
+
+# ------------------------------------------------------------------ 2. shipped by `db push`
+
+def _attempt(store, node="n1", serial="1654922000001", outcome="started", t=1000.0, action="reset", drain=990.0):
+    return store.record_remediation({"time": t, "node": node, "gpu_index": 1, "gpu_uuid": "GPU-1", "serial": serial,
+                                     "fault_check": "pending_reset", "fault": "GPU 1 pending row remap",
+                                     "action": action, "outcome": outcome, "detail": "", "drain_time": drain})
+
+
+def _unshipped(store):
+    return store.connect().execute("SELECT id, outcome FROM remediations WHERE pushed_version < push_version "
+                                   "ORDER BY id").fetchall()
+
+
+def test_a_remediation_row_whose_outcome_comes_after_it_was_shipped_is_in_the_outbox_again(tmp_path):
+    store = Store(str(tmp_path / "u.db"), str(tmp_path / "spool"))
+    i = _attempt(store)
+    assert _unshipped(store) == [(i, "started")]
+    store.connect().execute("UPDATE remediations SET pushed_version = push_version")  # what a push marks
+    assert _unshipped(store) == []
+    store.finish_remediation(i, "resumed", "verified", 1100.0)
+    assert _unshipped(store) == [(i, "resumed")]
+
+
+def test_a_v7_node_database_migrates_to_v8_and_its_remediation_rows_wait_to_be_shipped(tmp_path):
+    from slurm_gpu.store.schema import MIGRATIONS
+    path = tmp_path / "u.db"
+    c = sqlite3.connect(path, isolation_level=None)
+    for stmts in MIGRATIONS[:7]:
+        for stmt in stmts:
+            c.execute(stmt)
+    c.execute("PRAGMA user_version = 7")
+    c.execute("INSERT INTO remediations (time, node, action, outcome) VALUES (1.0, 'n1', 'reset', 'resumed')")
+    c.close()
+    store = Store(str(path), str(tmp_path / "spool"))
+    assert store.connect().execute("PRAGMA user_version").fetchone()[0] == 8
+    assert _unshipped(store) == [(1, "resumed")]
+
+
+# ------------------------------------------------------------------ central server (a real MariaDB)
+
+import mariadb as testdb  # noqa: E402
+import pytest  # noqa: E402
+from test_central import Site, _forge, cli  # noqa: E402
+
+from slurm_gpu.errors import ExitCode  # noqa: E402
+from slurm_gpu.store import central as C  # noqa: E402
+
+REM_COLS = "node, id, serial, action, outcome, drain_time"
+
+
+@pytest.fixture(scope="module")
+def server():
+    yield from testdb.running()
+
+
+@pytest.fixture
+def site(server, tmp_path):
+    return Site(server, tmp_path)
+
+
+@pytest.mark.central
+def test_push_ships_remediation_rows_and_ships_a_row_again_when_its_outcome_is_written(site):
+    site.init()
+    i = _attempt(site.store)
+    r = site.push()
+    assert r.returncode == 0 and "remediations 1" in r.stdout, r.stdout + r.stderr
+    assert site.rows(f"SELECT {REM_COLS} FROM remediations") == [["n1", str(i), "1654922000001", "reset", "started", "990"]]
+    site.store.finish_remediation(i, "resumed", "verified", 1100.0)
+    r = site.push()
+    assert r.returncode == 0 and "remediations 1" in r.stdout, r.stdout + r.stderr
+    assert site.rows("SELECT outcome, detail, finished, row_version FROM remediations") == [
+        ["resumed", "verified", "1100", "2"]]
+    assert "shipped nothing" in site.push().stdout
+
+
+@pytest.mark.central
+def test_an_older_version_of_a_remediation_row_never_replaces_the_servers_newer_one(site):
+    """A node database restored from a backup taken before the attempt's outcome ships the intent again."""
+    site.init()
+    i = _attempt(site.store)
+    site.store.finish_remediation(i, "resumed", "verified", 1100.0)
+    assert site.push().returncode == 0
+    site.store.connect().execute("UPDATE remediations SET outcome = 'started', push_version = 1, pushed_version = 0")
+    assert site.push().returncode == 0
+    assert site.rows("SELECT outcome, row_version FROM remediations") == [["resumed", "2"]]
+
+
+def _forged_attempt(cluster, node, row_id=1):
+    return (cluster, node, row_id, 1.0, 0, "GPU-0", "SERIAL-X", "pending_reset", "forged", "reset", "resumed", "",
+            0.5, 2.0, 99, 1.0, 0)
+
+
+@pytest.mark.central
+def test_a_forged_remediation_batch_for_another_node_is_refused_and_changes_nothing(site):
+    """A node's writer must not give another node's GPU a history (a lemon: RMA) or erase one."""
+    site.init(writers="n1,n2")
+    _attempt(site.store, node="n1")
+    assert site.push().returncode == 0
+    before = site.rows(f"SELECT {REM_COLS} FROM remediations")
+    n2_user, n2_pw = site.writer_of("n2")
+    for cluster, node in (("c", "n1"), ("other", "n2")):
+        with pytest.raises(C.CentralError) as e:
+            _forge(site, n2_user, n2_pw, {"remediations": [_forged_attempt(cluster, node)]})
+        assert f"may not write records of node {node} in cluster {cluster}" in e.value.message
+        assert e.value.exit_code == ExitCode.REFUSED
+    assert site.rows(f"SELECT {REM_COLS} FROM remediations") == before
+    assert site.rows("SELECT COUNT(*) FROM stage_remediations") == [["0"]]
+    _forge(site, n2_user, n2_pw, {"remediations": [_forged_attempt("c", "n2", 5)]})  # its own node's row applies
+    assert site.rows("SELECT node, id, fault FROM remediations WHERE node = 'n2'") == [["n2", "5", "forged"]]
+
+
+@pytest.mark.central
+def test_central_init_migrates_a_v6_server_in_place_and_its_writers_then_ship_remediations(site):
+    admin = C.Central(C.parse_url(site.server.url(site.admin, site.db)), site.admin_pw, 30)
+    try:
+        for stmts in C.MIGRATIONS[:6]:  # what slurm-gpu with central schema v6 created
+            for stmt in stmts:
+                stmt(admin) if callable(stmt) else admin.execute(stmt)
+        admin.execute("INSERT INTO meta (name, value) VALUES ('schema_version', '6')")
+        admin.commit()
+    finally:
+        admin.close()
+    assert site.rows("SHOW TABLES LIKE 'remediations'") == []
+    r = cli("--config", str(site.config), "central", "init", "--check")
+    assert r.returncode == 1 and f"schema version 6, this slurm-gpu needs {C.SCHEMA_VERSION}" in r.stdout, r.stdout
+    r = site.init()
+    assert f"schema migrated from 6 at version {C.SCHEMA_VERSION}" in r.stderr, r.stderr
+    assert site.rows("SHOW INDEX FROM remediations WHERE Key_name = 'remediations_serial'") != []
+    _attempt(site.store)
+    r = site.push()
+    assert r.returncode == 0 and "remediations 1" in r.stdout, r.stdout + r.stderr
