@@ -8,7 +8,6 @@ import sqlite3
 import simgpu
 from test_remediation import PROLOG_REASON, MemSlurm, _node, _run
 
-from slurm_gpu.slurm import model as slurm
 from slurm_gpu.store import record
 from slurm_gpu.store.node import Store
 
@@ -208,3 +207,90 @@ def test_central_init_migrates_a_v6_server_in_place_and_its_writers_then_ship_re
     _attempt(site.store)
     r = site.push()
     assert r.returncode == 0 and "remediations 1" in r.stdout, r.stdout + r.stderr
+
+
+# ------------------------------------------------------------------ 3. fleet remediation
+
+SERIAL = "1654922000001"
+
+
+def _moved_gpu_history(a, b):
+    """A GPU reset twice (verified) on n1, moved to n2, faulted again there: RMA as a lemon; and a GPU on n2
+    whose reset escalated to a reboot still pending."""
+    for t in (1000.0, 5000.0):
+        i = _attempt(a, node="n1", t=t, drain=t - 60.0)
+        a.finish_remediation(i, "resumed", "verified", t + 30.0)  # 90 s drain to resume
+    b.record_remediation({"time": 9000.0, "node": "n2", "gpu_index": 3, "gpu_uuid": "GPU-9", "serial": SERIAL,
+                          "fault_check": "ecc_uncorrectable", "fault": "GPU 3 uncorrectable ECC", "action": "rma",
+                          "outcome": "rma", "detail": "lemon: faulted again after 2 remedies in 30 days",
+                          "drain_time": 8990.0})
+    i = _attempt(b, node="n2", serial="777", t=9500.0, drain=9400.0)
+    b.finish_remediation(i, "escalated", "reset failed", 9510.0)
+    _attempt(b, node="n2", serial="777", t=9511.0, action="reboot", outcome="requested", drain=9400.0)
+
+
+def _fleet(tmp_path, *args):
+    from click.testing import CliRunner
+
+    from slurm_gpu.cli import main
+    cfg = tmp_path / "fleet.toml"
+    cfg.write_text(f'[store]\ndatabase = "{tmp_path}/none.db"\n[remediation]\nlemon_remedies = 2\n')
+    return CliRunner().invoke(main, ["--config", str(cfg), "fleet", "remediation", *args])
+
+
+def test_fleet_remediation_follows_a_gpu_serial_across_two_node_databases(tmp_path):
+    import json
+    a, b = (Store(str(tmp_path / f"{n}.db"), str(tmp_path / f"spool-{n}")) for n in ("n1", "n2"))
+    _moved_gpu_history(a, b)
+    a.close()
+    b.close()
+    r = _fleet(tmp_path, "--node-db", str(tmp_path / "n1.db"), "--node-db", str(tmp_path / "n2.db"), "--json")
+    assert r.exit_code == 1, r.output + r.stderr  # a lemon / RMA
+    rows = {x["serial"]: x for x in json.loads(r.stdout)}
+    gpu = rows[SERIAL]
+    assert (gpu["nodes"], gpu["node"], gpu["resets"], gpu["rma"], gpu["state"], gpu["lemon"]) == (
+        "n[1-2]", "n2", 2, 1, "RMA", "yes")
+    assert gpu["faults"] == "ecc_uncorrectable,pending_reset" and gpu["outcomes"] == "resumed 2, rma 1"
+    assert (rows["777"]["state"], rows["777"]["lemon"], rows["777"]["reboots"]) == ("reboot pending", "no", 1)
+    assert f"lemons (next fault: RMA): {SERIAL}" in r.stderr
+    r = _fleet(tmp_path, "--node-db", str(tmp_path), "--by", "fault", "--format", "csv")  # a directory of *.db
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].startswith("fault_check,attempts,resumed,escalated,failed,rma,resumes_timed,mean_drain")
+    fault = {ln.split(",")[0]: ln.split(",") for ln in lines[1:]}
+    assert fault["pending_reset"][1:] == ["4", "2", "1", "0", "0", "2", "90.0", "90.0"]
+    r = _fleet(tmp_path, "--node-db", str(tmp_path))
+    assert r.stdout.splitlines()[0].split()[:3] == ["serial", "nodes", "gpu"], r.stdout
+
+
+def test_fleet_remediation_without_a_source_says_what_to_give(tmp_path):
+    r = _fleet(tmp_path)
+    assert r.exit_code != 0 and "slurm-gpu: error: no central server and no node database" in r.stderr, r.stderr
+    assert "hint: " in r.stderr and "--node-db" in r.stderr
+
+
+def _push_nodes(site):
+    """n1's and n2's node databases pushed by their own writers; the reporter's --db arguments."""
+    site.init(writers="n1,n2")
+    n2 = Store(str(site.tmp / "n2.db"), str(site.tmp / "spool-n2"))
+    _moved_gpu_history(site.store, n2)
+    n2.close()
+    site.store.close()
+    for node, db in (("n1", site.node_db), ("n2", site.tmp / "n2.db")):
+        user, pw = site.writer_of(node)
+        r = site.push("--db", str(db), config=site.write_config(user, pw, name=f"{node}.toml"))
+        assert r.returncode == 0 and "remediations" in r.stdout, r.stdout + r.stderr
+    return ["--db", site.server.url(site.reporter, site.db),
+            "--password-file", str(site.password_file(site.reporter, site.reporter_pw))]
+
+
+@pytest.mark.central
+def test_fleet_remediation_from_the_central_server_keeps_a_moved_gpus_history(site):
+    import json
+    reader = _push_nodes(site)
+    r = cli("--config", str(site.config), "fleet", "remediation", *reader, "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    gpu = {x["serial"]: x for x in json.loads(r.stdout)}[SERIAL]
+    assert (gpu["nodes"], gpu["resets"], gpu["state"], gpu["lemon"]) == ("n[1-2]", 2, "RMA", "yes")
+    r = cli("--config", str(site.config), "fleet", "remediation", *reader, "--by", "fault", "--json")
+    fault = {x["fault_check"]: x for x in json.loads(r.stdout)}["pending_reset"]
+    assert (fault["resumes_timed"], fault["mean_drain_to_resume_s"], fault["median_drain_to_resume_s"]) == (2, 90.0, 90.0)
