@@ -294,3 +294,95 @@ def test_fleet_remediation_from_the_central_server_keeps_a_moved_gpus_history(si
     r = cli("--config", str(site.config), "fleet", "remediation", *reader, "--by", "fault", "--json")
     fault = {x["fault_check"]: x for x in json.loads(r.stdout)}["pending_reset"]
     assert (fault["resumes_timed"], fault["mean_drain_to_resume_s"], fault["median_drain_to_resume_s"]) == (2, 90.0, 90.0)
+
+
+# ------------------------------------------------------------------ 4. a GPU's lemon history follows its serial
+
+class Log:
+    def __init__(self):
+        self.lines = []
+
+    def info(self, event, **kw):
+        self.lines.append(("info", event, kw))
+
+    def warning(self, event, **kw):
+        self.lines.append(("warning", event, kw))
+
+
+def _node_b(sim_node, tmp_path, central=""):
+    """Node B (gpu01 in the simulated cluster): a pending-remap GPU 1, lemon_remedies 2."""
+    node = _node(sim_node, tmp_path, "lemon_remedies = 2\nmax_resets_per_gpu_per_day = 5\n" + central)
+    simgpu.set_gpu(node.state, 1, remapped_pending=1)
+    return node, simgpu.read_state(node.state)["gpu.1.serial"]
+
+
+def _two_verified_resets_on_node_a(store, serial):
+    import time as _t
+    for t in (1000.0, 5000.0):
+        now = _t.time() - 86400.0 + t  # yesterday and today: within the lemon window (30 days)
+        i = _attempt(store, node="n1", serial=serial, t=now, drain=now - 60.0)
+        store.finish_remediation(i, "resumed", "verified", now + 30.0)
+
+
+@pytest.mark.central
+def test_a_gpu_with_two_verified_resets_on_node_a_that_faults_on_node_b_goes_to_rma_there(site, sim_node, tmp_path):
+    site.init(writers="n1,gpu01")
+    (tmp_path / "b").mkdir()
+    node, serial = _node_b(sim_node, tmp_path / "b", "[central]\nurl = \"PLACEHOLDER\"\n")
+    _two_verified_resets_on_node_a(site.store, serial)
+    r = site.push()
+    assert r.returncode == 0 and "remediations 2" in r.stdout, r.stdout + r.stderr
+    user, pw = site.writer_of("gpu01")
+    text = node.config.read_text().replace('url = "PLACEHOLDER"', f'url = "{site.server.url(user, site.db)}"\n'
+                                           f'password_file = "{site.password_file(user, pw)}"\ntimeout_s = 5')
+    node.config.write_text(text)
+    backend = MemSlurm(reason=PROLOG_REASON)
+    out = _run(node, backend)
+    assert out.outcome == "rma" and "lemon" in backend.reason, out
+    assert backend.reason.startswith(f"slurm-gpu: RMA: GPU {serial} ")
+    assert "gpu.1.resets" not in simgpu.read_state(node.state)  # no third reset of a lemon
+
+
+def test_without_the_central_server_node_b_counts_only_its_own_rows_and_resets(sim_node, tmp_path):
+    """The same GPU, but no central.url: node B knows nothing of node A's resets."""
+    node, serial = _node_b(sim_node, tmp_path)
+    out = _run(node, MemSlurm(reason=PROLOG_REASON))
+    assert (out.action, out.outcome) == ("reset", "resumed"), out
+
+
+def test_a_central_server_that_is_down_leaves_node_bs_rows_logs_one_line_and_remediates(sim_node, tmp_path):
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there
+    pw = tmp_path / "central.password"
+    pw.write_text("secret-pw\n")
+    pw.chmod(0o600)
+    node, serial = _node_b(sim_node, tmp_path, f'[central]\nurl = "mysql://w@127.0.0.1:{port}/sg"\n'
+                                               f'password_file = "{pw}"\ntimeout_s = 2\n')
+    log = Log()
+    out = _run(node, MemSlurm(reason=PROLOG_REASON), log=log)
+    assert (out.action, out.outcome) == ("reset", "resumed"), out
+    warned = [ln for ln in log.lines if ln[0] == "warning"]
+    assert [w[1] for w in warned] == ["remediate-central-unavailable"], log.lines
+    assert "unreachable" in warned[0][2]["error"] and "secret-pw" not in str(log.lines)
+
+
+def test_central_rows_merge_with_the_nodes_own_once_per_node_and_id():
+    from slurm_gpu.hooks.remediate import SerialHistory
+
+    class Rows:
+        def remediations(self, serial):
+            return [{"node": "n2", "id": 1, "time": 30.0, "outcome": "started"}]
+
+    fetched = []
+
+    def fetch(serial):
+        fetched.append(serial)
+        return [{"node": "n1", "id": 1, "time": 10.0}, {"node": "n2", "id": 1, "time": 30.0, "outcome": "resumed"}]
+
+    h = SerialHistory(Rows(), fetch, lambda *a, **k: None)
+    assert [(r["node"], r["id"], r.get("outcome")) for r in h.rows("S")] == [("n1", 1, None), ("n2", 1, "started")]
+    h.rows("S")
+    assert fetched == ["S"]  # asked once per serial and run

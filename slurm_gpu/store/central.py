@@ -638,3 +638,9 @@ def job_rows(central: Central, cluster: str, job_id: int, restart: Optional[int]
         sql += " AND restart_count = %s"
         params += (int(restart),)
     return [dict(zip(cols, row)) for row in central.execute(sql + " ORDER BY node, gpu_index", params)]
+
+
+def remediation_history(central: Central, serial: str) -> List[Dict[str, Any]]:
+    """One GPU's remediation attempts on every node (schema v7's procedure: a writer may call it)."""
+    return [dict(zip(REMEDIATION_HISTORY_COLUMNS, row))
+            for row in central.execute("CALL remediation_history(%s)", (serial,))]
