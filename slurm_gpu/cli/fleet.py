@@ -1,4 +1,4 @@
-"""`slurm-gpu fleet`: versions, memory, capacity and XIDs across the fleet (docs/fleet.md).
+"""`slurm-gpu fleet`: versions, memory, capacity, XIDs and remediation history across the fleet (docs/fleet.md).
 
 Thin: options, where the data comes from (the central server or a directory of inventory
 files; Slurm for partitions and node states), rendering and the exit code.  The views are
@@ -48,7 +48,7 @@ def _since_option(default: str) -> Callable:
 
 @click.group("fleet", context_settings={"help_option_names": ["-h", "--help"]})
 def fleet() -> None:
-    """The fleet view: versions, memory health, spare capacity and XIDs across all nodes.
+    """The fleet view: versions, memory health, spare capacity, XIDs and remediations across all nodes.
 
     Reads the central server (`--db`, default central.url) or a directory of inventory
     files (`--inventory-dir`); partitions and node states come from Slurm. docs/fleet.md
