@@ -189,9 +189,9 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "wait_s": Key(float, 20.0, "How long the controller epilog waits for every node's records to reach the central server before it writes a summary marked partial (`central annotate` completes it).", _rng(0, 3000)),
     },
     "central": {
-        "url": Key(str, "", "The cluster's SQL server that `slurm-gpu db push` ships this node's records to and `report --db central` reads, e.g. 'mysql://slurm_gpu_writer@dbhost/slurm_gpu' (MariaDB/MySQL; '?unix_socket=PATH' for a local socket). No password here: see password_file. Empty: no central server.", _central_url),
+        "url": Key(str, "", "The cluster's SQL server that `slurm-gpu db push` ships this node's records to and `report --db central` reads, and where `slurm-gpu remediate` reads a GPU's remediation attempts on every node (its budgets follow its serial, docs/remediation.md), e.g. 'mysql://slurm_gpu_writer@dbhost/slurm_gpu' (MariaDB/MySQL; '?unix_socket=PATH' for a local socket). No password here: see password_file. Empty: no central server.", _central_url),
         "password_file": Key(str, "/etc/slurm-gpu/central.password", "File holding the password of the account in url (one line). Refused unless a regular file owned by root (or by the user running the command) and unreadable by group and others (chmod 600)."),
-        "timeout_s": Key(float, 10.0, "Timeout of connecting to the central server and of each read and write; a server that is down, unreachable or hung makes `db push` give up with one line after about this long.", _rng(1, 600)),
+        "timeout_s": Key(float, 10.0, "Timeout of connecting to the central server and of each read and write; a server that is down, unreachable or hung makes `db push` give up with one line after about this long (and `remediate` go on with this node's remediation rows).", _rng(1, 600)),
         "batch_size": Key(int, 2000, "Records per upsert statement of `db push`.", _rng(1, 100000)),
         "query_timeout_s": Key(float, 600.0, "Longest a report (`report --db mysql://...`) or `central annotate` waits for one answer of the server: a report over 10 million records takes tens of seconds.", _rng(1, 86400)),
     },

@@ -1,4 +1,4 @@
-"""`slurm-gpu fleet`: versions, memory, capacity and XIDs across the fleet (docs/fleet.md).
+"""`slurm-gpu fleet`: versions, memory, capacity, XIDs and remediation history across the fleet (docs/fleet.md).
 
 Thin: options, where the data comes from (the central server or a directory of inventory
 files; Slurm for partitions and node states), rendering and the exit code.  The views are
@@ -48,7 +48,7 @@ def _since_option(default: str) -> Callable:
 
 @click.group("fleet", context_settings={"help_option_names": ["-h", "--help"]})
 def fleet() -> None:
-    """The fleet view: versions, memory health, spare capacity and XIDs across all nodes.
+    """The fleet view: versions, memory health, spare capacity, XIDs and remediations across all nodes.
 
     Reads the central server (`--db`, default central.url) or a directory of inventory
     files (`--inventory-dir`); partitions and node states come from Slurm. docs/fleet.md
@@ -278,3 +278,63 @@ def xids_cmd(app: Any, since: Optional[str], by: str, **o: Any) -> None:
         notes.append("no XID events in the window (check --since and --cluster)")
     _emit(o, f"XID events since {since}: {source}", rows, xids.COLUMNS[by], notes=notes,
           flag=lambda r: r["class"] not in ("application",))
+
+
+@fleet.command("remediation")
+@click.option("--by", type=click.Choice(list(("serial", "fault"))), default="serial", show_default=True,
+              help="One row per GPU serial (its history across nodes, state, lemon), or per fault class (check) "
+                   "with the mean and median time from drain to verified resume.")
+@click.option("--node-db", "node_dbs", multiple=True, metavar="PATH",
+              help="Read these node databases (store.database of each node, or a directory of *.db files; "
+                   "repeatable) instead of a server.")
+@click.option("--db", "db", metavar="URL", default=None,
+              help="The central server: mysql://USER@HOST[:PORT]/DATABASE, or 'central' for central.url "
+                   "(docs/central.md). Default: central.url when set.")
+@click.option("--password-file", metavar="PATH", default=None,
+              help="File with USER's password, mode 600 (default: central.password_file).")
+@click.option("--cluster", "-M", metavar="NAME", default=None,
+              help="The cluster's records on the server (default: cluster_name, else the only one).")
+@output_options(render.FORMATS, extra_help="csv/json carry every column.")
+@output_file_option()
+@click.pass_obj
+def remediation_cmd(app: Any, by: str, node_dbs: Sequence[str], **o: Any) -> None:
+    """Remediation history per GPU serial across nodes: faults, remedies, outcomes, state, lemons.
+
+    A GPU is its serial: one moved to another node keeps its history (nodes is the hostlist
+    of every node it was remedied on). state is its latest attempt's: resumed, pending, reboot
+    pending, failed or refused (drained), RMA. lemon: the GPU has had remediation.lemon_remedies
+    verified remedies within lemon_window_days, so its next fault goes to RMA (or it went there
+    for it). --by fault: per fault class, the attempts, outcomes and the mean and median time
+    from the node's drain to its verified resume. Reads the central server (`--db`, default
+    central.url) or node databases (`--node-db`). Exit 1 when a GPU is a lemon or waits for
+    RMA, else 0.
+    """
+    from slurm_gpu.fleet import remediation as FR
+    from slurm_gpu.policy.budget import Budget
+    now = time.time()
+    rows, source = _remediation_rows(app, node_dbs, o)
+    view = FR.by_serial(rows, Budget.from_config(app.config), now)
+    notes = [f"source: {source}"]
+    if FR.lemons(view):
+        notes.append(f"lemons (next fault: RMA): {', '.join(FR.lemons(view))}")
+    if not rows:
+        notes.append("no remediation attempts (check --cluster, or that the nodes ran `db push`)")
+    out = view if by == "serial" else FR.by_fault(rows)
+    _emit(o, f"Remediation by {by}: {source}", out, FR.COLUMNS[by], FR.TABLE_COLUMNS[by], notes)
+    _exit(any(r["lemon"] == "yes" or r["state"] == "RMA" for r in view))
+
+
+def _remediation_rows(app: Any, node_dbs: Sequence[str], o: Dict[str, Any]) -> Tuple[List[Dict[str, Any]], str]:
+    """The attempts from the node databases or the server, and where they came from."""
+    from slurm_gpu.fleet import remediation as FR
+    if node_dbs:
+        if o["db"]:
+            raise InputError("--db and --node-db exclude each other", "read the server or the node databases, not both")
+        files = FR.node_files(node_dbs)
+        return [r for f in files for r in FR.node_rows(f)], f"{len(files)} node database(s)"
+    from slurm_gpu.fleet import central as fc
+    if o["db"] in (None, "central") and not app.config.get("central", "url"):
+        raise InputError("no central server and no node database",
+                         "give --db mysql://USER@HOST/DB, set central.url, or use --node-db PATH")
+    with _server(app, o) as (srv, cluster):
+        return fc.remediations(srv, cluster), srv.target.describe() + (f" (cluster {cluster})" if cluster else "")

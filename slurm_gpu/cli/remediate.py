@@ -29,7 +29,9 @@ def remediate(app, node_name, dry_run):
     (`slurm-gpu: RMA: GPU <serial> ...`). Budgets: remediation.max_resets_per_gpu_per_day,
     max_reboots_per_node_per_day, lemon_window_days; no reboot while the circuit breaker is open
     for reboots (`slurm-gpu breaker`). Every attempt is a row in the node
-    database (`slurm-gpu fleet remediation`).
+    database, shipped by `db push` (`slurm-gpu fleet remediation`); with central.url a GPU's
+    budgets and lemon rule count its attempts on every node (read when it acts, within
+    central.timeout_s; a server down means this node's rows only).
 
     \b
     Exit codes: 0 resumed, healthy or nothing for us to do; 1 the node stays drained (RMA,

@@ -96,3 +96,20 @@ def mismatches(central: Central, cluster: str) -> Dict[str, Mismatch]:
         kernel, library = mismatch_versions(str(message)) or ("", "")
         out[str(node)] = Mismatch(str(node), kernel, library, float(t))  # ordered by time: the latest wins
     return out
+
+
+REMEDIATION_SCHEMA = 7
+
+
+def remediations(central: Central, cluster: str) -> List[Dict[str, Any]]:
+    """Every remediation attempt of the cluster's nodes (all clusters when cluster is ''), oldest first."""
+    from slurm_gpu.store.central import REMEDIATION_HISTORY_COLUMNS
+    version = central.schema_version() or 0
+    if version < REMEDIATION_SCHEMA:
+        raise CentralError(f"central server {central.target.describe()}: schema version {version} has no remediation "
+                           f"attempts (needs {REMEDIATION_SCHEMA})",
+                           "run `slurm-gpu central init` as the database admin (it migrates), then the GRANTs it prints")
+    cols = ", ".join(f'"{c}"' for c in REMEDIATION_HISTORY_COLUMNS)
+    sql = f"SELECT {cols} FROM remediations WHERE withdrawn = 0" + (" AND cluster = %s" if cluster else "") \
+        + " ORDER BY time, node, id"
+    return [dict(zip(REMEDIATION_HISTORY_COLUMNS, row)) for row in central.execute(sql, (cluster,) if cluster else ())]

@@ -13,6 +13,10 @@ its intent to the node database before each step.  The step comes from the fault
 
 While a step is under way the reason's context is `remediate: <step>`, which healthcheck never
 resumes (slurm/reason.py auto_resumable), so only a verified node comes back.
+
+A GPU's budgets and lemon rule count its attempts by serial: the node database's, and with
+central.url every node's from the central server (SerialHistory: asked only when a GPU is decided
+about; a server down or slow leaves this node's rows, with one log line).
 """
 from __future__ import annotations
 
@@ -46,12 +50,15 @@ class Env:
     def __init__(self, cfg: Any, backend: Any, store: Any, node: str, *, checker: Callable[[Any], Any],
                  reader_factory: Optional[Callable[[], Any]] = None, run: Optional[Callable[..., Any]] = None,
                  sleep: Callable[[float], None] = _time.sleep, now: Callable[[], float] = _time.time,
-                 log: Any = None, dry_run: bool = False):
+                 log: Any = None, dry_run: bool = False,
+                 central_history: Optional[Callable[[str], List[Dict[str, Any]]]] = None):
         self.cfg, self.backend, self.store, self.node = cfg, backend, store, node
         self.checker, self.reader_factory = checker, reader_factory
         self.run = run or subprocess.run
         self.sleep, self.now, self.log, self.dry_run = sleep, now, log, dry_run
         self.budget = B.Budget.from_config(cfg)
+        self.drain_time: Optional[float] = None  # when the node was drained for the fault remedied (drain_time)
+        self.history = SerialHistory(store, central_history, self.say_warning)
 
     def get(self, key: str) -> Any:
         return self.cfg.get("remediation", key)
@@ -59,6 +66,53 @@ class Env:
     def say(self, event: str, **kw: Any) -> None:
         if self.log is not None:
             self.log.info(event, node=self.node, **kw)
+
+    def say_warning(self, event: str, **kw: Any) -> None:
+        if self.log is not None:
+            self.log.warning(event, node=self.node, **kw)
+
+
+class SerialHistory:
+    """A GPU's attempts by serial, for its budgets and the lemon rule: the node database's rows merged
+    with the central server's (every node's, when central.url is set), one row per (node, id), the
+    node's own copy winning.  The server is asked lazily (only when remediate decides about a GPU),
+    once per serial and run, within central.timeout_s; a server that is down, unreachable, too slow
+    or too old leaves this node's rows alone, with one log line, and the remediation goes on."""
+
+    def __init__(self, store: Any, fetch: Optional[Callable[[str], List[Dict[str, Any]]]],
+                 warn: Callable[..., None]):
+        self.store, self.fetch, self.warn = store, fetch, warn
+        self.central: Dict[str, List[Dict[str, Any]]] = {}
+        self.unavailable = ""
+
+    def rows(self, serial: str) -> List[Dict[str, Any]]:
+        local = self.store.remediations(serial=serial)
+        if not serial or self.fetch is None or self.unavailable:
+            return local
+        if serial not in self.central:
+            try:
+                self.central[serial] = self.fetch(serial)
+            except Exception as e:  # a central server is a help here, never a condition
+                self.unavailable = str(getattr(e, "message", "") or f"{type(e).__name__}: {e}")
+                self.warn("remediate-central-unavailable", serial=serial, error=self.unavailable,
+                          using="this node's remediation rows only")
+                return local
+        mine = {(str(r.get("node")), r.get("id")) for r in local}
+        merged = local + [r for r in self.central[serial] if (str(r.get("node")), r.get("id")) not in mine]
+        return sorted(merged, key=lambda r: (float(r.get("time") or 0.0), str(r.get("node")), r.get("id") or 0))
+
+
+def central_history(cfg: Any) -> Optional[Callable[[str], List[Dict[str, Any]]]]:
+    """One GPU's attempts on every node from the central server (store/central.py, imported only when
+    asked: PyMySQL is never loaded by a healthcheck that finds nothing to remediate); None without central.url."""
+    if not cfg.get("central", "url"):
+        return None
+
+    def fetch(serial: str) -> List[Dict[str, Any]]:
+        from slurm_gpu.store.central import Central, remediation_history
+        with Central.from_config(cfg) as srv:
+            return remediation_history(srv, serial)
+    return fetch
 
 
 @contextmanager
@@ -87,6 +141,7 @@ def remediate(env: Env) -> Outcome:
 
 def _remediate(env: Env) -> Outcome:
     info = env.backend.node(env.node)
+    env.drain_time = drain_time(env, info)
     why = _not_ours(info)
     if why and not (info.drained or info.down or info.states & REBOOTING_STATES):
         rebooted = _pending_reboot(env)
@@ -128,6 +183,24 @@ def is_rma(reason: Optional[str]) -> bool:
     return _reason.is_ours(reason) and (reason or "").split(":", 1)[1].lstrip().startswith("RMA:")
 
 
+def drain_time(env: Env, info: Any) -> Optional[float]:
+    """When the node was drained for the fault being remedied: what "drain to resume" is measured from.
+
+    A reason of remediate's own (a step under way, `[remediate: reboot] : reboot complete`) was set
+    by an earlier run of this episode: its ReasonTime is that re-drain's, so the drain time is the
+    one the node's latest attempt row keeps.  Otherwise Slurm's ReasonTime of the drain (the CLI and
+    pyslurm backends read it), and without one the node database's record of that drain (the
+    drains table: the newest drain of the node with this reason, else its newest drain of ours)."""
+    reason = getattr(info, "reason", "") or ""
+    if _reason.reason_context(reason).startswith(_reason.REMEDIATE):
+        kept = [r["drain_time"] for r in env.store.remediations(node=env.node) if r.get("drain_time") is not None]
+        if kept:
+            return float(kept[-1])
+    if getattr(info, "reason_time", None):
+        return float(info.reason_time)
+    return env.store.drain_time(env.node, reason) if _reason.is_ours(reason) else None
+
+
 def _slurm_busy(info: Any) -> str:
     if info.states & BUSY_STATES or info.gpus_allocated:
         return f"Slurm has a job on it ({info.state}, {info.gpus_allocated} GPUs allocated)"
@@ -165,7 +238,7 @@ def _act(env: Env, info: Any, run: Any, found: List[R.Remedy]) -> Outcome:
                                                          f"for a human ({info.reason})")
     gpus = [r for r in found if r.gpu_index is not None]
     for r in gpus:
-        lemon, why = B.is_lemon(env.budget, env.store.remediations(serial=_serial(run, r.gpu_index)), env.now())
+        lemon, why = B.is_lemon(env.budget, env.history.rows(_serial(run, r.gpu_index)), env.now())
         if lemon:
             return _rma(env, run, r, why)
     if action == R.RMA:
@@ -181,7 +254,7 @@ def _row(env: Env, run: Any, r: Optional[R.Remedy], action: str, outcome: str, d
     row = {"time": env.now(), "node": env.node, "gpu_index": None if r is None else r.gpu_index,
            "gpu_uuid": "" if r is None else r.gpu_uuid, "serial": _serial(run, None if r is None else r.gpu_index),
            "fault_check": None if r is None else r.check, "fault": None if r is None else r.fault,
-           "action": action, "outcome": outcome, "detail": detail, "drain_time": None}
+           "action": action, "outcome": outcome, "detail": detail, "drain_time": env.drain_time}
     return env.store.record_remediation(row)
 
 
@@ -200,7 +273,7 @@ def _redrain(env: Env, fault: str, step: str) -> str:
 
 def _try_reset(env: Env, info: Any, run: Any, targets: List[R.Remedy], fault: str) -> Outcome:
     for r in targets:
-        ok, why = B.may_reset(env.budget, env.store.remediations(serial=_serial(run, r.gpu_index)), env.now())
+        ok, why = B.may_reset(env.budget, env.history.rows(_serial(run, r.gpu_index)), env.now())
         if not ok:
             _row(env, run, r, "reset", "refused", why)
             return _reboot(env, run, targets, fault, because=f"reset budget spent: {why}")
@@ -397,7 +470,7 @@ def run_on_node(cfg: Any, backend: Any, node: str, checker: Callable[[Any], Any]
     store = Store.from_config(cfg)
     try:
         env = Env(cfg, backend, store, node, checker=checker, reader_factory=lambda: make_reader(cfg), log=log,
-                  dry_run=dry_run)
+                  dry_run=dry_run, central_history=central_history(cfg))
         outcome = remediate(env)
         if not dry_run:
             _write_counters(cfg, store, log)

@@ -25,6 +25,9 @@ is imported when a connection is opened, never at module import.
   (store/writers.py).
 - Schema v6: job counts and peaks in the rollups' cells, so that a report's job counts do not
   grow with jobs (store/rollups.py), built from the rollups already there.
+- Schema v7 adds `remediations` (every node's remediation attempts, keyed by the node's row id,
+  with its row version: the newer wins) and `remediation_history(serial)`, the one read a writer
+  may make: a GPU's attempts on every node (`slurm-gpu remediate`'s lemon budget, docs/remediation.md).
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ from slurm_gpu.errors import CentralError, WriterRefused
 from slurm_gpu.store import rollups
 from slurm_gpu.store import writers as W
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 DEFAULT_PORT = 3306
 SESSION_SQL_MODE = "ANSI_QUOTES,PIPES_AS_CONCAT,STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION"
 URL_HINT = "central.url looks like mysql://USER@HOST[:PORT]/DATABASE (password in central.password_file)"
@@ -388,11 +391,18 @@ INVENTORY_COUNTERS = ("ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc
 CENTRAL_INVENTORY_COLUMNS = ("cluster", "node", "gpu_uuid", "time", "gpu_index", "serial", "model", "vbios",
                      "driver_version", "cuda_version", "mig_mode", *INVENTORY_COUNTERS)
 CENTRAL_XID_COLUMNS = ("cluster", "node", "event_key", "time", "gpu_index", "gpu_uuid", "pci_bus_id", "xid", "detail")
+# Schema v7 (docs/remediation.md): the nodes' remediation attempts, keyed by the node's own row id;
+# row_version is the node's push_version of the row (an attempt's outcome comes after its intent).
+CENTRAL_REMEDIATION_COLUMNS = ("cluster", "node", "id", "time", "gpu_index", "gpu_uuid", "serial", "fault_check", "fault",
+                               "action", "outcome", "detail", "drain_time", "finished", "row_version")
 V1_TABLES = ("jobs", "job_gpus", "health_events", "drains")
+V2_TABLES = V1_TABLES + ("gpu_inventory", "xid_events")  # the record tables of schema v2 to v6
 COLUMNS = {"jobs": CENTRAL_JOB_COLUMNS, "job_gpus": CENTRAL_JOB_GPU_COLUMNS, "health_events": CENTRAL_EVENT_COLUMNS,
-           "drains": CENTRAL_DRAIN_COLUMNS, "gpu_inventory": CENTRAL_INVENTORY_COLUMNS, "xid_events": CENTRAL_XID_COLUMNS}
+           "drains": CENTRAL_DRAIN_COLUMNS, "gpu_inventory": CENTRAL_INVENTORY_COLUMNS, "xid_events": CENTRAL_XID_COLUMNS,
+           "remediations": CENTRAL_REMEDIATION_COLUMNS}
 # leading key columns of each list
-KEYS = {"jobs": 4, "job_gpus": 5, "health_events": 3, "drains": 3, "gpu_inventory": 4, "xid_events": 3}
+KEYS = {"jobs": 4, "job_gpus": 5, "health_events": 3, "drains": 3, "gpu_inventory": 4, "xid_events": 3,
+        "remediations": 3}
 RECORD_TABLES = tuple(COLUMNS)
 SHIPPED = ("withdrawn", "shipped_at")  # set by push, not by the node's row
 # v3: rows that change on the node carry its version of them (push_version).
@@ -419,6 +429,8 @@ _TYPES = {
     "shipped_at": "DOUBLE NOT NULL", "serial": "VARCHAR(64)", "model": _NAME, "vbios": "VARCHAR(64)",
     "driver_version": "VARCHAR(64)", "cuda_version": "VARCHAR(32)", "mig_mode": "INT", "pci_bus_id": "VARCHAR(32)",
     "xid": "INT NOT NULL", "detail": "TEXT", "row_version": "BIGINT NOT NULL DEFAULT 0",
+    "id": "BIGINT", "fault_check": "VARCHAR(128)", "fault": "TEXT", "action": "VARCHAR(16) NOT NULL",
+    "drain_time": "DOUBLE", "finished": "DOUBLE",
     **{c: "BIGINT" for c in INVENTORY_COUNTERS},
 }
 # Besides the key columns: a record's times may be unknown only in jobs; in job_gpus they are the record.
@@ -436,6 +448,7 @@ _INDEXES = {
     "drains": ("KEY drains_time (time)",),
     "gpu_inventory": ("KEY gpu_inventory_time (time)",),
     "xid_events": ("KEY xid_events_time (time)",),
+    "remediations": ("KEY remediations_serial (serial, time)", "KEY remediations_time (time)"),
 }
 
 
@@ -483,6 +496,10 @@ def _apply_sql(table: str, version: int = SCHEMA_VERSION) -> List[str]:
         on = " AND ".join(f's."{k}" = t."{k}"' for k in key)
         out.append(f"DELETE s FROM stage_{table} AS s JOIN {table} AS t ON {on} WHERE s.batch = b AND s.withdrawn = 0 "
                    "AND (t.partial < s.partial OR (t.partial = s.partial AND t.row_version > s.row_version))")
+    elif "row_version" in COLUMNS[table]:  # v7's remediations: an older version of a row never replaces it
+        on = " AND ".join(f's."{k}" = t."{k}"' for k in key)
+        out.append(f"DELETE s FROM stage_{table} AS s JOIN {table} AS t ON {on} WHERE s.batch = b AND s.withdrawn = 0 "
+                   "AND t.row_version > s.row_version")
     out.append(f"INSERT INTO {table} ({_q(cols)}) SELECT {_q(cols)} FROM stage_{table} WHERE batch = b AND withdrawn = 0 "
                f"ON DUPLICATE KEY UPDATE {sets}")
     if table in ("jobs", "job_gpus"):
@@ -495,6 +512,16 @@ def _apply_sql(table: str, version: int = SCHEMA_VERSION) -> List[str]:
                    "ON DUPLICATE KEY UPDATE withdrawn = 1, shipped_at = VALUES(shipped_at)")
     out.append(f"DELETE FROM stage_{table} WHERE batch = b")
     return out
+
+
+# The cross-node read `slurm-gpu remediate` needs (a GPU's lemon budget follows its serial): a writer
+# may neither SELECT records nor learn other serials, but may ask for one GPU's attempts everywhere.
+REMEDIATION_HISTORY_COLUMNS = ("node", "id", "time", "gpu_index", "gpu_uuid", "serial", "fault_check", "fault", "action",
+                               "outcome", "detail", "drain_time", "finished")
+REMEDIATION_HISTORY_DDL = (
+    "CREATE OR REPLACE PROCEDURE remediation_history(IN s VARCHAR(64)) READS SQL DATA SQL SECURITY DEFINER\n"
+    f"BEGIN\n  SELECT {_q(REMEDIATION_HISTORY_COLUMNS)} FROM remediations WHERE serial = s AND withdrawn = 0 "
+    "ORDER BY time, node, id;\nEND")
 
 
 def _procedure(tables: Sequence[str] = RECORD_TABLES, version: int = SCHEMA_VERSION, with_rollups: bool = False) -> str:
@@ -515,7 +542,7 @@ def _procedure(tables: Sequence[str] = RECORD_TABLES, version: int = SCHEMA_VERS
 
 def _rollups_step(srv: "Central") -> None:
     tz, progress = getattr(srv, "migrate_options", ("utc", None))
-    rollups.migration_step(tz == "utc", _zone_name(tz), progress, [_procedure(RECORD_TABLES, 4, with_rollups=True)])(srv)
+    rollups.migration_step(tz == "utc", _zone_name(tz), progress, [_procedure(V2_TABLES, 4, with_rollups=True)])(srv)
 
 
 def _zone_name(tz: str) -> str:
@@ -540,23 +567,31 @@ MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
     (   # v2: GPU inventories and XID events for `slurm-gpu fleet`; apply_batch learns them.
         *(_table_ddl(t) for t in ("gpu_inventory", "xid_events")),
         *(_stage_ddl(t) for t in ("gpu_inventory", "xid_events")),
-        _procedure(RECORD_TABLES, 2),
+        _procedure(V2_TABLES, 2),
     ),
     (   # v3: row versions (an instant ADD COLUMN on MariaDB >= 10.3); apply_batch compares them.
         *(f'ALTER TABLE {t} ADD COLUMN "row_version" BIGINT NOT NULL DEFAULT 0' for t in VERSIONED),
         *(f'ALTER TABLE stage_{t} ADD COLUMN "row_version" BIGINT' for t in VERSIONED),
-        _procedure(RECORD_TABLES, 3),
+        _procedure(V2_TABLES, 3),
     ),
     (   # v4, "rollups" (store/rollups.py): per-day sums kept by apply_batch, built from the records there.
         _rollups_step,
     ),
     (   # v5: per-node writer accounts; apply_batch refuses a batch with another node's rows.
         W.TABLE_DDL,
-        W.check_procedure(RECORD_TABLES),
-        _procedure(RECORD_TABLES, 5, with_rollups=True),
+        W.check_procedure(V2_TABLES),
+        _procedure(V2_TABLES, 5, with_rollups=True),
     ),
     (   # v6, "job counts" (store/rollups.py): job counts and peaks in rollup_day(_node)'s cells.
         rollups.job_counts_step,
+    ),
+    (   # v7, "remediations": the nodes' remediation attempts; apply_batch and its owner check learn them,
+        # and a writer reads one GPU's attempts through remediation_history (self-contained: renumber freely).
+        _table_ddl("remediations"),
+        _stage_ddl("remediations"),
+        W.check_procedure(RECORD_TABLES),
+        _procedure(RECORD_TABLES, 7, with_rollups=True),
+        REMEDIATION_HISTORY_DDL,
     ),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
@@ -603,3 +638,9 @@ def job_rows(central: Central, cluster: str, job_id: int, restart: Optional[int]
         sql += " AND restart_count = %s"
         params += (int(restart),)
     return [dict(zip(cols, row)) for row in central.execute(sql + " ORDER BY node, gpu_index", params)]
+
+
+def remediation_history(central: Central, serial: str) -> List[Dict[str, Any]]:
+    """One GPU's remediation attempts on every node (schema v7's procedure: a writer may call it)."""
+    return [dict(zip(REMEDIATION_HISTORY_COLUMNS, row))
+            for row in central.execute("CALL remediation_history(%s)", (serial,))]

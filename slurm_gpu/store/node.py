@@ -564,6 +564,14 @@ class Store:
         self.connect().execute("UPDATE remediations SET outcome = ?, detail = ?, finished = ? WHERE id = ?",
                                (outcome, detail, now, row_id))
 
+    def drain_time(self, node: str, reason: str) -> Optional[float]:
+        """When the node was last drained with this reason (the drains table), else when it was last
+        drained by us at all; None when the node database has no such drain."""
+        row = self.connect().execute(
+            "SELECT time FROM drains WHERE node = ? AND ok = 1 AND reason LIKE 'slurm-gpu:%' "
+            "ORDER BY reason = ? DESC, time DESC LIMIT 1", (node, reason)).fetchone()
+        return None if row is None else float(row[0])
+
     def remediations(self, *, node: Optional[str] = None, serial: Optional[str] = None,
                      since: float = 0.0) -> List[Dict[str, Any]]:
         """Attempts of a node or a GPU serial at or after since, oldest first."""

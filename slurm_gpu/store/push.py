@@ -6,7 +6,8 @@ left a tombstone in push_withdrawn.  One batch is one upsert statement and one s
 then the rows are marked shipped in the node database, only if they did not change meanwhile.
 A push that dies between the two sends the batch again next time: the upserts are keyed
 (cluster, job, restart, node, GPU UUID; events and drains by their own key; inventory rows
-by node, GPU UUID and time; XIDs by node and event key), so nothing is doubled, and a node
+by node, GPU UUID and time; XIDs by node and event key; remediation attempts by node and row id,
+the newer version winning), so nothing is doubled, and a node
 database restored from an old backup ships its rows again, harmlessly.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Se
 from slurm_gpu.errors import CentralError, StoreError
 from slurm_gpu.store import central as C
 from slurm_gpu.store import record as R
-from slurm_gpu.store.schema import INVENTORY_COLUMNS, PUSHED_TABLES, XID_COLUMNS
+from slurm_gpu.store.schema import INVENTORY_COLUMNS, PUSHED_TABLES, REMEDIATION_COLUMNS, XID_COLUMNS
 
 _ORDER = dict(PUSHED_TABLES)
 # Node columns read per table (store/record.py's; the central key columns of events and drains are
@@ -36,6 +37,8 @@ _NODE_COLUMNS = {
     # v6, the fleet's history: the node's columns are the central ones, less the cluster
     "gpu_inventory": INVENTORY_COLUMNS,
     "xid_events": XID_COLUMNS,
+    # v8: the node's row id is the central key; its push_version the central row_version (newer wins)
+    "remediations": ("id",) + REMEDIATION_COLUMNS + ("push_version",),
 }
 
 
@@ -115,6 +118,8 @@ def _central_row(table: str, row: Dict[str, Any], cluster: str) -> Tuple[Any, ..
         row = dict(row, cluster=row["cluster"] or cluster, drain_key=_key(key))
     elif table in ("gpu_inventory", "xid_events"):
         row = dict(row, cluster=cluster)
+    elif table == "remediations":
+        row = dict(row, cluster=cluster, row_version=row["push_version"])
     return tuple(row[c] for c in C.COLUMNS[table])
 
 

@@ -10,7 +10,7 @@ from typing import List, Tuple
 
 from slurm_gpu.store import record
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 # Group-by columns of `slurm-gpu report` with a covering index (v2), and the columns the index
 # carries after the key: everything report.summary reads, so the table itself is never touched.
@@ -19,9 +19,9 @@ COVERED = ("start_time", "end_time", "job_id", "cluster", "gpu_util_mean_pct", "
            "max_memory_bytes", "energy_j")
 
 # The tables `db push` ships, with the column that orders their outbox (oldest first): those of
-# v5, and the fleet's history of v6.
+# v5, the fleet's history of v6, and the remediation attempts of v8.
 _V5_PUSHED = (("jobs", "end_time"), ("job_gpus", "end_time"), ("health_events", "time"), ("drains", "time"))
-PUSHED_TABLES = _V5_PUSHED + (("gpu_inventory", "time"), ("xid_events", "time"))
+PUSHED_TABLES = _V5_PUSHED + (("gpu_inventory", "time"), ("xid_events", "time"), ("remediations", "time"))
 
 # v6 (`slurm-gpu fleet`, docs/fleet.md).  gpu_inventory: one row per GPU per observation, written
 # by `healthcheck` when anything but the time changed, or once per inventory.record_every_s.
@@ -62,7 +62,8 @@ _V5_COLUMNS = {
 }
 
 
-_PUSHED_COLUMNS = dict(_V5_COLUMNS, gpu_inventory=INVENTORY_COLUMNS, xid_events=XID_COLUMNS)
+_PUSHED_COLUMNS = dict(_V5_COLUMNS, gpu_inventory=INVENTORY_COLUMNS, xid_events=XID_COLUMNS,
+                       remediations=REMEDIATION_COLUMNS)
 
 
 def _changed(table: str) -> str:
@@ -292,7 +293,7 @@ MIGRATIONS: List[Tuple[str, ...]] = [
     # v7: remediation attempts (docs/remediation.md).  One row per attempt and GPU (gpu_uuid ''
     # for a node-wide step such as a reboot): outcome 'started' is the intent, written before the
     # reset or reboot is issued; the row is updated to its outcome (resumed, failed, escalated,
-    # rma, requested, refused) once known.  Node-local: not shipped by `db push` yet.
+    # rma, requested, refused) once known.  Shipped by `db push` from v8.
     (
         """CREATE TABLE IF NOT EXISTS remediations (
             id INTEGER PRIMARY KEY,
@@ -311,6 +312,14 @@ MIGRATIONS: List[Tuple[str, ...]] = [
         )""",
         "CREATE INDEX IF NOT EXISTS remediations_serial ON remediations (serial, time)",
         "CREATE INDEX IF NOT EXISTS remediations_node ON remediations (node, time)",
+    ),
+    # v8: remediation attempts shipped by `db push` (docs/remediation.md): the outbox columns and
+    # trigger of v5, so that a row's outcome written after it was shipped (started -> resumed,
+    # escalated, ...) ships it again.  Existing rows start unshipped.
+    (
+        "ALTER TABLE remediations ADD COLUMN push_version INTEGER NOT NULL DEFAULT 1",
+        "ALTER TABLE remediations ADD COLUMN pushed_version INTEGER NOT NULL DEFAULT 0",
+        *_outbox("remediations", "time"),
     ),
 ]
 

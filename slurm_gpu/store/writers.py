@@ -131,6 +131,8 @@ def account_sql(database: str, account: str, hosts: str, password_hash: str, tab
     out = [f"CREATE USER IF NOT EXISTS {who} {auth};", f"ALTER USER {who} {auth};"]
     out += [f"GRANT INSERT ON `{db}`.`stage_{t}` TO {who};" for t in tables]
     out.append(f"GRANT EXECUTE ON PROCEDURE `{db}`.`apply_batch` TO {who};")
+    if "remediations" in tables:  # schema v7: one GPU's remediation attempts on every node (its lemon budget)
+        out.append(f"GRANT EXECUTE ON PROCEDURE `{db}`.`remediation_history` TO {who};")
     out.append(f"GRANT SELECT ON `{db}`.`meta` TO {who};")
     return out
 
