@@ -219,8 +219,8 @@ def _settle_healthy(backend: SlurmBackend, info: Any, node_name: str, worst: str
                                  f"{node_name}: {worst}: healthy, drain left in place ({info.reason})", info.reason, res)
         if not _reason.auto_resumable(info.reason):
             return HealthOutcome(node_name, worst, "kept-drained",
-                                 f"{node_name}: {worst}: healthy, but drained manually through slurm-gpu ({info.reason}); "
-                                 f"`slurm-gpu resume {node_name}` lifts it", info.reason, res)
+                                 f"{node_name}: {worst}: healthy, but the drain is held by {_reason.owner(info.reason)}, "
+                                 f"left in place ({info.reason}); `slurm-gpu resume {node_name}` lifts it", info.reason, res)
         if dry_run:
             return HealthOutcome(node_name, worst, "would-resume", f"{node_name}: {worst}: would resume (was: {info.reason})",
                                  info.reason, res)

@@ -141,6 +141,18 @@ def is_manual(reason: Optional[str]) -> bool:
     return is_ours(reason) and reason_context(reason).startswith(MANUAL)
 
 
+def owner(reason: Optional[str]) -> str:
+    """Who holds one of our drains, in words for an admin: 'an admin (manual)', 'remediate' (a step
+    under way), 'an RMA' (the board waits for replacement) or 'the hooks' (an automatic drain)."""
+    if is_manual(reason):
+        return "an admin (manual)"
+    if reason_context(reason).startswith(REMEDIATE):
+        return "remediate"
+    if (reason or "").split(":", 1)[-1].lstrip().startswith("RMA:"):
+        return "an RMA"
+    return "the hooks"
+
+
 def auto_resumable(reason: Optional[str]) -> bool:
     """A drain that ``healthcheck`` may lift once the GPUs are healthy again.
 
