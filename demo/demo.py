@@ -216,6 +216,12 @@ def _remediation(bed, site: Path, env: dict) -> None:
     print(bed.run("sinfo", "-R", "-h", "-o", "%15N %E").stdout, end="")
     bed.run("scancel", str(job))
 
+    say("Each GPU's remediation history by serial, and drain to verified resume per fault (slurm-gpu fleet remediation)")
+    db = str(site / "gpu01" / "usage.db")
+    print(f"{DIM}$ slurm-gpu fleet remediation --node-db {db}{RESET}")
+    run_cli("fleet", "remediation", "--node-db", db, env=env)
+    run_cli("fleet", "remediation", "--by", "fault", "--node-db", db, env=env)
+
 
 def _show_metrics(path: Path) -> None:
     """The lines of the node file a person watching wants: the drain, the failed checks, the ECC counts."""
