@@ -34,7 +34,7 @@ Pure and standard library only: the prolog imports it.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
 from slurm_gpu.slurm.reason import is_ours, reason_check
 
@@ -74,12 +74,6 @@ def allowed_nodes(b: Breaker, total: int) -> int:
     return max(1, int(total * b.max_drained_pct // 100))
 
 
-def _counts(b: Breaker, check: str, since: float, node: str, nodes: Sequence[Any], part: str) -> Tuple[int, int]:
-    members = [n for n in nodes if not part or part in (getattr(n, "partitions", ()) or ())]
-    drained = sum(1 for n in members if n.name != node and _drained_for(n, check, since))
-    return drained, len(members)
-
-
 def _drained_for(n: Any, check: str, since: float) -> bool:
     if not (getattr(n, "drained", False) and is_ours(n.reason)) or reason_check(n.reason) != check:
         return False
@@ -92,29 +86,7 @@ def decide(b: Breaker, check: str, node: str, nodes: Iterable[Any], now: float,
     """May slurm-gpu drain (or reboot) `node` for `check` now?  nodes: every node as Slurm sees it
     (NodeInfo: name, drained, reason, reason_time, partitions); resets: check (or ANY) -> unix time
     of this node's last `breaker reset`."""
-    listing = list(nodes)
-    if b.max_drained_pct >= 100:
-        return Verdict(False, check, "", 0, 0, len(listing), f"breaker off (max_drained_pct {b.max_drained_pct:g})")
-    resets = resets or {}
-    since = max(now - b.window_s, float(resets.get(check, 0.0)), float(resets.get(ANY, 0.0)))
-    me = next((n for n in listing if n.name == node), None)
-    parts = tuple(getattr(me, "partitions", ()) or ()) or ("",)
-    counted = []
-    for part in parts:
-        drained, total = _counts(b, check, since, node, listing, part)
-        counted.append((drained - allowed_nodes(b, total), part, drained, allowed_nodes(b, total), total))
-    _margin, part, drained, allowed, total = max(counted)  # the partition nearest to (or furthest past) its share
-    where = f"partition {part}" if part else "the cluster"
-    counts = f"{drained} of {total} nodes in {where} drained by slurm-gpu for it within {b.window_s:g} s " \
-             f"(max_drained_pct {b.max_drained_pct:g} allows {allowed})"
-    if drained < allowed:
-        return Verdict(False, check, part, drained, allowed, total, f"breaker closed for {check}: {counts}")
-    return Verdict(True, check, part, drained, allowed, total, f"breaker open for {check}: {counts}; {node} not drained")
-
-
-def _rank_key(n: Any) -> Tuple[float, str]:
-    t = getattr(n, "reason_time", None)
-    return (float("-inf") if t is None else float(int(float(t))), str(n.name))  # whole seconds: Slurm's ReasonTime
+    return _judge(b, check, node, list(nodes), now, resets or {}, second=False)
 
 
 def confirm(b: Breaker, check: str, node: str, nodes: Iterable[Any], now: float,
@@ -122,27 +94,40 @@ def confirm(b: Breaker, check: str, node: str, nodes: Iterable[Any], now: float,
     """After `node` drained for `check` (and settle_s passed): may its drain stay?  Open when, in a
     partition of the node, the nodes drained by us for the check in the window that rank before it by
     (ReasonTime, name) already fill the share: the node then withdraws its drain."""
-    listing = list(nodes)
+    return _judge(b, check, node, list(nodes), now, resets or {}, second=True)
+
+
+def _rank_key(n: Any) -> Tuple[float, str]:
+    t = getattr(n, "reason_time", None)
+    return (float("-inf") if t is None else float(int(float(t))), str(n.name))  # whole seconds: Slurm's ReasonTime
+
+
+def _judge(b: Breaker, check: str, node: str, listing: List[Any], now: float, resets: Mapping[str, float],
+           second: bool) -> Verdict:
+    """decide() (second=False: count the other nodes drained for the check) and confirm() (second=True:
+    count those ranked before this node, itself drained), in the partition nearest to its share."""
     if b.max_drained_pct >= 100:
         return Verdict(False, check, "", 0, 0, len(listing), f"breaker off (max_drained_pct {b.max_drained_pct:g})")
-    resets = resets or {}
     since = max(now - b.window_s, float(resets.get(check, 0.0)), float(resets.get(ANY, 0.0)))
     me = next((n for n in listing if n.name == node), None)
-    if me is None or not _drained_for(me, check, since):
+    if second and (me is None or not _drained_for(me, check, since)):
         return Verdict(False, check, "", 0, 0, len(listing), f"{node} is not drained by slurm-gpu for {check}")
-    mine = _rank_key(me)
+    mine = _rank_key(me) if second else None
     counted = []
     for part in tuple(getattr(me, "partitions", ()) or ()) or ("",):
         members = [n for n in listing if not part or part in (getattr(n, "partitions", ()) or ())]
-        before = sum(1 for n in members if n.name != node and _drained_for(n, check, since) and _rank_key(n) < mine)
-        counted.append((before - allowed_nodes(b, len(members)), part, before, allowed_nodes(b, len(members)), len(members)))
-    _margin, part, before, allowed, total = max(counted)
+        drained = sum(1 for n in members if n.name != node and _drained_for(n, check, since)
+                      and (mine is None or _rank_key(n) < mine))
+        allowed = allowed_nodes(b, len(members))
+        counted.append((drained - allowed, part, drained, allowed, len(members)))
+    _margin, part, drained, allowed, total = max(counted)  # the partition nearest to (or furthest past) its share
     where = f"partition {part}" if part else "the cluster"
-    counts = f"{before} of {total} nodes in {where} drained by slurm-gpu for it before {node} within {b.window_s:g} s " \
-             f"(max_drained_pct {b.max_drained_pct:g} allows {allowed})"
-    if before < allowed:
-        return Verdict(False, check, part, before, allowed, total, f"breaker closed for {check}: {counts}")
-    return Verdict(True, check, part, before, allowed, total, f"breaker open for {check}: {counts}; {node}'s drain withdrawn")
+    counts = f"{drained} of {total} nodes in {where} drained by slurm-gpu for it{f' before {node}' if second else ''} " \
+             f"within {b.window_s:g} s (max_drained_pct {b.max_drained_pct:g} allows {allowed})"
+    if drained < allowed:
+        return Verdict(False, check, part, drained, allowed, total, f"breaker closed for {check}: {counts}")
+    held = f"{node}'s drain withdrawn" if second else f"{node} not drained"
+    return Verdict(True, check, part, drained, allowed, total, f"breaker open for {check}: {counts}; {held}")
 
 
 def gate_suspended(checks: Iterable[str]) -> bool:

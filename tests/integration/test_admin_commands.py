@@ -17,6 +17,7 @@ import pytest
 import simgpu
 
 from slurm_gpu.errors import SlurmError
+from tests.integration.test_hooks_slurm import healthcheck_wrapper
 
 pytestmark = pytest.mark.slurm
 
@@ -331,17 +332,7 @@ def test_slurmd_healthcheckprogram_drains_the_faulty_node_and_resumes_it(slurm_t
                    f'[xid]\nsource = "none"\n[log]\nsyslog = false\nfile = "{tmp_path / "hc.log"}"\n'
                    f'[store]\ndatabase = "{tmp_path}/usage.db"\nspool_dir = "{tmp_path}/spool"\n')
     conf_path = tmp_path / "slurm_conf_path"  # written once the cluster exists (its path is not known before)
-    wrapper = tmp_path / "slurm-gpu-healthcheck"
-    wrapper.write_text(f"""#!/bin/sh
-# As in docs/admin-guide.md: slurmd passes no SLURM_CONF, so the wrapper sets what is site-specific.
-[ -r {conf_path} ] || exit 0
-export SLURM_CONF="$(cat {conf_path})"
-export SLURM_GPU_CONFIG={cfg}
-export SIMNVML_STATE={states}/"$SLURMD_NODENAME".state
-export PYTHONPATH={REPO}
-exec {sys.executable} -m slurm_gpu.cli healthcheck
-""")
-    wrapper.chmod(0o755)
+    wrapper = healthcheck_wrapper(tmp_path, cfg, states, conf_path)
     tb = slurm_testbed_factory(health_check_program=str(wrapper), extra_slurm_conf="HealthCheckInterval=3")
     conf_path.write_text(tb.env["SLURM_CONF"])
 

@@ -19,6 +19,7 @@ from prometheus import NodeExporter, Prometheus, PrometheusUnavailable, require
 from testbed import unavailable
 
 from slurm_gpu.metrics import textfile
+from tests.integration.test_hooks_slurm import healthcheck_wrapper
 
 pytestmark = pytest.mark.slurm
 
@@ -109,21 +110,6 @@ def _rules_firing_at_once(tmp: Path) -> Path:
     return out
 
 
-def _healthcheck_wrapper(tmp: Path, cfg: Path, states: Path, conf_path: Path) -> Path:
-    """docs/admin-guide.md's wrapper: slurmd gives HealthCheckProgram no SLURM_CONF and no PATH."""
-    wrapper = tmp / "slurm-gpu-healthcheck"
-    wrapper.write_text(f"""#!/bin/sh
-[ -r {conf_path} ] || exit 0
-export SLURM_CONF="$(cat {conf_path})"
-export SLURM_GPU_CONFIG={cfg}
-export SIMNVML_STATE={states}/"$SLURMD_NODENAME".state
-export PYTHONPATH={REPO}
-exec {sys.executable} -m slurm_gpu.cli healthcheck
-""")
-    wrapper.chmod(0o755)
-    return wrapper
-
-
 def _slow_drains(tmp: Path) -> Path:
     """A slurmctld that takes its time over drains (as a busy one does with a thousand nodes asking at
     once): a stand-in scontrol, first in slurm_bin_dir, holds each drain 2 s before the real one runs,
@@ -160,7 +146,7 @@ def test_slurmd_healthchecks_failing_on_three_of_four_nodes_at_once_drain_the_sh
     cfg = _config(tmp_path, sim_lib)
     cfg.write_text(f'slurm_bin_dir = "{_slow_drains(tmp_path)}"\n' + cfg.read_text())
     conf_path = tmp_path / "slurm_conf_path"  # the wrapper waits for it: the cluster's path is not known before
-    bed = slurm_testbed_factory(nodes=NODES, health_check_program=str(_healthcheck_wrapper(tmp_path, cfg, states, conf_path)),
+    bed = slurm_testbed_factory(nodes=NODES, health_check_program=str(healthcheck_wrapper(tmp_path, cfg, states, conf_path)),
                                 extra_slurm_conf="HealthCheckInterval=2")
     exporters = []
     for n in NODES:

@@ -23,6 +23,24 @@ def _script(name: str) -> str:
     return path if os.path.exists(path) else shutil.which(name) or pytest.fail(f"{name} is not installed (pip install -e .)")
 
 
+def healthcheck_wrapper(tmp: Path, cfg: Path, states: Path, conf_path: Path) -> Path:
+    """docs/admin-guide.md's HealthCheckProgram wrapper: slurmd passes no arguments, no PATH and no
+    SLURM_CONF (only SLURMD_NODENAME), so the wrapper sets what is site-specific.  It does nothing until
+    conf_path holds the cluster's slurm.conf path (written once the cluster exists)."""
+    repo = Path(__file__).resolve().parents[2]
+    wrapper = tmp / "slurm-gpu-healthcheck"
+    wrapper.write_text(f"""#!/bin/sh
+[ -r {conf_path} ] || exit 0
+export SLURM_CONF="$(cat {conf_path})"
+export SLURM_GPU_CONFIG={cfg}
+export SIMNVML_STATE={states}/"$SLURMD_NODENAME".state
+export PYTHONPATH={repo}
+exec {sys.executable} -m slurm_gpu.cli healthcheck
+""")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
 class Site:
     """Per-node simulated GPUs, databases and logs for the two-node cluster."""
 
