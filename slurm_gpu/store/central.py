@@ -25,6 +25,8 @@ is imported when a connection is opened, never at module import.
   (store/writers.py).
 - Schema v6: job counts and peaks in the rollups' cells, so that a report's job counts do not
   grow with jobs (store/rollups.py), built from the rollups already there.
+- Schema v7: coarse rollups (per month, and per node without the user, account and partition),
+  so that a year's report reads months x groups, not days x groups x nodes (store/rollups.py).
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ from slurm_gpu.errors import CentralError, WriterRefused
 from slurm_gpu.store import rollups
 from slurm_gpu.store import writers as W
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 DEFAULT_PORT = 3306
 SESSION_SQL_MODE = "ANSI_QUOTES,PIPES_AS_CONCAT,STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION"
 URL_HINT = "central.url looks like mysql://USER@HOST[:PORT]/DATABASE (password in central.password_file)"
@@ -557,6 +559,9 @@ MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
     ),
     (   # v6, "job counts" (store/rollups.py): job counts and peaks in rollup_day(_node)'s cells.
         rollups.job_counts_step,
+    ),
+    (   # v7, "coarse rollups" (store/rollups.py): rollup_month, rollup_node_day, rollup_node_month.
+        rollups.coarse_step,
     ),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION

@@ -85,6 +85,8 @@ KINDS_DDL = tuple(f'"{k}" TINYINT NOT NULL DEFAULT 0' for k in KINDS)
 JOBS_KEYS = ("KEY rollup_jobs_cell (day, gkey)", "KEY rollup_jobs_mixed (day_kind, day)",
              "KEY rollup_jobs_node_mixed (node_kind, day)")
 SUM_TABLES = {"rollup_day": (), "rollup_day_node": ("node",)}  # table -> key columns besides the groups
+COARSE_TABLES = ("rollup_month", "rollup_node_day", "rollup_node_month")  # v7: sums of the day tables' cells
+COARSE_VERSION = 7  # the central schema with the coarse tables (an older server: days only)
 TABLES = ("rollup_days", "rollup_day", "rollup_day_node", "rollup_jobs")
 
 
@@ -264,6 +266,8 @@ def _jobs_change() -> List[str]:
                    f"SELECT {_cols('c', keys)}, {', '.join(['0'] * len(FIGURES) + figs)} FROM rollup_cells c\n"
                    f"{_group_by(keys)}\nON DUPLICATE KEY UPDATE {upd}, {table}.peak_bytes = {peak}")
         out.append(_peaks_again(table))
+    for t in COARSE:  # (in order: rollup_node_month's peaks come from rollup_node_day's)
+        out += [_coarse_counts(t), _coarse_peaks_again(t)]
     return out + ["DROP TEMPORARY TABLE rollup_jobs_new", "DROP TEMPORARY TABLE rollup_cells"]
 
 
@@ -315,6 +319,7 @@ def _delta() -> List[str]:
         group = f"\n{_group_by(cols)}" if not extra else ""
         out.append(f"INSERT INTO {table} ({_q(cols + list(FIGURES))})\nSELECT {_q(cols)}, {', '.join(figs)} "
                    f"FROM rollup_delta{group}\nON DUPLICATE KEY UPDATE {upd}")
+    out += [_coarse_delta(t) for t in COARSE]
     return out + ["DROP TEMPORARY TABLE rollup_delta"]
 
 
@@ -362,9 +367,10 @@ def _chunks(srv: Any, first_day: int) -> List[Tuple[int, int, float, float]]:
 
 
 def build(srv: Any, first_day: int = 0, temporary: bool = False,
-          progress: Optional[Callable[[int, int], None]] = None, counts: bool = True) -> None:
+          progress: Optional[Callable[[int, int], None]] = None, counts: bool = True, coarse: bool = True) -> None:
     """Fill the rollup tables (or their temporary twins) from the records, for days >= first_day
-    (without `counts`, their job counts and kinds are left to job_counts()).
+    (without `counts`, their job counts and kinds are left to job_counts(); without `coarse`, or
+    without counts, the coarse tables are left to coarse_build()).
 
     The caller holds the transaction; with `temporary` the tables are created empty first."""
     if temporary:
@@ -386,6 +392,8 @@ def build(srv: Any, first_day: int = 0, temporary: bool = False,
             progress(i + 1, len(chunks))
     if counts:
         job_counts(srv, first_day, temporary)
+        if coarse:
+            coarse_build(srv, first_day, temporary)
 
 
 def job_counts(srv: Any, first_day: int = 0, temporary: bool = False) -> None:
@@ -445,9 +453,14 @@ def job_counts_step(srv: Any) -> None:
     job_counts(srv)
 
 
+REBUILT = ("rollup_day", "rollup_day_node", "rollup_jobs", *COARSE_TABLES)
+
+
 def _null_safe_join(table: str) -> Tuple[str, str]:
-    keys = _keys(SUM_TABLES[table]) if table != "rollup_jobs" else \
-        ["cluster", "job_id", "day", "node", "gkey"]
+    if table in COARSE:
+        keys = _coarse_pk(table)
+    else:
+        keys = _keys(SUM_TABLES[table]) if table != "rollup_jobs" else ["cluster", "job_id", "day", "node", "gkey"]
     vals = list(FIGURES + JOB_FIGURES) if table != "rollup_jobs" else ["peak_bytes", *KINDS]
     on = " AND ".join(f'a."{k}" = b."{k}"' for k in keys)
     same = " AND ".join(f'a."{v}" <=> b."{v}"' for v in vals)
@@ -464,9 +477,10 @@ def differences(srv: Any, first_day: int) -> Dict[str, Tuple[int, int, int]]:
     """Per table: (rows missing, rows that should not be there, rows with other figures) of the
     rollups against their rebuilt temporary twins."""
     out = {}
-    for t in ("rollup_day", "rollup_day_node", "rollup_jobs"):
+    month0 = _month_of(srv, first_day)
+    for t in REBUILT:
         on, same = _null_safe_join(t)
-        live, fresh = _live(t, first_day), f"tmp_{t}"
+        live, fresh = _live(t, month0 if t in COARSE else first_day), f"tmp_{t}"
         missing = srv.execute(f"SELECT COUNT(*) FROM {fresh} a LEFT JOIN {live} b ON {on} WHERE b.day IS NULL")[0][0]
         extra = srv.execute(f"SELECT COUNT(*) FROM {live} a LEFT JOIN {fresh} b ON {on} WHERE b.day IS NULL")[0][0]
         other = srv.execute(f"SELECT COUNT(*) FROM {fresh} a JOIN {live} b ON {on} WHERE NOT ({same})")[0][0]
@@ -477,6 +491,8 @@ def differences(srv: Any, first_day: int) -> Dict[str, Tuple[int, int, int]]:
 def _columns(table: str) -> List[str]:
     if table == "rollup_jobs":
         return JOB_COLS + list(KINDS)
+    if table in COARSE:
+        return _coarse_cols(table)
     return ["cluster", "day", *SUM_TABLES[table], *GROUP_COLUMNS, "nulls", "gkey", *FIGURES, *JOB_FIGURES]
 
 
@@ -490,8 +506,9 @@ def rebuild(srv: Any, first_day: int = 0, progress: Optional[Callable[[int, int]
     try:
         build(srv, first_day, temporary=True, progress=progress)
         diff = differences(srv, first_day)
-        for t in ("rollup_day", "rollup_day_node", "rollup_jobs"):
-            srv.execute(f"DELETE FROM {t} WHERE day >= %s", (first_day,))
+        month0 = _month_of(srv, first_day)
+        for t in REBUILT:
+            srv.execute(f"DELETE FROM {t} WHERE day >= %s", (month0 if t in COARSE else first_day,))
             cols = _q(_columns(t))
             srv.execute(f"INSERT INTO {t} ({cols}) SELECT {cols} FROM tmp_{t}")
         srv.commit()
@@ -519,3 +536,171 @@ def meta(conn_execute: Callable[[str], List[Tuple[Any, ...]]]) -> Optional[Dict[
                         "'schema_version')")
     got = {str(n): str(v) for n, v in rows}
     return got if "rollup_zone" in got and "rollup_idle_threshold_pct" in got else None
+
+
+# --------------------------------------------------------------------------- coarse rollups (v7)
+#
+# A year read from rollup_day costs days x groups cells, from rollup_day_node days x groups x
+# nodes.  As slurmdbd keeps hour, day and month tables, three more tables hold the same figures
+# per month, and per node without the user, account and partition (schema v7, "coarse rollups"):
+#
+# - `rollup_month`: rollup_day's key with `day` the month's first day (a month of the rollups' zone);
+# - `rollup_node_day`: (cluster, day, node, gpu_model), rollup_day_node summed over the groups;
+# - `rollup_node_month`: the same per month.
+#
+# They are sums of their source's cells, so their figures are exact as the source's.  Job
+# counts carry over: a simple job's days are contiguous, so it counts once in a month as
+# `jobs_first` on its first day there, or as `jobs_later` on the month's first day (a month's
+# jobs_later is its first day's); the node tables count by node_kind (a job simple on the node
+# lies in one group there, so in one of their cells a day).  Jobs counted distinct stay distinct
+# (their rollup_jobs rows).  `rollup_days.month_day` names each day's month.
+
+
+# table -> (source table, its own group columns besides cluster and day, month or day)
+COARSE: Dict[str, Tuple[str, Tuple[str, ...], bool]] = {
+    "rollup_month": ("rollup_day", (*GROUP_COLUMNS, "nulls", "gkey"), True),
+    "rollup_node_day": ("rollup_day_node", ("node", "gpu_model", "nulls"), False),
+    "rollup_node_month": ("rollup_node_day", ("node", "gpu_model", "nulls"), True),
+}
+MODEL_BIT = NULL_BITS["gpu_model"]
+assert tuple(COARSE) == COARSE_TABLES
+
+
+def coarse_keys(table: str) -> List[str]:
+    return ["cluster", "day", *COARSE[table][1]]
+
+
+def _coarse_pk(table: str) -> List[str]:
+    return ["cluster", "day", "gkey"] if "gkey" in COARSE[table][1] else coarse_keys(table)
+
+
+def coarse_table_ddl(table: str, temporary: bool = False) -> str:
+    own = COARSE[table][1]
+    names = _group_ddl() if "gkey" in own else [f'"node" {NAME} NOT NULL', f'"gpu_model" {NAME} NOT NULL',
+                                                "nulls TINYINT NOT NULL"]
+    cols = ["cluster VARCHAR(64) NOT NULL", "day INT NOT NULL", *names,
+            *(f'"{c}" {SUM} NOT NULL' for c, _ in SUMS), *(f'"{c}" BIGINT NOT NULL' for c, _ in COUNTS),
+            *JOB_FIGURES_DDL, f"PRIMARY KEY ({_q(_coarse_pk(table))})", f"KEY {table}_day (day)"]
+    return (f"CREATE {'TEMPORARY ' if temporary else ''}TABLE IF NOT EXISTS {_name(table, temporary)} (\n    "
+            + ",\n    ".join(cols) + f"\n) {TAIL}")
+
+
+DAYS_MONTH_DDL = ("ALTER TABLE rollup_days ADD COLUMN IF NOT EXISTS month_day INT NOT NULL DEFAULT 0, "
+                  "ADD KEY IF NOT EXISTS rollup_days_month (month_day)")
+# Each day's month by its label (days are numbered one per calendar day): the zone the days were
+# cut in needs not be this host's.
+DAYS_MONTH_FILL = "UPDATE rollup_days SET month_day = day - (CAST(SUBSTRING(label, 9, 2) AS UNSIGNED) - 1)"
+
+
+def _coarse_select(table: str, source: str, first: str, later: str, peak: str, figures: Sequence[str],
+                   from_cells: bool = False) -> str:
+    """SELECT of table's cells from the rows `source` (alias r, joined with its day d as `dd`):
+    their keys, `figures`, then the job counts and the peak given as expressions."""
+    _src, own, monthly = COARSE[table]
+    day = "dd.month_day" if monthly else "r.day"
+    names = [f"(r.nulls & {MODEL_BIT})" if c == "nulls" and "gkey" not in own else f'r."{c}"' for c in own]
+    sel = ["r.cluster", day, *names, *figures, first, later, peak]
+    group = ", ".join(str(i) for i, k in enumerate(coarse_keys(table), 1) if k in _coarse_pk(table))
+    join = " JOIN rollup_days dd ON dd.day = r.day"
+    return f"SELECT {', '.join(sel)} FROM {source} r{join}\nGROUP BY {group}"
+
+
+def _later_sum(col: str, table: str) -> str:
+    """A cell's jobs_later: for a month, its first day's only."""
+    return f"SUM(CASE WHEN r.day = dd.month_day THEN {col} ELSE 0 END)" if COARSE[table][2] else f"SUM({col})"
+
+
+def _coarse_cols(table: str) -> List[str]:
+    return coarse_keys(table) + list(FIGURES + JOB_FIGURES)
+
+
+def coarse_derive(table: str, target: str, source: str) -> str:
+    """target's cells (all figures) from the cells `source` selects of table's source table (a build)."""
+    figs = [f'SUM(r."{c}")' for c in FIGURES]
+    sel = _coarse_select(table, source, 'SUM(r."jobs_first")', _later_sum('r."jobs_later"', table),
+                         'MAX(r."peak_bytes")', figs)
+    return f"INSERT INTO {target} ({_q(_coarse_cols(table))})\n{sel}"
+
+
+def _coarse_delta(table: str) -> str:
+    """push, before the upsert: the batch's change of the sums (rollup_delta's node cells) into table."""
+    figs = [f'SUM(r."{c}")' for c in FIGURES]
+    sel = _coarse_select(table, "rollup_delta", "0", "0", "NULL", figs)
+    upd = ", ".join(f'{table}."{c}" = {table}."{c}" + VALUES("{c}")' for c in FIGURES)
+    return f"INSERT INTO {table} ({_q(_coarse_cols(table))})\n{sel}\nON DUPLICATE KEY UPDATE {upd}"
+
+
+def _coarse_counts(table: str) -> str:
+    """push, after the upsert: the change of the job counts (rollup_cells' node cells) and the raised peaks."""
+    p = "d" if table == "rollup_month" else "n"
+    sel = _coarse_select(table, "rollup_cells", f"SUM(r.{p}_first)", _later_sum(f"r.{p}_later", table),
+                         "MAX(r.new_peak)", ["0"] * len(FIGURES))
+    upd = ", ".join(f'{table}."{c}" = {table}."{c}" + VALUES("{c}")' for c in ("jobs_first", "jobs_later"))
+    peak = (f"GREATEST(COALESCE({table}.peak_bytes, VALUES(peak_bytes)), "
+            f"COALESCE(VALUES(peak_bytes), {table}.peak_bytes))")
+    return (f"INSERT INTO {table} ({_q(_coarse_cols(table))})\n{sel}\n"
+            f"ON DUPLICATE KEY UPDATE {upd}, {table}.peak_bytes = {peak}")
+
+
+def _coarse_peaks_again(table: str) -> str:
+    """push: the peaks of table's cells that a job's rows left, from their source's cells now."""
+    source, own, monthly = COARSE[table]
+    pk = _coarse_pk(table)
+    keys = [k for k in pk if k != "day"]
+    model = f"(o.nulls & {MODEL_BIT})" if "gkey" not in own else "o.nulls"
+    picked = [("dd.month_day" if monthly else "o.day") + ' AS "day"'] + [
+        (f'{model} AS "nulls"' if k == "nulls" else f'o."{k}"') for k in keys]
+    cells = (f"SELECT DISTINCT {', '.join(picked)} FROM rollup_cells o JOIN rollup_days dd ON dd.day = o.day "
+             "WHERE o.had_old")
+    on = " AND ".join(f'r."{k}" = c."{k}"' for k in pk)
+    same = [f'x."{k}" = r."{k}"' for k in keys if k not in ("nulls", "gpu_model")]
+    if "gkey" not in own and source == "rollup_day_node":  # the node's cells of every group with that model
+        same += ['x."gpu_model" = r."gpu_model"', f"(x.nulls & {MODEL_BIT}) = r.nulls"]
+    elif "gkey" not in own:
+        same += ['x."gpu_model" = r."gpu_model"', "x.nulls = r.nulls"]
+    if monthly:
+        sub = (f"SELECT MAX(x.peak_bytes) FROM rollup_days md JOIN {source} x ON x.day = md.day "
+               f"WHERE md.month_day = r.day AND {' AND '.join(same)}")
+    else:
+        sub = f"SELECT MAX(x.peak_bytes) FROM {source} x WHERE x.day = r.day AND {' AND '.join(same)}"
+    return f"UPDATE {table} r JOIN ({cells}) AS c ON {on}\nSET r.peak_bytes = ({sub})"
+
+
+def coarse_build(srv: Any, first_day: int = 0, temporary: bool = False) -> None:
+    """Fill the coarse tables (or their temporary twins) from the day tables, for the months from
+    the one holding first_day on (its days before first_day from the day tables as they are)."""
+    month0 = _month_of(srv, first_day)
+    for table, (source, _own, _monthly) in COARSE.items():
+        if temporary:
+            srv.execute(f"DROP TEMPORARY TABLE IF EXISTS tmp_{table}")
+            srv.execute(coarse_table_ddl(table, True))
+        # (cells whose records all left are no cells: as _live() reads the tables)
+        if temporary and source in COARSE:  # its twin holds the months from month0 already
+            rows = f"(SELECT * FROM tmp_{source} WHERE records <> 0)"
+        elif temporary:
+            rows = (f"(SELECT * FROM {source} WHERE day >= {month0} AND day < {int(first_day)} AND records <> 0 "
+                    f"UNION ALL SELECT * FROM tmp_{source} WHERE records <> 0)")
+        else:
+            rows = f"(SELECT * FROM {source} WHERE day >= {month0} AND records <> 0)"
+        srv.execute(coarse_derive(table, _name(table, temporary), rows))
+
+
+def _month_of(srv: Any, first_day: int) -> int:
+    if first_day <= 0:
+        return 0
+    row = srv.execute("SELECT month_day FROM rollup_days WHERE day = %s", (int(first_day),))
+    return int(row[0][0]) if row else int(first_day)
+
+
+def coarse_step(srv: Any) -> None:
+    """The schema step "coarse rollups" (v7): rollup_days' months, the tables, the procedures that
+    keep them, then their cells from the day tables already there, in one serializable transaction."""
+    for ddl in (DAYS_MONTH_DDL, *(coarse_table_ddl(t) for t in COARSE), *procedures()):
+        srv.execute(ddl)
+    srv.commit()  # (DDL commits anyway): the next transaction is the serializable one
+    srv.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+    srv.execute("START TRANSACTION")
+    srv.execute(DAYS_MONTH_FILL)
+    for t in COARSE:
+        srv.execute(f"DELETE FROM {t}")
+    coarse_build(srv)
