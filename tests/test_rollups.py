@@ -178,6 +178,16 @@ def test_a_report_from_the_rollups_equals_the_report_from_the_records_byte_for_b
             assert plan.startswith("rollups") == (tz == "local" or unit is None), (keys, tz, plan)
             if window == "edges" and plan.startswith("rollups"):
                 assert "2 partial day(s)" in plan
+            if plan.startswith("rollups"):
+                assert _month_table(keys) is None or (f"month(s) of {_month_table(keys)}" in plan) == \
+                    (unit in (None, "month")), (keys, plan)
+
+
+def _month_table(keys):
+    """The month table a summary by `keys` (no filters) reads for its whole months."""
+    if "node" not in keys:
+        return "rollup_month"
+    return None if set(keys) & {"user", "account", "partition"} else "rollup_node_month"
 
 
 def test_filters_and_a_narrow_window_use_the_rollups_and_equal_the_records(year, berlin):
@@ -222,12 +232,17 @@ def test_a_rebuild_corrects_rollups_that_drifted_and_says_so(server, tmp_path):
     for rec in first["n1"]:
         s.store.write(rec)
     assert s.push().returncode == 0
-    s.server.sql("UPDATE rollup_day SET alloc_s = alloc_s + 1 LIMIT 2; DELETE FROM rollup_jobs LIMIT 1;", s.db)
+    s.server.sql("UPDATE rollup_day SET alloc_s = alloc_s + 1 LIMIT 2; DELETE FROM rollup_jobs LIMIT 1; "
+                 "UPDATE rollup_month SET jobs_later = jobs_later + 1 LIMIT 1; "
+                 "UPDATE rollup_node_month SET peak_bytes = 7 LIMIT 1; DELETE FROM rollup_node_day LIMIT 1;", s.db)
     since = time.strftime("%Y-%m-%d", time.gmtime(T0))
     r = cli("--config", str(s.config), "central", "rollup", "--rebuild", "--since", since)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "rollup_day: 0 missing, 0 extra, 2 different" in r.stdout
     assert "rollup_jobs: 1 missing, 0 extra, 0 different" in r.stdout
+    assert "rollup_month: 0 missing, 0 extra, 1 different" in r.stdout
+    assert "rollup_node_day: 1 missing, 0 extra, 0 different" in r.stdout
+    assert "rollup_node_month: 0 missing, 0 extra, 1 different" in r.stdout
     r = cli("--config", str(s.config), "central", "rollup", "--rebuild")
     assert r.returncode == 0 and "rollups exact" in r.stderr
 
@@ -375,3 +390,27 @@ def test_migrating_a_v5_server_builds_the_job_counts_from_its_rollups(server, tm
         for by in (("user",), ("node", "day"), ("gpu-model", "month")):
             a, b, plan = _both(s, files, Query(since_s=since, until_s=until, tz="utc"), by)
             assert b == a and plan.startswith("rollups"), (by, plan, _diff(a[1], b[1]))
+
+
+def test_migrating_a_v6_server_builds_its_month_and_node_rollups_from_its_days(server, tmp_path):
+    s = Site(server, tmp_path)
+    _init(s)
+    files = _push_tricky(s, tmp_path)
+    # The server as v6 left it: day tables only, rollup_days without months.
+    s.server.sql("DROP TABLE rollup_month, rollup_node_day, rollup_node_month; "
+                 "ALTER TABLE rollup_days DROP INDEX rollup_days_month, DROP COLUMN month_day; "
+                 "UPDATE meta SET value = '6' WHERE name = 'schema_version';", s.db)
+    r = cli("--config", str(s.config), "central", "init", "--writer", s.writer, "--reporter", s.reporter)
+    assert r.returncode == 0, r.stderr
+    assert f"schema migrated from 6 at version {C.SCHEMA_VERSION}" in r.stderr
+    assert s.rows("SELECT SUM(jobs_first), SUM(records) FROM rollup_month") == \
+        s.rows("SELECT SUM(jobs_first), SUM(records) FROM rollup_day")
+    r = cli("--config", str(s.config), "central", "rollup", "--rebuild")
+    assert r.returncode == 0 and "rollups exact" in r.stderr, r.stdout + r.stderr
+    # Whole months (January to March) with whole and partial days at both edges.
+    q = Query(since_s=T0 - 5 * D + 3600.0, until_s=T0 + 95 * D + 7200.0, tz="utc")
+    for by, table in ((("user",), "rollup_month"), (("node",), "rollup_node_month"), (("node", "month"), "rollup_node_month"),
+                      (("gpu-model", "month"), "rollup_month"), (("user", "node"), "rollup_day_node")):
+        a, b, plan = _both(s, files, q, by)
+        assert b == a, (by, plan, _diff(a[1], b[1]))
+        assert f" of {table} " in plan + " " and "2 partial day(s)" in plan, (by, plan)
