@@ -145,8 +145,13 @@ def day_rows(utc: bool) -> List[Tuple[int, str, float, float]]:
 
 # --------------------------------------------------------------------------- SQL
 
-_DAY_JOIN = ("JOIN rollup_days d ON d.d_start < r.end_time AND d.d_start > r.start_time - 90000 "
-             "AND d.d_end > r.start_time")  # days are at most 25 hours long
+# Day n starts within 14 hours of UTC's midnight of FIRST_YEAR's first day + n days (no zone is
+# further from UTC), so a time t lies in one of the days floor((t - that midnight) / 86400) +- 1:
+# a range of the primary key, where d_start's range (~25 h of days) went through its secondary
+# index and a lookup of d_end per day (the push's most expensive join).
+_EPOCH = wall_clock_to_unix(FIRST_YEAR, 1, 1, utc=True)
+_DAY_JOIN = (f"JOIN rollup_days d ON d.day BETWEEN FLOOR((r.start_time - {_EPOCH!r}) / 86400) - 1 "
+             f"AND FLOOR((r.end_time - {_EPOCH!r}) / 86400) + 1 AND d.d_start < r.end_time AND d.d_end > r.start_time")
 
 
 def _group_select() -> List[str]:
@@ -236,39 +241,47 @@ def _counts_assign(table: str, target: str, rows: str) -> str:
 
 _BATCH_JOBS = "SELECT DISTINCT cluster, job_id FROM stage_job_gpus WHERE batch = b"
 _KINDED = JOB_COLS + list(KINDS)
+_NODE_KEYS = ["cluster", "day", "node", *GROUP_COLUMNS, "nulls", "gkey"]
+_COUNT_DELTAS = ("d_first", "d_later", "n_first", "n_later")
 
 
 def _jobs_change() -> List[str]:
-    """After the upsert: the batch's jobs' rows recomputed from their records, and the change of
-    their counts (old rows out, new in) and peaks (raised by the new rows; where old rows left a
-    cell, the maximum of its rows now) in the cells."""
-    node_keys = ["cluster", "day", "node", *GROUP_COLUMNS, "nulls", "gkey"]
+    """Before the upsert: the batch's jobs' rows as the upsert will leave their records (with their
+    kinds), the change of their counts (old rows out, new in) and peaks (raised by the new rows;
+    where old rows left a cell, `had_old`) per node cell into rollup_cells, and the rows replaced."""
     old = (f"SELECT -1 AS sgn, {_cols('o', _KINDED)} FROM rollup_jobs o JOIN ({_BATCH_JOBS}) s "
            "ON s.cluster = o.cluster AND s.job_id = o.job_id")
     new = f"SELECT 1, {_cols('n', _KINDED)} FROM rollup_jobs_new n"
     deltas = [f'{e} AS "{c}"' for c, table in (("d", "rollup_day"), ("n", "rollup_day_node"))
               for e, c in zip(_first_later(table, "j.sgn * "), (f"{c}_first", f"{c}_later"))]
     deltas += ["MAX(CASE WHEN j.sgn > 0 THEN j.peak_bytes END) AS new_peak", "MAX(j.sgn < 0) AS had_old"]
-    cells = (f"CREATE TEMPORARY TABLE rollup_cells AS\nSELECT {_cols('j', node_keys)}, {', '.join(deltas)}\n"
-             f"FROM ({old}\n  UNION ALL\n  {new}) AS j\n{_group_by(node_keys)}")
-    out = ["DROP TEMPORARY TABLE IF EXISTS rollup_jobs_new", "DROP TEMPORARY TABLE IF EXISTS rollup_cells",
-           f"CREATE TEMPORARY TABLE rollup_jobs_new AS\n{_with_kinds(_jobs_select(_STAGED_JOBS))}", cells,
-           f"DELETE j FROM rollup_jobs j JOIN ({_BATCH_JOBS}) s ON s.cluster = j.cluster AND s.job_id = j.job_id",
-           f"INSERT INTO rollup_jobs ({_q(_KINDED)}) SELECT {_q(_KINDED)} FROM rollup_jobs_new"]
+    cells = (f"CREATE TEMPORARY TABLE rollup_cells AS\nSELECT {_cols('j', _NODE_KEYS)}, {', '.join(deltas)}\n"
+             f"FROM ({old}\n  UNION ALL\n  {new}) AS j\n{_group_by(_NODE_KEYS)}")
+    return ["DROP TEMPORARY TABLE IF EXISTS rollup_jobs_new", "DROP TEMPORARY TABLE IF EXISTS rollup_cells",
+            f"CREATE TEMPORARY TABLE rollup_jobs_new AS\n{_with_kinds(_jobs_select(_AFTER_UPSERT))}", cells,
+            f"DELETE j FROM rollup_jobs j JOIN ({_BATCH_JOBS}) s ON s.cluster = j.cluster AND s.job_id = j.job_id",
+            f"INSERT INTO rollup_jobs ({_q(_KINDED)}) SELECT {_q(_KINDED)} FROM rollup_jobs_new"]
+
+
+def _cell_upserts() -> List[str]:
+    """rollup_delta's node cells (sums, counts and raised peaks) into the day tables, each once;
+    then the peaks of the cells a job's rows left, from the rows there now."""
+    out = []
     for table, extra in SUM_TABLES.items():
         keys = ["cluster", "day", *extra, *GROUP_COLUMNS, "nulls", "gkey"]
         p = "n" if extra else "d"
-        figs = [f"SUM(c.{p}_first)", f"SUM(c.{p}_later)", "MAX(c.new_peak)"]
-        upd = ", ".join(f'{table}."{c}" = {table}."{c}" + VALUES("{c}")' for c in ("jobs_first", "jobs_later"))
-        peak = (f'GREATEST(COALESCE({table}.peak_bytes, VALUES(peak_bytes)), '
-                f'COALESCE(VALUES(peak_bytes), {table}.peak_bytes))')
+        figs = [f'SUM(c."{c}")' for c in FIGURES] + [f"SUM(c.{p}_first)", f"SUM(c.{p}_later)", "MAX(c.new_peak)"]
+        upd = ", ".join(f'{table}."{c}" = {table}."{c}" + VALUES("{c}")' for c in (*FIGURES, "jobs_first", "jobs_later"))
         out.append(f"INSERT INTO {table} ({_q(keys + list(FIGURES + JOB_FIGURES))})\n"
-                   f"SELECT {_cols('c', keys)}, {', '.join(['0'] * len(FIGURES) + figs)} FROM rollup_cells c\n"
-                   f"{_group_by(keys)}\nON DUPLICATE KEY UPDATE {upd}, {table}.peak_bytes = {peak}")
+                   f"SELECT {_cols('c', keys)}, {', '.join(figs)} FROM rollup_delta c\n"
+                   f"{_group_by(keys)}\nON DUPLICATE KEY UPDATE {upd}, {table}.peak_bytes = {_raised(table)}")
         out.append(_peaks_again(table))
-    for t in COARSE:  # (in order: rollup_node_month's peaks come from rollup_node_day's)
-        out += [_coarse_counts(t), _coarse_peaks_again(t)]
-    return out + ["DROP TEMPORARY TABLE rollup_jobs_new", "DROP TEMPORARY TABLE rollup_cells"]
+    return out
+
+
+def _raised(table: str) -> str:
+    return (f'GREATEST(COALESCE({table}.peak_bytes, VALUES(peak_bytes)), '
+            f'COALESCE(VALUES(peak_bytes), {table}.peak_bytes))')
 
 
 def _peaks_again(table: str) -> str:
@@ -277,7 +290,7 @@ def _peaks_again(table: str) -> str:
     keys = ["cluster", "day", *SUM_TABLES[table], "gkey"]
     on = " AND ".join(f'r."{k}" = c."{k}"' for k in keys)
     same = " AND ".join(f'x."{k}" = r."{k}"' for k in ("day", "gkey", "cluster", *SUM_TABLES[table]))
-    cells = f"SELECT DISTINCT {_cols('o', keys)} FROM rollup_cells o WHERE o.had_old"
+    cells = f"SELECT DISTINCT {_cols('o', keys)} FROM rollup_delta o WHERE o.had_old"
     return (f"UPDATE {table} r JOIN ({cells}) AS c ON {on}\n"
             f"SET r.peak_bytes = (SELECT MAX(x.peak_bytes) FROM rollup_jobs x WHERE {same})")
 
@@ -296,41 +309,46 @@ _KEY_ON = ("s.cluster = g.cluster AND s.job_id = g.job_id AND s.restart_count = 
 _NET = (f"SELECT 1 AS sgn, {_cols('s', _RECORD)} FROM stage_job_gpus s WHERE s.batch = b AND s.withdrawn = 0 "
         f"AND {_valid('s')}\n  UNION ALL\n  SELECT -1, {_cols('g', _RECORD)} FROM job_gpus g JOIN stage_job_gpus s "
         f"ON {_KEY_ON} WHERE s.batch = b AND g.withdrawn = 0 AND {_valid('g')}")
-_STAGED_JOBS = (f"SELECT {_cols('g', _RECORD)} FROM job_gpus g JOIN ({_BATCH_JOBS}) s "
-                f"ON s.cluster = g.cluster AND s.job_id = g.job_id WHERE g.withdrawn = 0 AND {_valid('g')}")
+# The batch's jobs' records as the upsert will leave them: their rows not staged, and the staged
+# rows it applies (tombstones: no row).
+_AFTER_UPSERT = (f"SELECT {_cols('g', _RECORD)} FROM job_gpus g JOIN ({_BATCH_JOBS}) s "
+                 f"ON s.cluster = g.cluster AND s.job_id = g.job_id WHERE g.withdrawn = 0 AND {_valid('g')} "
+                 f"AND NOT EXISTS (SELECT 1 FROM stage_job_gpus t WHERE t.batch = b AND {_KEY_ON.replace('s.', 't.')})"
+                 f"\n  UNION ALL\n  SELECT {_cols('s', _RECORD)} FROM stage_job_gpus s WHERE s.batch = b AND s.withdrawn = 0 "
+                 f"AND {_valid('s')}")
 
 
 def _delta() -> List[str]:
-    """The batch's net change of the sums, per node cell, once, into a temporary table; then into
-    rollup_day_node as it is and into rollup_day summed over the nodes."""
-    extra = SUM_TABLES["rollup_day_node"]
-    keys = ["cluster", "day", *extra, *GROUP_COLUMNS, "nulls", "gkey"]
-    sel = ["r.cluster", "d.day", *(f'r."{c}"' for c in extra), *_group_select(),
-           *(f'SUM(r.sgn * CAST({expr} AS {SUM})) AS "{c}"' for c, expr in SUMS),
-           *(f'SUM(r.sgn * ({expr})) AS "{c}"' for c, expr in COUNTS)]
-    names = [f'{n} AS "{c}"' for n, c in zip(sel[:len(keys)], keys)]
-    make = (f"CREATE TEMPORARY TABLE rollup_delta AS\nSELECT {', '.join(names + sel[len(keys):])}\n"
-            f"FROM (\n  {_NET}\n) AS r {_DAY_JOIN}\n{_group_by(keys)}")
-    out = ["DROP TEMPORARY TABLE IF EXISTS rollup_delta", make]
-    for table, extra in SUM_TABLES.items():
-        cols = ["cluster", "day", *extra, *GROUP_COLUMNS, "nulls", "gkey"]
-        figs = [f'SUM("{c}")' for c in FIGURES] if not extra else [f'"{c}"' for c in FIGURES]
-        upd = ", ".join(f'{table}."{c}" = {table}."{c}" + VALUES("{c}")' for c in FIGURES)
-        group = f"\n{_group_by(cols)}" if not extra else ""
-        out.append(f"INSERT INTO {table} ({_q(cols + list(FIGURES))})\nSELECT {_q(cols)}, {', '.join(figs)} "
-                   f"FROM rollup_delta{group}\nON DUPLICATE KEY UPDATE {upd}")
-    out += [_coarse_delta(t) for t in COARSE]
-    return out + ["DROP TEMPORARY TABLE rollup_delta"]
+    """The batch's whole change per node cell, once, into a temporary table: the sums' (the
+    records' current versions out, the staged ones in) and rollup_cells' counts and peaks; then
+    into every table, each in one statement."""
+    sums = ["r.cluster", "d.day", 'r."node"', *_group_select(),
+            *(f'r.sgn * CAST({expr} AS {SUM})' for _, expr in SUMS), *(f'r.sgn * ({expr})' for _, expr in COUNTS),
+            *(["0"] * len(_COUNT_DELTAS)), "NULL", "0"]
+    cells = [_cols("c", _NODE_KEYS), *(["0"] * len(FIGURES)), *(f"c.{k}" for k in _COUNT_DELTAS), "c.new_peak",
+             "c.had_old"]
+    names = [*_NODE_KEYS, *FIGURES, *_COUNT_DELTAS, "new_peak", "had_old"]
+    agg = [*(f'SUM(u."{c}") AS "{c}"' for c in (*FIGURES, *_COUNT_DELTAS)), 'MAX(u.new_peak) AS new_peak',
+           'MAX(u.had_old) AS had_old']
+    union = (f"SELECT {', '.join(f'{e} AS {chr(34)}{c}{chr(34)}' for e, c in zip(sums, names))}\n"
+             f"  FROM (\n  {_NET}\n  ) AS r {_DAY_JOIN}\n  UNION ALL\n  SELECT {', '.join(cells)} FROM rollup_cells c")
+    make = (f"CREATE TEMPORARY TABLE rollup_delta AS\nSELECT {_cols('u', _NODE_KEYS)}, {', '.join(agg)}\n"
+            f"FROM (\n  {union}\n) AS u\n{_group_by(_NODE_KEYS)}")
+    out = _jobs_change() + ["DROP TEMPORARY TABLE IF EXISTS rollup_delta", make] + _cell_upserts()
+    for t in COARSE:  # (in order: rollup_node_month's peaks come from rollup_node_day's)
+        out += [_coarse_upsert(t), _coarse_peaks_again(t)]
+    return out + ["DROP TEMPORARY TABLE rollup_delta", "DROP TEMPORARY TABLE rollup_jobs_new",
+                  "DROP TEMPORARY TABLE rollup_cells"]
 
 
 def procedures() -> List[str]:
     """rollups_before(b) / rollups_after(b): what apply_batch calls around its job_gpus upsert,
-    in the same transaction: before it, the batch's net change of the sums (its records' current
-    versions out, the staged ones in); after it, the batch's jobs' rows and counts."""
-    before = _delta()
-    after = _jobs_change()
+    in the same transaction.  Before it, all of the batch's change: its jobs' rows and counts as
+    the upsert will leave their records, and the net change of the sums (its records' current
+    versions out, the staged ones in), into each table once.  After it, nothing any more (schema
+    v7: apply_batch, created by v5, still calls it)."""
     out = []
-    for name, body in (("rollups_before", before), ("rollups_after", after)):
+    for name, body in (("rollups_before", _delta()), ("rollups_after", ["DO 0"])):
         out.append(f"CREATE OR REPLACE PROCEDURE {name}(IN b CHAR(32)) MODIFIES SQL DATA SQL SECURITY DEFINER\n"
                    "BEGIN\n  " + ";\n  ".join(body) + ";\nEND")
     return out
@@ -622,24 +640,15 @@ def coarse_derive(table: str, target: str, source: str) -> str:
     return f"INSERT INTO {target} ({_q(_coarse_cols(table))})\n{sel}"
 
 
-def _coarse_delta(table: str) -> str:
-    """push, before the upsert: the batch's change of the sums (rollup_delta's node cells) into table."""
-    figs = [f'SUM(r."{c}")' for c in FIGURES]
-    sel = _coarse_select(table, "rollup_delta", "0", "0", "NULL", figs)
-    upd = ", ".join(f'{table}."{c}" = {table}."{c}" + VALUES("{c}")' for c in FIGURES)
-    return f"INSERT INTO {table} ({_q(_coarse_cols(table))})\n{sel}\nON DUPLICATE KEY UPDATE {upd}"
-
-
-def _coarse_counts(table: str) -> str:
-    """push, after the upsert: the change of the job counts (rollup_cells' node cells) and the raised peaks."""
+def _coarse_upsert(table: str) -> str:
+    """push: the batch's change (rollup_delta's node cells: sums, counts, raised peaks) into table."""
     p = "d" if table == "rollup_month" else "n"
-    sel = _coarse_select(table, "rollup_cells", f"SUM(r.{p}_first)", _later_sum(f"r.{p}_later", table),
-                         "MAX(r.new_peak)", ["0"] * len(FIGURES))
-    upd = ", ".join(f'{table}."{c}" = {table}."{c}" + VALUES("{c}")' for c in ("jobs_first", "jobs_later"))
-    peak = (f"GREATEST(COALESCE({table}.peak_bytes, VALUES(peak_bytes)), "
-            f"COALESCE(VALUES(peak_bytes), {table}.peak_bytes))")
+    figs = [f'SUM(r."{c}")' for c in FIGURES]
+    sel = _coarse_select(table, "rollup_delta", f"SUM(r.{p}_first)", _later_sum(f"r.{p}_later", table),
+                         "MAX(r.new_peak)", figs)
+    upd = ", ".join(f'{table}."{c}" = {table}."{c}" + VALUES("{c}")' for c in (*FIGURES, "jobs_first", "jobs_later"))
     return (f"INSERT INTO {table} ({_q(_coarse_cols(table))})\n{sel}\n"
-            f"ON DUPLICATE KEY UPDATE {upd}, {table}.peak_bytes = {peak}")
+            f"ON DUPLICATE KEY UPDATE {upd}, {table}.peak_bytes = {_raised(table)}")
 
 
 def _coarse_peaks_again(table: str) -> str:
@@ -650,7 +659,7 @@ def _coarse_peaks_again(table: str) -> str:
     model = f"(o.nulls & {MODEL_BIT})" if "gkey" not in own else "o.nulls"
     picked = [("dd.month_day" if monthly else "o.day") + ' AS "day"'] + [
         (f'{model} AS "nulls"' if k == "nulls" else f'o."{k}"') for k in keys]
-    cells = (f"SELECT DISTINCT {', '.join(picked)} FROM rollup_cells o JOIN rollup_days dd ON dd.day = o.day "
+    cells = (f"SELECT DISTINCT {', '.join(picked)} FROM rollup_delta o JOIN rollup_days dd ON dd.day = o.day "
              "WHERE o.had_old")
     on = " AND ".join(f'r."{k}" = c."{k}"' for k in pk)
     same = [f'x."{k}" = r."{k}"' for k in keys if k not in ("nulls", "gpu_model")]
