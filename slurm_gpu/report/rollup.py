@@ -104,24 +104,30 @@ def _kind(by: Sequence[str], q: Query) -> Optional[str]:
     return "node_kind" if "node" in by or len(q.nodes) == 1 else None
 
 
-def _tables(by: Sequence[str], q: Query, coarse: bool) -> Tuple[str, Optional[str]]:
-    """(the day table, the month table or None) whose keys carry the grouping and the filters."""
+# the coarse table's period -> (its column in rollup_days, what the plan calls it)
+_PERIODS = {"rollup_month": ("month_day", "month"), "rollup_week": ("week_day", "week"),
+            "rollup_node_month": ("month_day", "month")}
+
+
+def _tables(by: Sequence[str], q: Query, unit: Optional[str], coarse: bool) -> Tuple[str, Optional[str]]:
+    """(the day table, the week or month table or None) whose keys carry the grouping and the
+    filters, and whose periods fit in the buckets (weeks for --by week, months otherwise)."""
     if "node" not in by and not q.nodes:
-        return "rollup_day", "rollup_month" if coarse else None
+        period = None if unit == "day" or not coarse else "rollup_week" if unit == "week" else "rollup_month"
+        return "rollup_day", period
     if not coarse or any(k in by for k in ("user", "account", "partition")) or q.users or q.accounts or q.partitions:
         return "rollup_day_node", None
-    return "rollup_node_day", "rollup_node_month"
+    return "rollup_node_day", None if unit in ("day", "week") else "rollup_node_month"
 
 
-def _months(src: Any, window: Tuple[int, int], used: Sequence[Tuple[Any, ...]], unit: Optional[str],
-            buckets: Sequence[Tuple[float, float, str]]) -> Optional[Tuple[int, int, int, int]]:
-    """(first day of the first month, of the last, the last month's last day, months): the whole
-    months of the rollups' zone in the window's whole days (each inside one bucket); None: none."""
-    if unit in ("day", "week"):
-        return None
+def _periods(src: Any, table: str, window: Tuple[int, int], used: Sequence[Tuple[Any, ...]],
+             buckets: Sequence[Tuple[float, float, str]]) -> Optional[Tuple[int, int, int, int]]:
+    """(first day of the first period, of the last, the last one's last day, periods): the whole
+    months (weeks) of the rollups' zone in the window's whole days, each inside one bucket; None: none."""
+    col = _PERIODS[table][0]
     rows = src.conn.execute(
-        "SELECT month_day, MIN(day), MAX(day), MIN(d_start), MAX(d_end) FROM rollup_days WHERE month_day "
-        "BETWEEN (SELECT month_day FROM rollup_days WHERE day = ?) AND ? GROUP BY month_day ORDER BY month_day",
+        f"SELECT {col}, MIN(day), MAX(day), MIN(d_start), MAX(d_end) FROM rollup_days WHERE {col} "
+        f"BETWEEN (SELECT {col} FROM rollup_days WHERE day = ?) AND ? GROUP BY {col} ORDER BY {col}",
         (used[0][0], used[-1][0])).fetchall()
     # (an open window's buckets begin and end with the records: its first and last months may not fit)
     whole = [r for r in rows if r[1] >= window[0] and r[2] <= window[1]
@@ -156,7 +162,7 @@ def _rollup_parts(by: Sequence[str], buckets: Sequence[Tuple[float, float, str]]
                   months: Optional[Tuple[int, int, int, int]], used: Sequence[Tuple[Any, ...]]
                   ) -> Tuple[List[str], str, List[str]]:
     """(the whole days' sums, job counts and peaks: one SELECT per table and range; the jobs counted
-    distinct; what was read): the whole months from the month table, the other days from the day table."""
+    distinct; what was read): the whole months (weeks) from their table, the other days from the day table."""
     params["r_d0"], params["r_d1"] = days
     filters = S.filters(q, params, _col, "r_")
     sums, read = [], []
@@ -164,7 +170,7 @@ def _rollup_parts(by: Sequence[str], buckets: Sequence[Tuple[float, float, str]]
     if months is not None and tables[1] is not None:
         params["r_m0"], params["r_m1"], params["r_m9"] = months[:3]
         sums.append(_sums_select(tables[1], by, buckets, ["r.day BETWEEN :r_m0 AND :r_m1"] + filters, kind))
-        read.append(f"{months[3]} month(s) of {tables[1]}")
+        read.append(f"{months[3]} {_PERIODS[tables[1]][1]}(s) of {tables[1]}")
         before = sum(1 for u in used if u[0] < months[0])
         after = sum(1 for u in used if u[0] > months[2])
         ranges = ([(":r_d0", ":r_m0 - 1", before)] if before else []) + ([(":r_m9 + 1", ":r_d1", after)] if after else [])
@@ -270,8 +276,8 @@ def _build(src: Any, by: Sequence[str], unit: Optional[str], buckets: List[Tuple
     params: Dict[str, Any] = {}
     kind = _kind(by, q)
     coarse = int(info.get("schema_version", R.COARSE_VERSION)) >= R.COARSE_VERSION
-    tables = _tables(by, q, coarse)
-    months = _months(src, days, used, unit, buckets) if tables[1] is not None else None
+    tables = _tables(by, q, unit, coarse)
+    months = _periods(src, tables[1], days, used, buckets) if tables[1] is not None else None
     sums, day_jobs, read = _rollup_parts(by, buckets, q, params, days, kind, tables, months, used)
     jobs = [day_jobs]
     edges = _edges(q, buckets, days, whole, kind)

@@ -85,7 +85,7 @@ KINDS_DDL = tuple(f'"{k}" TINYINT NOT NULL DEFAULT 0' for k in KINDS)
 JOBS_KEYS = ("KEY rollup_jobs_cell (day, gkey)", "KEY rollup_jobs_mixed (day_kind, day)",
              "KEY rollup_jobs_node_mixed (node_kind, day)")
 SUM_TABLES = {"rollup_day": (), "rollup_day_node": ("node",)}  # table -> key columns besides the groups
-COARSE_TABLES = ("rollup_month", "rollup_node_day", "rollup_node_month")  # v7: sums of the day tables' cells
+COARSE_TABLES = ("rollup_month", "rollup_week", "rollup_node_day", "rollup_node_month")  # v7: sums of day cells
 COARSE_VERSION = 7  # the central schema with the coarse tables (an older server: days only)
 TABLES = ("rollup_days", "rollup_day", "rollup_day_node", "rollup_jobs")
 
@@ -495,7 +495,7 @@ def differences(srv: Any, first_day: int) -> Dict[str, Tuple[int, int, int]]:
     """Per table: (rows missing, rows that should not be there, rows with other figures) of the
     rollups against their rebuilt temporary twins."""
     out = {}
-    month0 = _month_of(srv, first_day)
+    month0 = period0(srv, first_day)
     for t in REBUILT:
         on, same = _null_safe_join(t)
         live, fresh = _live(t, month0 if t in COARSE else first_day), f"tmp_{t}"
@@ -524,7 +524,7 @@ def rebuild(srv: Any, first_day: int = 0, progress: Optional[Callable[[int, int]
     try:
         build(srv, first_day, temporary=True, progress=progress)
         diff = differences(srv, first_day)
-        month0 = _month_of(srv, first_day)
+        month0 = period0(srv, first_day)
         for t in REBUILT:
             srv.execute(f"DELETE FROM {t} WHERE day >= %s", (month0 if t in COARSE else first_day,))
             cols = _q(_columns(t))
@@ -559,26 +559,30 @@ def meta(conn_execute: Callable[[str], List[Tuple[Any, ...]]]) -> Optional[Dict[
 # --------------------------------------------------------------------------- coarse rollups (v7)
 #
 # A year read from rollup_day costs days x groups cells, from rollup_day_node days x groups x
-# nodes.  As slurmdbd keeps hour, day and month tables, three more tables hold the same figures
-# per month, and per node without the user, account and partition (schema v7, "coarse rollups"):
+# nodes.  As slurmdbd keeps hour, day and month tables, four more tables hold the same figures
+# per month or week, and per node without the user, account and partition (schema v7, "coarse
+# rollups"):
 #
 # - `rollup_month`: rollup_day's key with `day` the month's first day (a month of the rollups' zone);
+# - `rollup_week`: the same per ISO week (`day` its Monday);
 # - `rollup_node_day`: (cluster, day, node, gpu_model), rollup_day_node summed over the groups;
 # - `rollup_node_month`: the same per month.
 #
 # They are sums of their source's cells, so their figures are exact as the source's.  Job
-# counts carry over: a simple job's days are contiguous, so it counts once in a month as
+# counts carry over: a simple job's days are contiguous, so it counts once in a month (week) as
 # `jobs_first` on its first day there, or as `jobs_later` on the month's first day (a month's
 # jobs_later is its first day's); the node tables count by node_kind (a job simple on the node
 # lies in one group there, so in one of their cells a day).  Jobs counted distinct stay distinct
-# (their rollup_jobs rows).  `rollup_days.month_day` names each day's month.
+# (their rollup_jobs rows).  `rollup_days.month_day` and `week_day` name each day's month and week.
 
 
-# table -> (source table, its own group columns besides cluster and day, month or day)
-COARSE: Dict[str, Tuple[str, Tuple[str, ...], bool]] = {
-    "rollup_month": ("rollup_day", (*GROUP_COLUMNS, "nulls", "gkey"), True),
-    "rollup_node_day": ("rollup_day_node", ("node", "gpu_model", "nulls"), False),
-    "rollup_node_month": ("rollup_node_day", ("node", "gpu_model", "nulls"), True),
+# table -> (source table, its own group columns besides cluster and day, the rollup_days column
+# naming a day's period: its month's or ISO week's first day; None: per day)
+COARSE: Dict[str, Tuple[str, Tuple[str, ...], Optional[str]]] = {
+    "rollup_month": ("rollup_day", (*GROUP_COLUMNS, "nulls", "gkey"), "month_day"),
+    "rollup_week": ("rollup_day", (*GROUP_COLUMNS, "nulls", "gkey"), "week_day"),
+    "rollup_node_day": ("rollup_day_node", ("node", "gpu_model", "nulls"), None),
+    "rollup_node_month": ("rollup_node_day", ("node", "gpu_model", "nulls"), "month_day"),
 }
 MODEL_BIT = NULL_BITS["gpu_model"]
 assert tuple(COARSE) == COARSE_TABLES
@@ -604,45 +608,50 @@ def coarse_table_ddl(table: str, temporary: bool = False) -> str:
 
 
 DAYS_MONTH_DDL = ("ALTER TABLE rollup_days ADD COLUMN IF NOT EXISTS month_day INT NOT NULL DEFAULT 0, "
-                  "ADD KEY IF NOT EXISTS rollup_days_month (month_day)")
+                  "ADD COLUMN IF NOT EXISTS week_day INT NOT NULL DEFAULT 0, "
+                  "ADD KEY IF NOT EXISTS rollup_days_month (month_day), ADD KEY IF NOT EXISTS rollup_days_week (week_day)")
 # Each day's month by its label (days are numbered one per calendar day): the zone the days were
 # cut in needs not be this host's.
-DAYS_MONTH_FILL = "UPDATE rollup_days SET month_day = day - (CAST(SUBSTRING(label, 9, 2) AS UNSIGNED) - 1)"
+# Day 0, 1990-01-01, was a Monday: ISO weeks begin on the days divisible by 7.
+DAYS_MONTH_FILL = ("UPDATE rollup_days SET month_day = day - (CAST(SUBSTRING(label, 9, 2) AS UNSIGNED) - 1), "
+                   "week_day = day - day MOD 7")
 
 
 def _coarse_select(table: str, source: str, first: str, later: str, peak: str, figures: Sequence[str],
-                   from_cells: bool = False) -> str:
-    """SELECT of table's cells from the rows `source` (alias r, joined with its day d as `dd`):
-    their keys, `figures`, then the job counts and the peak given as expressions."""
-    _src, own, monthly = COARSE[table]
-    day = "dd.month_day" if monthly else "r.day"
+                   since: int = 0) -> str:
+    """SELECT of table's cells from the rows `source` (alias r, joined with its day as `dd`): their
+    keys, `figures`, then the job counts and the peak given as expressions; cells from day `since` on."""
+    _src, own, period = COARSE[table]
+    day = f"dd.{period}" if period else "r.day"
     names = [f"(r.nulls & {MODEL_BIT})" if c == "nulls" and "gkey" not in own else f'r."{c}"' for c in own]
     sel = ["r.cluster", day, *names, *figures, first, later, peak]
     group = ", ".join(str(i) for i, k in enumerate(coarse_keys(table), 1) if k in _coarse_pk(table))
-    join = " JOIN rollup_days dd ON dd.day = r.day"
+    join = " JOIN rollup_days dd ON dd.day = r.day" + (f" WHERE {day} >= {int(since)}" if since else "")
     return f"SELECT {', '.join(sel)} FROM {source} r{join}\nGROUP BY {group}"
 
 
 def _later_sum(col: str, table: str) -> str:
-    """A cell's jobs_later: for a month, its first day's only."""
-    return f"SUM(CASE WHEN r.day = dd.month_day THEN {col} ELSE 0 END)" if COARSE[table][2] else f"SUM({col})"
+    """A cell's jobs_later: for a month or week, its first day's only."""
+    period = COARSE[table][2]
+    return f"SUM(CASE WHEN r.day = dd.{period} THEN {col} ELSE 0 END)" if period else f"SUM({col})"
 
 
 def _coarse_cols(table: str) -> List[str]:
     return coarse_keys(table) + list(FIGURES + JOB_FIGURES)
 
 
-def coarse_derive(table: str, target: str, source: str) -> str:
-    """target's cells (all figures) from the cells `source` selects of table's source table (a build)."""
+def coarse_derive(table: str, target: str, source: str, since: int = 0) -> str:
+    """target's cells (all figures) from day `since` on, from the cells `source` selects of table's
+    source table (a build)."""
     figs = [f'SUM(r."{c}")' for c in FIGURES]
     sel = _coarse_select(table, source, 'SUM(r."jobs_first")', _later_sum('r."jobs_later"', table),
-                         'MAX(r."peak_bytes")', figs)
+                         'MAX(r."peak_bytes")', figs, since)
     return f"INSERT INTO {target} ({_q(_coarse_cols(table))})\n{sel}"
 
 
 def _coarse_upsert(table: str) -> str:
     """push: the batch's change (rollup_delta's node cells: sums, counts, raised peaks) into table."""
-    p = "d" if table == "rollup_month" else "n"
+    p = "n" if "node" in COARSE[table][1] else "d"  # node tables count per node
     figs = [f'SUM(r."{c}")' for c in FIGURES]
     sel = _coarse_select(table, "rollup_delta", f"SUM(r.{p}_first)", _later_sum(f"r.{p}_later", table),
                          "MAX(r.new_peak)", figs)
@@ -653,11 +662,11 @@ def _coarse_upsert(table: str) -> str:
 
 def _coarse_peaks_again(table: str) -> str:
     """push: the peaks of table's cells that a job's rows left, from their source's cells now."""
-    source, own, monthly = COARSE[table]
+    source, own, period = COARSE[table]
     pk = _coarse_pk(table)
     keys = [k for k in pk if k != "day"]
     model = f"(o.nulls & {MODEL_BIT})" if "gkey" not in own else "o.nulls"
-    picked = [("dd.month_day" if monthly else "o.day") + ' AS "day"'] + [
+    picked = [(f"dd.{period}" if period else "o.day") + ' AS "day"'] + [
         (f'{model} AS "nulls"' if k == "nulls" else f'o."{k}"') for k in keys]
     cells = (f"SELECT DISTINCT {', '.join(picked)} FROM rollup_delta o JOIN rollup_days dd ON dd.day = o.day "
              "WHERE o.had_old")
@@ -667,19 +676,20 @@ def _coarse_peaks_again(table: str) -> str:
         same += ['x."gpu_model" = r."gpu_model"', f"(x.nulls & {MODEL_BIT}) = r.nulls"]
     elif "gkey" not in own:
         same += ['x."gpu_model" = r."gpu_model"', "x.nulls = r.nulls"]
-    if monthly:
+    if period:
         sub = (f"SELECT MAX(x.peak_bytes) FROM rollup_days md JOIN {source} x ON x.day = md.day "
-               f"WHERE md.month_day = r.day AND {' AND '.join(same)}")
+               f"WHERE md.{period} = r.day AND {' AND '.join(same)}")
     else:
         sub = f"SELECT MAX(x.peak_bytes) FROM {source} x WHERE x.day = r.day AND {' AND '.join(same)}"
     return f"UPDATE {table} r JOIN ({cells}) AS c ON {on}\nSET r.peak_bytes = ({sub})"
 
 
 def coarse_build(srv: Any, first_day: int = 0, temporary: bool = False) -> None:
-    """Fill the coarse tables (or their temporary twins) from the day tables, for the months from
-    the one holding first_day on (its days before first_day from the day tables as they are)."""
-    month0 = _month_of(srv, first_day)
-    for table, (source, _own, _monthly) in COARSE.items():
+    """Fill the coarse tables (or their temporary twins) from the day tables, for their cells from
+    the first day of first_day's week or month on (its days before first_day from the day tables
+    as they are)."""
+    month0 = period0(srv, first_day)
+    for table, (source, _own, _period) in COARSE.items():
         if temporary:
             srv.execute(f"DROP TEMPORARY TABLE IF EXISTS tmp_{table}")
             srv.execute(coarse_table_ddl(table, True))
@@ -691,13 +701,15 @@ def coarse_build(srv: Any, first_day: int = 0, temporary: bool = False) -> None:
                     f"UNION ALL SELECT * FROM tmp_{source} WHERE records <> 0)")
         else:
             rows = f"(SELECT * FROM {source} WHERE day >= {month0} AND records <> 0)"
-        srv.execute(coarse_derive(table, _name(table, temporary), rows))
+        srv.execute(coarse_derive(table, _name(table, temporary), rows, month0))
 
 
-def _month_of(srv: Any, first_day: int) -> int:
+def period0(srv: Any, first_day: int) -> int:
+    """The first day of the week or month (whichever began first) holding first_day: where a
+    rebuild from first_day rebuilds the coarse tables from."""
     if first_day <= 0:
         return 0
-    row = srv.execute("SELECT month_day FROM rollup_days WHERE day = %s", (int(first_day),))
+    row = srv.execute("SELECT LEAST(month_day, week_day) FROM rollup_days WHERE day = %s", (int(first_day),))
     return int(row[0][0]) if row else int(first_day)
 
 
