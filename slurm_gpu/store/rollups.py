@@ -31,8 +31,12 @@ zone, chosen when the rollups are built (`central init --rollup-tz`) and kept in
 Names in the key columns may be NULL in job_gpus but not in a primary key: they are stored as ''
 with a bit in `nulls` (1 user, 2 account, 4 partition, 8 gpu_model) saying which were NULL.
 
-These migration steps are "rollups" (v4) and "job counts" (v6): their DDL is all here; store/central.py
-appends them to MIGRATIONS.
+The month, week and node tables (v7, "coarse rollups") are sums of these cells: see their section
+below.  A push applies its whole change in `rollups_before`, before the job_gpus upsert, each
+table once (`rollups_after` is left empty for the apply_batch that calls it).
+
+These migration steps are "rollups" (v4), "job counts" (v6) and "coarse rollups" (v7): their DDL
+is all here; store/central.py appends them to MIGRATIONS.
 """
 from __future__ import annotations
 
