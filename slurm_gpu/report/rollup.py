@@ -1,7 +1,8 @@
 """`report --by` from the central server's rollups (store/rollups.py): whole months from the
-per-month sums, the other whole days from the per-day sums, the partial days at the window's
-edges from the records, one SQL statement.  `--by node` without user, account or partition
-(keys or filters) reads the node tables without those keys.
+per-month sums (whole ISO weeks from the per-week ones for --by week), the other whole days from
+the per-day sums, the partial days at the window's edges from the records, one SQL statement.
+`--by node` without user, account or partition (keys or filters) reads the node tables without
+those keys.
 
 The plan applies when the rollups exist, the idle threshold is theirs, no job is named, and the
 window holds at least one whole day of the rollups' zone; for day/week/month groups every
