@@ -91,7 +91,7 @@ JOBS_KEYS = ("KEY rollup_jobs_cell (day, gkey)", "KEY rollup_jobs_mixed (day_kin
 SUM_TABLES = {"rollup_day": (), "rollup_day_node": ("node",)}  # table -> key columns besides the groups
 COARSE_TABLES = ("rollup_month", "rollup_week", "rollup_node_day", "rollup_node_month")  # v7: sums of day cells
 COARSE_VERSION = 7  # the central schema with the coarse tables (an older server: days only)
-TABLES = ("rollup_days", "rollup_day", "rollup_day_node", "rollup_jobs")
+TABLES = ("rollup_days", "rollup_day", "rollup_day_node", "rollup_jobs", *COARSE_TABLES)
 
 
 def _keys(extra: Sequence[str]) -> List[str]:
