@@ -13,9 +13,10 @@ Not run in CI (needs Debian's mariadb-server and root, like tests/test_central.p
    a long tail), 40 accounts, 8 partitions, 1000 nodes, 3 GPU models, jobs of 1/2/4/8 GPUs
    starting over 365 days of 2025 (UTC), 1 min-48 h long (log-uniform), 3 % unknown
    utilisation, 12 % idle jobs;
-3. times the migration v3 -> v5 (the rollups built from the records, days in UTC) and v5 -> v6 (their
-   job counts and peaks, from the rollups' rows), as `central init` runs them, and prints each
-   table's rows and size (information_schema);
+3. times the migration v3 -> v5 (the rollups built from the records, days in UTC), v5 -> v6 (their
+   job counts and peaks, from the rollups' rows) and v6 -> v7 (the week, month and node tables, from
+   the day tables), as `central init` runs them, and prints each table's rows and size
+   (information_schema);
 4. times, interleaved over --runs runs, medians of, for `--by` user, account,month,
    partition,model,week and node, each over the whole year 2025 and over June 2025 (UTC days):
    - the whole CLI: `python3 -m slurm_gpu.cli --config CFG report --by KEYS --since D0 --until D1
@@ -361,7 +362,8 @@ def migrate_to(srv: C.Central, version: int) -> None:
         srv.commit()
 
 
-SIZED = ("job_gpus", "rollup_day", "rollup_day_node", "rollup_jobs")
+SIZED = ("job_gpus", "rollup_day", "rollup_day_node", "rollup_jobs", "rollup_month", "rollup_week",
+         "rollup_node_day", "rollup_node_month")
 
 
 def table_sizes(server: testdb.MariaDB, db: str) -> Dict[str, Tuple[int, int, int]]:
@@ -383,19 +385,23 @@ def print_sizes(sizes: Dict[str, Tuple[int, int, int]], records: int) -> None:
 
 
 def time_migration(server: testdb.MariaDB, url: str, password: str, rows: int) -> float:
-    """v3 -> v5 (the rollups built from the records), then v5 -> v6 (their job counts and peaks
-    built from the rollups' rows), as `central init` runs them: each timed."""
+    """v3 -> v5 (the rollups built from the records), v5 -> v6 (their job counts and peaks built
+    from the rollups' rows), v6 -> v7 (the week, month and node tables from the day tables), as
+    `central init` runs them: each timed."""
     with C.Central(C.parse_url(url), password, 3600) as srv:
         t0 = time.perf_counter()
         migrate_to(srv, 5)
         t1 = time.perf_counter()
+        migrate_to(srv, 6)
+        t2 = time.perf_counter()
         before, after = srv.migrate("utc")
-        took = time.perf_counter() - t1
+        t3 = time.perf_counter()
         W.register(srv, "push", [W.Writer("bench_writer", ("pushnode",))])  # v5: the node the push phase ships
-    assert (before, after) == (5, C.SCHEMA_VERSION), (before, after)
+    assert (before, after) == (6, C.SCHEMA_VERSION), (before, after)
     print(f"migration v3 -> v5 (rollups built from {rows:,} records, one transaction): {t1 - t0:.1f} s", flush=True)
-    print(f"migration v5 -> v{after} (job counts and peaks built from the rollups): {took:.1f} s", flush=True)
-    return t1 - t0 + took
+    print(f"migration v5 -> v6 (job counts and peaks built from the rollups): {t2 - t1:.1f} s", flush=True)
+    print(f"migration v6 -> v{after} (week, month and node rollups built from the day tables): {t3 - t2:.1f} s", flush=True)
+    return t3 - t0
 
 
 # --------------------------------------------------------------------------- reports
@@ -429,7 +435,7 @@ def prepare_reports(server: testdb.MariaDB, db: str, url: str, password: str, ti
 
 def rollup_breakdown(server: testdb.MariaDB, db: str, url: str, password: str, timeout_s: float, runs: int) -> None:
     """Where a year's rollup plan spends its time, in the client (medians of `runs`): the whole
-    statement the CLI sends, its per-day sums with the cells' job counts and peaks alone, and its
+    statement the CLI sends, its per-month sums with the cells' job counts and peaks alone, and its
     distinct job counts alone (the jobs of several groups or with days apart: kind 0)."""
     from slurm_gpu.report import rollup as RP
     window = WINDOWS[0]
@@ -438,13 +444,15 @@ def rollup_breakdown(server: testdb.MariaDB, db: str, url: str, password: str, t
             plan = RP.plan(src, by)
             with src.central.conn.cursor() as cur:
                 whole = cur.mogrify(translate(plan.sql, plan.params), plan.params)
-        col, table, kind = (('"user"', "rollup_day", "day_kind") if by == ("user",)
-                            else ('"node"', "rollup_day_node", "node_kind"))
+        # The year is twelve whole months: the plan reads the month tables only.
+        col, table, kind = (('"user"', "rollup_month", "day_kind") if by == ("user",)
+                            else ('"node"', "rollup_node_month", "node_kind"))
         d0, d1 = plan.params["r_d0"], plan.params["r_d1"]
         days = f"day BETWEEN {d0} AND {d1}"
+        m0, m1 = plan.params.get("r_m0", d0), plan.params.get("r_m1", d1)
         sums = (f"SELECT {col}, SUM(alloc_s), SUM(util_pct_s), SUM(energy_j), "
                 f"SUM(jobs_first + CASE WHEN day = {d0} THEN jobs_later ELSE 0 END), MAX(peak_bytes) "
-                f"FROM {table} WHERE {days} GROUP BY {col}")
+                f"FROM {table} WHERE day BETWEEN {m0} AND {m1} GROUP BY {col}")
         jobs = f"SELECT {col}, COUNT(DISTINCT cluster, job_id) FROM rollup_jobs WHERE {days} AND {kind} = 0 GROUP BY {col}"
         n_mixed = client(server, f"SELECT COUNT(*), COUNT(DISTINCT cluster, job_id) FROM rollup_jobs WHERE {days} "
                                  f"AND {kind} = 0;", db).split()
@@ -455,7 +463,7 @@ def rollup_breakdown(server: testdb.MariaDB, db: str, url: str, password: str, t
                 client(server, sql + ";", db)
                 took.setdefault(name, []).append(time.perf_counter() - t0)
         print(f"# rollup plan of --by {by[0]}, year, in the client: whole statement "
-              f"{statistics.median(took['whole']):.3f} s, per-day sums with job counts and peaks alone "
+              f"{statistics.median(took['whole']):.3f} s, per-month sums with job counts and peaks alone "
               f"{statistics.median(took['sums']):.3f} s, distinct job counts alone ({n_mixed[0]} rollup_jobs rows of "
               f"{n_mixed[1]} jobs with {kind} 0) {statistics.median(took['jobs']):.3f} s", flush=True)
 

@@ -178,6 +178,21 @@ def test_a_report_from_the_rollups_equals_the_report_from_the_records_byte_for_b
             assert plan.startswith("rollups") == (tz == "local" or unit is None), (keys, tz, plan)
             if window == "edges" and plan.startswith("rollups"):
                 assert "2 partial day(s)" in plan
+            if plan.startswith("rollups"):
+                coarse = _period_table(keys, unit)
+                assert ("month(s) of" in plan or "week(s) of" in plan) == (coarse is not None), (keys, plan)
+                assert coarse is None or coarse in plan, (keys, plan)
+
+
+def _period_table(keys, unit):
+    """The week or month table a summary by `keys` (no filters) reads for its whole weeks or months."""
+    if unit == "day":
+        return None
+    if "node" not in keys:
+        return "week(s) of rollup_week" if unit == "week" else "month(s) of rollup_month"
+    if set(keys) & {"user", "account", "partition"} or unit == "week":
+        return None
+    return "month(s) of rollup_node_month"
 
 
 def test_filters_and_a_narrow_window_use_the_rollups_and_equal_the_records(year, berlin):
@@ -222,12 +237,18 @@ def test_a_rebuild_corrects_rollups_that_drifted_and_says_so(server, tmp_path):
     for rec in first["n1"]:
         s.store.write(rec)
     assert s.push().returncode == 0
-    s.server.sql("UPDATE rollup_day SET alloc_s = alloc_s + 1 LIMIT 2; DELETE FROM rollup_jobs LIMIT 1;", s.db)
+    s.server.sql("UPDATE rollup_day SET alloc_s = alloc_s + 1 LIMIT 2; DELETE FROM rollup_jobs LIMIT 1; "
+                 "UPDATE rollup_month SET jobs_later = jobs_later + 1 LIMIT 1; "
+                 "UPDATE rollup_node_month SET peak_bytes = 7 LIMIT 1; DELETE FROM rollup_node_day LIMIT 1;", s.db)
     since = time.strftime("%Y-%m-%d", time.gmtime(T0))
     r = cli("--config", str(s.config), "central", "rollup", "--rebuild", "--since", since)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "rollup_day: 0 missing, 0 extra, 2 different" in r.stdout
     assert "rollup_jobs: 1 missing, 0 extra, 0 different" in r.stdout
+    assert "rollup_month: 0 missing, 0 extra, 1 different" in r.stdout
+    assert "rollup_node_day: 1 missing, 0 extra, 0 different" in r.stdout
+    assert "rollup_node_month: 0 missing, 0 extra, 1 different" in r.stdout
+    assert "rollup_week: 0 missing, 0 extra, 0 different" in r.stdout
     r = cli("--config", str(s.config), "central", "rollup", "--rebuild")
     assert r.returncode == 0 and "rollups exact" in r.stderr
 
@@ -322,6 +343,9 @@ def test_job_counts_from_the_rollups_count_no_job_twice(server, tmp_path):
     # The counts the pushes kept are the counts built from the records (each kind of job is there).
     r = cli("--config", str(s.config), "central", "rollup", "--rebuild")
     assert r.returncode == 0 and "rollups exact" in r.stderr, r.stdout + r.stderr
+    # From a Sunday: its week began in January, whose month cell is left as it is (not rebuilt twice).
+    r = cli("--config", str(s.config), "central", "rollup", "--rebuild", "--since", "2026-02-01")
+    assert r.returncode == 0 and "rollups exact" in r.stderr, r.stdout + r.stderr
     assert s.rows("SELECT day_kind, COUNT(DISTINCT job_id) FROM rollup_jobs GROUP BY day_kind") == \
         [["0", "3"], ["1", "4"], ["2", "3"], ["3", "1"]]  # 3: the two-node job's second node
     for since, until in TRICKY_WINDOWS:
@@ -375,3 +399,31 @@ def test_migrating_a_v5_server_builds_the_job_counts_from_its_rollups(server, tm
         for by in (("user",), ("node", "day"), ("gpu-model", "month")):
             a, b, plan = _both(s, files, Query(since_s=since, until_s=until, tz="utc"), by)
             assert b == a and plan.startswith("rollups"), (by, plan, _diff(a[1], b[1]))
+
+
+def test_migrating_a_v6_server_builds_its_month_and_node_rollups_from_its_days(server, tmp_path):
+    s = Site(server, tmp_path)
+    _init(s)
+    files = _push_tricky(s, tmp_path)
+    # The server as v6 left it: day tables only, rollup_days without months.
+    s.server.sql("DROP TABLE rollup_month, rollup_week, rollup_node_day, rollup_node_month; "
+                 "ALTER TABLE rollup_days DROP INDEX rollup_days_month, DROP COLUMN month_day, "
+                 "DROP INDEX rollup_days_week, DROP COLUMN week_day; "
+                 "UPDATE meta SET value = '6' WHERE name = 'schema_version';", s.db)
+    r = cli("--config", str(s.config), "central", "init", "--writer", s.writer, "--reporter", s.reporter)
+    assert r.returncode == 0, r.stderr
+    assert f"schema migrated from 6 at version {C.SCHEMA_VERSION}" in r.stderr
+    for t, days in (("rollup_month", "rollup_day"), ("rollup_week", "rollup_day"), ("rollup_node_day", "rollup_day_node"),
+                    ("rollup_node_month", "rollup_day_node")):  # (the node tables count a job per node)
+        assert s.rows(f"SELECT SUM(jobs_first), SUM(records) FROM {t}") == \
+            s.rows(f"SELECT SUM(jobs_first), SUM(records) FROM {days}"), t
+    r = cli("--config", str(s.config), "central", "rollup", "--rebuild")
+    assert r.returncode == 0 and "rollups exact" in r.stderr, r.stdout + r.stderr
+    # Whole months (January to March) with whole and partial days at both edges.
+    q = Query(since_s=T0 - 5 * D + 3600.0, until_s=T0 + 95 * D + 7200.0, tz="utc")
+    for by, table in ((("user",), "rollup_month"), (("node",), "rollup_node_month"), (("node", "month"), "rollup_node_month"),
+                      (("gpu-model", "month"), "rollup_month"), (("user", "node"), "rollup_day_node"),
+                      (("partition", "week"), "rollup_week")):
+        a, b, plan = _both(s, files, q, by)
+        assert b == a, (by, plan, _diff(a[1], b[1]))
+        assert f" of {table} " in plan + " " and "2 partial day(s)" in plan, (by, plan)

@@ -1,5 +1,8 @@
-"""`report --by` from the central server's rollups (store/rollups.py): whole days from the per-day
-sums, the partial days at the window's edges from the records, one SQL statement.
+"""`report --by` from the central server's rollups (store/rollups.py): whole months from the
+per-month sums (whole ISO weeks from the per-week ones for --by week), the other whole days from
+the per-day sums, the partial days at the window's edges from the records, one SQL statement.
+`--by node` without user, account or partition (keys or filters) reads the node tables without
+those keys.
 
 The plan applies when the rollups exist, the idle threshold is theirs, no job is named, and the
 window holds at least one whole day of the rollups' zone; for day/week/month groups every
@@ -102,30 +105,87 @@ def _kind(by: Sequence[str], q: Query) -> Optional[str]:
     return "node_kind" if "node" in by or len(q.nodes) == 1 else None
 
 
-def _rollup_parts(by: Sequence[str], buckets: Sequence[Tuple[float, float, str]], q: Query,
-                  params: Dict[str, Any], days: Tuple[int, int], kind: Optional[str]) -> Tuple[str, str]:
-    """(the whole days' sums, job counts and peaks; the jobs counted distinct): one SELECT each."""
-    has_node = "node" in by or bool(q.nodes)
-    table = "rollup_day_node" if has_node else "rollup_day"
+# the coarse table's period -> (its column in rollup_days, what the plan calls it)
+_PERIODS = {"rollup_month": ("month_day", "month"), "rollup_week": ("week_day", "week"),
+            "rollup_node_month": ("month_day", "month")}
+
+
+def _tables(by: Sequence[str], q: Query, unit: Optional[str], coarse: bool) -> Tuple[str, Optional[str]]:
+    """(the day table, the week or month table or None) whose keys carry the grouping and the
+    filters, and whose periods fit in the buckets (weeks for --by week, months otherwise)."""
+    if "node" not in by and not q.nodes:
+        period = None if unit == "day" or not coarse else "rollup_week" if unit == "week" else "rollup_month"
+        return "rollup_day", period
+    if not coarse or any(k in by for k in ("user", "account", "partition")) or q.users or q.accounts or q.partitions:
+        return "rollup_day_node", None
+    return "rollup_node_day", None if unit in ("day", "week") else "rollup_node_month"
+
+
+def _periods(src: Any, table: str, window: Tuple[int, int], used: Sequence[Tuple[Any, ...]],
+             buckets: Sequence[Tuple[float, float, str]]) -> Optional[Tuple[int, int, int, int]]:
+    """(first day of the first period, of the last, the last one's last day, periods): the whole
+    months (weeks) of the rollups' zone in the window's whole days, each inside one bucket; None: none."""
+    col = _PERIODS[table][0]
+    rows = src.conn.execute(
+        f"SELECT {col}, MIN(day), MAX(day), MIN(d_start), MAX(d_end) FROM rollup_days WHERE {col} "
+        f"BETWEEN (SELECT {col} FROM rollup_days WHERE day = ?) AND ? GROUP BY {col} ORDER BY {col}",
+        (used[0][0], used[-1][0])).fetchall()
+    # (an open window's buckets begin and end with the records: its first and last months may not fit)
+    whole = [r for r in rows if r[1] >= window[0] and r[2] <= window[1]
+             and (not buckets or _in_one_bucket([(r[0], r[3], r[4])], buckets))]
+    if not whole or any(b[1] != a[2] + 1 for a, b in zip(whole, whole[1:])):
+        return None
+    return int(whole[0][0]), int(whole[-1][0]), int(whole[-1][2]), len(whole)
+
+
+def _sums_select(table: str, by: Sequence[str], buckets: Sequence[Tuple[float, float, str]], where: Sequence[str],
+                 kind: Optional[str]) -> str:
+    """The cells' sums, job counts and peaks of `table` where `where` holds, per group."""
     plain = [k for k in by if k not in TIME_KEYS]
     keys = [f'{_col(_KEY_COLUMN[k])} AS "{k}"' for k in plain]
     bucket = _bucket_of("d.d_start", buckets)
-    params["r_d0"], params["r_d1"] = days
-    where = ["r.day BETWEEN :r_d0 AND :r_d1"] + S.filters(q, params, _col, "r_")
     sums = ", ".join(f'SUM(r."{c}") AS "{c}"' for c in R.FIGURES)
-    # Jobs that began before a bucket (or the window) count on its first day.
+    # Jobs that began before a bucket (or the window) count on its first day (a month's cells: the
+    # month's first day).
     first = "r.day = :r_d0" + (
         f" OR d.d_start = {S.bucket_tree('d.d_start', buckets, lambda i: repr(buckets[i][0]))}" if buckets else "")
     jobs_n = f"r.jobs_first + CASE WHEN {first} THEN r.jobs_later ELSE 0 END" if kind else "0"
     head = ", ".join(keys + [f'{bucket} AS "_bucket"'])
-    distinct = [f"r.{kind} = 0"] if kind else []
     days_join = " JOIN rollup_days d ON d.day = r.day" if buckets else ""  # the days' starts cut buckets
-    return (
-        # Added up per group here: the cells (days x groups) never make a derived table.
-        f"SELECT {head}, {sums}, SUM({jobs_n}) AS jobs_n, MAX(r.peak_bytes) AS peak FROM {table} r{days_join} "
-        f"WHERE {' AND '.join(where + ['r.records <> 0'])} GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 2))}",
-        f"SELECT {head}, r.cluster AS jc, r.job_id AS jid FROM rollup_jobs r{days_join} WHERE {' AND '.join(where + distinct)}",
-    )
+    # Added up per group here: the cells (days x groups) never make a derived table.
+    return (f"SELECT {head}, {sums}, SUM({jobs_n}) AS jobs_n, MAX(r.peak_bytes) AS peak FROM {table} r{days_join} "
+            f"WHERE {' AND '.join(list(where) + ['r.records <> 0'])} "
+            f"GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 2))}")
+
+
+def _rollup_parts(by: Sequence[str], buckets: Sequence[Tuple[float, float, str]], q: Query, params: Dict[str, Any],
+                  days: Tuple[int, int], kind: Optional[str], tables: Tuple[str, Optional[str]],
+                  months: Optional[Tuple[int, int, int, int]], used: Sequence[Tuple[Any, ...]]
+                  ) -> Tuple[List[str], str, List[str]]:
+    """(the whole days' sums, job counts and peaks: one SELECT per table and range; the jobs counted
+    distinct; what was read): the whole months (weeks) from their table, the other days from the day table."""
+    params["r_d0"], params["r_d1"] = days
+    filters = S.filters(q, params, _col, "r_")
+    sums, read = [], []
+    ranges = [(":r_d0", ":r_d1", len(used))]
+    if months is not None and tables[1] is not None:
+        params["r_m0"], params["r_m1"], params["r_m9"] = months[:3]
+        sums.append(_sums_select(tables[1], by, buckets, ["r.day BETWEEN :r_m0 AND :r_m1"] + filters, kind))
+        read.append(f"{months[3]} {_PERIODS[tables[1]][1]}(s) of {tables[1]}")
+        before = sum(1 for u in used if u[0] < months[0])
+        after = sum(1 for u in used if u[0] > months[2])
+        ranges = ([(":r_d0", ":r_m0 - 1", before)] if before else []) + ([(":r_m9 + 1", ":r_d1", after)] if after else [])
+    for lo, hi, n in ranges:
+        sums.append(_sums_select(tables[0], by, buckets, [f"r.day BETWEEN {lo} AND {hi}"] + filters, kind))
+    if ranges:
+        read.append(f"{sum(n for _, _, n in ranges)} day(s) of {tables[0]}")
+    keys = [f'{_col(_KEY_COLUMN[k])} AS "{k}"' for k in by if k not in TIME_KEYS]
+    head = ", ".join(keys + [f'{_bucket_of("d.d_start", buckets)} AS "_bucket"'])
+    distinct = [f"r.{kind} = 0"] if kind else []
+    days_join = " JOIN rollup_days d ON d.day = r.day" if buckets else ""
+    jobs = (f"SELECT {head}, r.cluster AS jc, r.job_id AS jid FROM rollup_jobs r{days_join} "
+            f"WHERE {' AND '.join(['r.day BETWEEN :r_d0 AND :r_d1'] + filters + distinct)}")
+    return sums, jobs, read
 
 
 def _edge_part(src: Any, by: Sequence[str], lo: float, hi: float, bucket: int, n: int,
@@ -216,18 +276,20 @@ def _build(src: Any, by: Sequence[str], unit: Optional[str], buckets: List[Tuple
     q = src.query
     params: Dict[str, Any] = {}
     kind = _kind(by, q)
-    day_sums, day_jobs = _rollup_parts(by, buckets, q, params, days, kind)
-    sums, jobs = [day_sums], [day_jobs]
+    coarse = int(info.get("schema_version", R.COARSE_VERSION)) >= R.COARSE_VERSION
+    tables = _tables(by, q, unit, coarse)
+    months = _periods(src, tables[1], days, used, buckets) if tables[1] is not None else None
+    sums, day_jobs, read = _rollup_parts(by, buckets, q, params, days, kind, tables, months, used)
+    jobs = [day_jobs]
     edges = _edges(q, buckets, days, whole, kind)
     for n, (lo, hi, b, counted) in enumerate(edges):
         edge_sums, edge_jobs, p = _edge_part(src, by, lo, hi, b, n, counted)
         sums.append(edge_sums)
         jobs.append(edge_jobs)
         params.update(p)
-    table = "rollup_day_node" if ("node" in by or q.nodes) else "rollup_day"
     counts = ("job counts from its cells, rollup_jobs for the jobs of several groups or days apart" if kind
               else "rollup_jobs for the job counts (a job on several of the nodes is one job)")
-    span = f"{len(used)} day(s) of {table} ({info['rollup_zone']}; {counts})"
+    span = f"{' + '.join(read)} ({info['rollup_zone']}; {counts})"
     describe = f"rollups: {span}" + (f" + records of {len(edges)} partial day(s) at the window's edges" if edges else "")
     return Plan("", _outer(by, unit, sums, jobs), params, buckets, unit, describe)
 

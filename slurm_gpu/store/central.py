@@ -28,6 +28,8 @@ is imported when a connection is opened, never at module import.
 - Schema v7 adds `remediations` (every node's remediation attempts, keyed by the node's row id,
   with its row version: the newer wins) and `remediation_history(serial)`, the one read a writer
   may make: a GPU's attempts on every node (`slurm-gpu remediate`'s lemon budget, docs/remediation.md).
+- Schema v8: coarse rollups (per month, and per node without the user, account and partition),
+  so that a year's report reads months x groups, not days x groups x nodes (store/rollups.py).
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ from slurm_gpu.errors import CentralError, WriterRefused
 from slurm_gpu.store import rollups
 from slurm_gpu.store import writers as W
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 DEFAULT_PORT = 3306
 SESSION_SQL_MODE = "ANSI_QUOTES,PIPES_AS_CONCAT,STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION"
 URL_HINT = "central.url looks like mysql://USER@HOST[:PORT]/DATABASE (password in central.password_file)"
@@ -592,6 +594,9 @@ MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
         W.check_procedure(RECORD_TABLES),
         _procedure(RECORD_TABLES, 7, with_rollups=True),
         REMEDIATION_HISTORY_DDL,
+    ),
+    (   # v8, "coarse rollups" (store/rollups.py): rollup_month, rollup_node_day, rollup_node_month.
+        rollups.coarse_step,
     ),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION

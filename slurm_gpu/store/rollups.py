@@ -31,8 +31,12 @@ zone, chosen when the rollups are built (`central init --rollup-tz`) and kept in
 Names in the key columns may be NULL in job_gpus but not in a primary key: they are stored as ''
 with a bit in `nulls` (1 user, 2 account, 4 partition, 8 gpu_model) saying which were NULL.
 
-These migration steps are "rollups" (v4) and "job counts" (v6): their DDL is all here; store/central.py
-appends them to MIGRATIONS.
+The month, week and node tables (v8, "coarse rollups") are sums of these cells: see their section
+below.  A push applies its whole change in `rollups_before`, before the job_gpus upsert, each
+table once (`rollups_after` is left empty for the apply_batch that calls it).
+
+These migration steps are "rollups" (v4), "job counts" (v6) and "coarse rollups" (v8): their DDL
+is all here; store/central.py appends them to MIGRATIONS.
 """
 from __future__ import annotations
 
@@ -85,7 +89,9 @@ KINDS_DDL = tuple(f'"{k}" TINYINT NOT NULL DEFAULT 0' for k in KINDS)
 JOBS_KEYS = ("KEY rollup_jobs_cell (day, gkey)", "KEY rollup_jobs_mixed (day_kind, day)",
              "KEY rollup_jobs_node_mixed (node_kind, day)")
 SUM_TABLES = {"rollup_day": (), "rollup_day_node": ("node",)}  # table -> key columns besides the groups
-TABLES = ("rollup_days", "rollup_day", "rollup_day_node", "rollup_jobs")
+COARSE_TABLES = ("rollup_month", "rollup_week", "rollup_node_day", "rollup_node_month")  # v8: sums of day cells
+COARSE_VERSION = 8  # the central schema with the coarse tables (an older server: days only)
+TABLES = ("rollup_days", "rollup_day", "rollup_day_node", "rollup_jobs", *COARSE_TABLES)
 
 
 def _keys(extra: Sequence[str]) -> List[str]:
@@ -143,8 +149,13 @@ def day_rows(utc: bool) -> List[Tuple[int, str, float, float]]:
 
 # --------------------------------------------------------------------------- SQL
 
-_DAY_JOIN = ("JOIN rollup_days d ON d.d_start < r.end_time AND d.d_start > r.start_time - 90000 "
-             "AND d.d_end > r.start_time")  # days are at most 25 hours long
+# Day n starts within 14 hours of UTC's midnight of FIRST_YEAR's first day + n days (no zone is
+# further from UTC), so a time t lies in one of the days floor((t - that midnight) / 86400) +- 1:
+# a range of the primary key, where d_start's range (~25 h of days) went through its secondary
+# index and a lookup of d_end per day (the push's most expensive join).
+_EPOCH = wall_clock_to_unix(FIRST_YEAR, 1, 1, utc=True)
+_DAY_JOIN = (f"JOIN rollup_days d ON d.day BETWEEN FLOOR((r.start_time - {_EPOCH!r}) / 86400) - 1 "
+             f"AND FLOOR((r.end_time - {_EPOCH!r}) / 86400) + 1 AND d.d_start < r.end_time AND d.d_end > r.start_time")
 
 
 def _group_select() -> List[str]:
@@ -234,37 +245,47 @@ def _counts_assign(table: str, target: str, rows: str) -> str:
 
 _BATCH_JOBS = "SELECT DISTINCT cluster, job_id FROM stage_job_gpus WHERE batch = b"
 _KINDED = JOB_COLS + list(KINDS)
+_NODE_KEYS = ["cluster", "day", "node", *GROUP_COLUMNS, "nulls", "gkey"]
+_COUNT_DELTAS = ("d_first", "d_later", "n_first", "n_later")
 
 
 def _jobs_change() -> List[str]:
-    """After the upsert: the batch's jobs' rows recomputed from their records, and the change of
-    their counts (old rows out, new in) and peaks (raised by the new rows; where old rows left a
-    cell, the maximum of its rows now) in the cells."""
-    node_keys = ["cluster", "day", "node", *GROUP_COLUMNS, "nulls", "gkey"]
+    """Before the upsert: the batch's jobs' rows as the upsert will leave their records (with their
+    kinds), the change of their counts (old rows out, new in) and peaks (raised by the new rows;
+    where old rows left a cell, `had_old`) per node cell into rollup_cells, and the rows replaced."""
     old = (f"SELECT -1 AS sgn, {_cols('o', _KINDED)} FROM rollup_jobs o JOIN ({_BATCH_JOBS}) s "
            "ON s.cluster = o.cluster AND s.job_id = o.job_id")
     new = f"SELECT 1, {_cols('n', _KINDED)} FROM rollup_jobs_new n"
     deltas = [f'{e} AS "{c}"' for c, table in (("d", "rollup_day"), ("n", "rollup_day_node"))
               for e, c in zip(_first_later(table, "j.sgn * "), (f"{c}_first", f"{c}_later"))]
     deltas += ["MAX(CASE WHEN j.sgn > 0 THEN j.peak_bytes END) AS new_peak", "MAX(j.sgn < 0) AS had_old"]
-    cells = (f"CREATE TEMPORARY TABLE rollup_cells AS\nSELECT {_cols('j', node_keys)}, {', '.join(deltas)}\n"
-             f"FROM ({old}\n  UNION ALL\n  {new}) AS j\n{_group_by(node_keys)}")
-    out = ["DROP TEMPORARY TABLE IF EXISTS rollup_jobs_new", "DROP TEMPORARY TABLE IF EXISTS rollup_cells",
-           f"CREATE TEMPORARY TABLE rollup_jobs_new AS\n{_with_kinds(_jobs_select(_STAGED_JOBS))}", cells,
-           f"DELETE j FROM rollup_jobs j JOIN ({_BATCH_JOBS}) s ON s.cluster = j.cluster AND s.job_id = j.job_id",
-           f"INSERT INTO rollup_jobs ({_q(_KINDED)}) SELECT {_q(_KINDED)} FROM rollup_jobs_new"]
+    cells = (f"CREATE TEMPORARY TABLE rollup_cells AS\nSELECT {_cols('j', _NODE_KEYS)}, {', '.join(deltas)}\n"
+             f"FROM ({old}\n  UNION ALL\n  {new}) AS j\n{_group_by(_NODE_KEYS)}")
+    return ["DROP TEMPORARY TABLE IF EXISTS rollup_jobs_new", "DROP TEMPORARY TABLE IF EXISTS rollup_cells",
+            f"CREATE TEMPORARY TABLE rollup_jobs_new AS\n{_with_kinds(_jobs_select(_AFTER_UPSERT))}", cells,
+            f"DELETE j FROM rollup_jobs j JOIN ({_BATCH_JOBS}) s ON s.cluster = j.cluster AND s.job_id = j.job_id",
+            f"INSERT INTO rollup_jobs ({_q(_KINDED)}) SELECT {_q(_KINDED)} FROM rollup_jobs_new"]
+
+
+def _cell_upserts() -> List[str]:
+    """rollup_delta's node cells (sums, counts and raised peaks) into the day tables, each once;
+    then the peaks of the cells a job's rows left, from the rows there now."""
+    out = []
     for table, extra in SUM_TABLES.items():
         keys = ["cluster", "day", *extra, *GROUP_COLUMNS, "nulls", "gkey"]
         p = "n" if extra else "d"
-        figs = [f"SUM(c.{p}_first)", f"SUM(c.{p}_later)", "MAX(c.new_peak)"]
-        upd = ", ".join(f'{table}."{c}" = {table}."{c}" + VALUES("{c}")' for c in ("jobs_first", "jobs_later"))
-        peak = (f'GREATEST(COALESCE({table}.peak_bytes, VALUES(peak_bytes)), '
-                f'COALESCE(VALUES(peak_bytes), {table}.peak_bytes))')
+        figs = [f'SUM(c."{c}")' for c in FIGURES] + [f"SUM(c.{p}_first)", f"SUM(c.{p}_later)", "MAX(c.new_peak)"]
+        upd = ", ".join(f'{table}."{c}" = {table}."{c}" + VALUES("{c}")' for c in (*FIGURES, "jobs_first", "jobs_later"))
         out.append(f"INSERT INTO {table} ({_q(keys + list(FIGURES + JOB_FIGURES))})\n"
-                   f"SELECT {_cols('c', keys)}, {', '.join(['0'] * len(FIGURES) + figs)} FROM rollup_cells c\n"
-                   f"{_group_by(keys)}\nON DUPLICATE KEY UPDATE {upd}, {table}.peak_bytes = {peak}")
+                   f"SELECT {_cols('c', keys)}, {', '.join(figs)} FROM rollup_delta c\n"
+                   f"{_group_by(keys)}\nON DUPLICATE KEY UPDATE {upd}, {table}.peak_bytes = {_raised(table)}")
         out.append(_peaks_again(table))
-    return out + ["DROP TEMPORARY TABLE rollup_jobs_new", "DROP TEMPORARY TABLE rollup_cells"]
+    return out
+
+
+def _raised(table: str) -> str:
+    return (f'GREATEST(COALESCE({table}.peak_bytes, VALUES(peak_bytes)), '
+            f'COALESCE(VALUES(peak_bytes), {table}.peak_bytes))')
 
 
 def _peaks_again(table: str) -> str:
@@ -273,7 +294,7 @@ def _peaks_again(table: str) -> str:
     keys = ["cluster", "day", *SUM_TABLES[table], "gkey"]
     on = " AND ".join(f'r."{k}" = c."{k}"' for k in keys)
     same = " AND ".join(f'x."{k}" = r."{k}"' for k in ("day", "gkey", "cluster", *SUM_TABLES[table]))
-    cells = f"SELECT DISTINCT {_cols('o', keys)} FROM rollup_cells o WHERE o.had_old"
+    cells = f"SELECT DISTINCT {_cols('o', keys)} FROM rollup_delta o WHERE o.had_old"
     return (f"UPDATE {table} r JOIN ({cells}) AS c ON {on}\n"
             f"SET r.peak_bytes = (SELECT MAX(x.peak_bytes) FROM rollup_jobs x WHERE {same})")
 
@@ -292,40 +313,46 @@ _KEY_ON = ("s.cluster = g.cluster AND s.job_id = g.job_id AND s.restart_count = 
 _NET = (f"SELECT 1 AS sgn, {_cols('s', _RECORD)} FROM stage_job_gpus s WHERE s.batch = b AND s.withdrawn = 0 "
         f"AND {_valid('s')}\n  UNION ALL\n  SELECT -1, {_cols('g', _RECORD)} FROM job_gpus g JOIN stage_job_gpus s "
         f"ON {_KEY_ON} WHERE s.batch = b AND g.withdrawn = 0 AND {_valid('g')}")
-_STAGED_JOBS = (f"SELECT {_cols('g', _RECORD)} FROM job_gpus g JOIN ({_BATCH_JOBS}) s "
-                f"ON s.cluster = g.cluster AND s.job_id = g.job_id WHERE g.withdrawn = 0 AND {_valid('g')}")
+# The batch's jobs' records as the upsert will leave them: their rows not staged, and the staged
+# rows it applies (tombstones: no row).
+_AFTER_UPSERT = (f"SELECT {_cols('g', _RECORD)} FROM job_gpus g JOIN ({_BATCH_JOBS}) s "
+                 f"ON s.cluster = g.cluster AND s.job_id = g.job_id WHERE g.withdrawn = 0 AND {_valid('g')} "
+                 f"AND NOT EXISTS (SELECT 1 FROM stage_job_gpus t WHERE t.batch = b AND {_KEY_ON.replace('s.', 't.')})"
+                 f"\n  UNION ALL\n  SELECT {_cols('s', _RECORD)} FROM stage_job_gpus s WHERE s.batch = b AND s.withdrawn = 0 "
+                 f"AND {_valid('s')}")
 
 
 def _delta() -> List[str]:
-    """The batch's net change of the sums, per node cell, once, into a temporary table; then into
-    rollup_day_node as it is and into rollup_day summed over the nodes."""
-    extra = SUM_TABLES["rollup_day_node"]
-    keys = ["cluster", "day", *extra, *GROUP_COLUMNS, "nulls", "gkey"]
-    sel = ["r.cluster", "d.day", *(f'r."{c}"' for c in extra), *_group_select(),
-           *(f'SUM(r.sgn * CAST({expr} AS {SUM})) AS "{c}"' for c, expr in SUMS),
-           *(f'SUM(r.sgn * ({expr})) AS "{c}"' for c, expr in COUNTS)]
-    names = [f'{n} AS "{c}"' for n, c in zip(sel[:len(keys)], keys)]
-    make = (f"CREATE TEMPORARY TABLE rollup_delta AS\nSELECT {', '.join(names + sel[len(keys):])}\n"
-            f"FROM (\n  {_NET}\n) AS r {_DAY_JOIN}\n{_group_by(keys)}")
-    out = ["DROP TEMPORARY TABLE IF EXISTS rollup_delta", make]
-    for table, extra in SUM_TABLES.items():
-        cols = ["cluster", "day", *extra, *GROUP_COLUMNS, "nulls", "gkey"]
-        figs = [f'SUM("{c}")' for c in FIGURES] if not extra else [f'"{c}"' for c in FIGURES]
-        upd = ", ".join(f'{table}."{c}" = {table}."{c}" + VALUES("{c}")' for c in FIGURES)
-        group = f"\n{_group_by(cols)}" if not extra else ""
-        out.append(f"INSERT INTO {table} ({_q(cols + list(FIGURES))})\nSELECT {_q(cols)}, {', '.join(figs)} "
-                   f"FROM rollup_delta{group}\nON DUPLICATE KEY UPDATE {upd}")
-    return out + ["DROP TEMPORARY TABLE rollup_delta"]
+    """The batch's whole change per node cell, once, into a temporary table: the sums' (the
+    records' current versions out, the staged ones in) and rollup_cells' counts and peaks; then
+    into every table, each in one statement."""
+    sums = ["r.cluster", "d.day", 'r."node"', *_group_select(),
+            *(f'r.sgn * CAST({expr} AS {SUM})' for _, expr in SUMS), *(f'r.sgn * ({expr})' for _, expr in COUNTS),
+            *(["0"] * len(_COUNT_DELTAS)), "NULL", "0"]
+    cells = [_cols("c", _NODE_KEYS), *(["0"] * len(FIGURES)), *(f"c.{k}" for k in _COUNT_DELTAS), "c.new_peak",
+             "c.had_old"]
+    names = [*_NODE_KEYS, *FIGURES, *_COUNT_DELTAS, "new_peak", "had_old"]
+    agg = [*(f'SUM(u."{c}") AS "{c}"' for c in (*FIGURES, *_COUNT_DELTAS)), 'MAX(u.new_peak) AS new_peak',
+           'MAX(u.had_old) AS had_old']
+    union = (f"SELECT {', '.join(f'{e} AS {chr(34)}{c}{chr(34)}' for e, c in zip(sums, names))}\n"
+             f"  FROM (\n  {_NET}\n  ) AS r {_DAY_JOIN}\n  UNION ALL\n  SELECT {', '.join(cells)} FROM rollup_cells c")
+    make = (f"CREATE TEMPORARY TABLE rollup_delta AS\nSELECT {_cols('u', _NODE_KEYS)}, {', '.join(agg)}\n"
+            f"FROM (\n  {union}\n) AS u\n{_group_by(_NODE_KEYS)}")
+    out = _jobs_change() + ["DROP TEMPORARY TABLE IF EXISTS rollup_delta", make] + _cell_upserts()
+    for t in COARSE:  # (in order: rollup_node_month's peaks come from rollup_node_day's)
+        out += [_coarse_upsert(t), _coarse_peaks_again(t)]
+    return out + ["DROP TEMPORARY TABLE rollup_delta", "DROP TEMPORARY TABLE rollup_jobs_new",
+                  "DROP TEMPORARY TABLE rollup_cells"]
 
 
 def procedures() -> List[str]:
     """rollups_before(b) / rollups_after(b): what apply_batch calls around its job_gpus upsert,
-    in the same transaction: before it, the batch's net change of the sums (its records' current
-    versions out, the staged ones in); after it, the batch's jobs' rows and counts."""
-    before = _delta()
-    after = _jobs_change()
+    in the same transaction.  Before it, all of the batch's change: its jobs' rows and counts as
+    the upsert will leave their records, and the net change of the sums (its records' current
+    versions out, the staged ones in), into each table once.  After it, nothing any more (schema
+    v7: apply_batch, created by v5, still calls it)."""
     out = []
-    for name, body in (("rollups_before", before), ("rollups_after", after)):
+    for name, body in (("rollups_before", _delta()), ("rollups_after", ["DO 0"])):
         out.append(f"CREATE OR REPLACE PROCEDURE {name}(IN b CHAR(32)) MODIFIES SQL DATA SQL SECURITY DEFINER\n"
                    "BEGIN\n  " + ";\n  ".join(body) + ";\nEND")
     return out
@@ -362,9 +389,10 @@ def _chunks(srv: Any, first_day: int) -> List[Tuple[int, int, float, float]]:
 
 
 def build(srv: Any, first_day: int = 0, temporary: bool = False,
-          progress: Optional[Callable[[int, int], None]] = None, counts: bool = True) -> None:
+          progress: Optional[Callable[[int, int], None]] = None, counts: bool = True, coarse: bool = True) -> None:
     """Fill the rollup tables (or their temporary twins) from the records, for days >= first_day
-    (without `counts`, their job counts and kinds are left to job_counts()).
+    (without `counts`, their job counts and kinds are left to job_counts(); without `coarse`, or
+    without counts, the coarse tables are left to coarse_build()).
 
     The caller holds the transaction; with `temporary` the tables are created empty first."""
     if temporary:
@@ -386,6 +414,8 @@ def build(srv: Any, first_day: int = 0, temporary: bool = False,
             progress(i + 1, len(chunks))
     if counts:
         job_counts(srv, first_day, temporary)
+        if coarse:
+            coarse_build(srv, first_day, temporary)
 
 
 def job_counts(srv: Any, first_day: int = 0, temporary: bool = False) -> None:
@@ -445,9 +475,14 @@ def job_counts_step(srv: Any) -> None:
     job_counts(srv)
 
 
+REBUILT = ("rollup_day", "rollup_day_node", "rollup_jobs", *COARSE_TABLES)
+
+
 def _null_safe_join(table: str) -> Tuple[str, str]:
-    keys = _keys(SUM_TABLES[table]) if table != "rollup_jobs" else \
-        ["cluster", "job_id", "day", "node", "gkey"]
+    if table in COARSE:
+        keys = _coarse_pk(table)
+    else:
+        keys = _keys(SUM_TABLES[table]) if table != "rollup_jobs" else ["cluster", "job_id", "day", "node", "gkey"]
     vals = list(FIGURES + JOB_FIGURES) if table != "rollup_jobs" else ["peak_bytes", *KINDS]
     on = " AND ".join(f'a."{k}" = b."{k}"' for k in keys)
     same = " AND ".join(f'a."{v}" <=> b."{v}"' for v in vals)
@@ -464,9 +499,10 @@ def differences(srv: Any, first_day: int) -> Dict[str, Tuple[int, int, int]]:
     """Per table: (rows missing, rows that should not be there, rows with other figures) of the
     rollups against their rebuilt temporary twins."""
     out = {}
-    for t in ("rollup_day", "rollup_day_node", "rollup_jobs"):
+    month0 = period0(srv, first_day)
+    for t in REBUILT:
         on, same = _null_safe_join(t)
-        live, fresh = _live(t, first_day), f"tmp_{t}"
+        live, fresh = _live(t, month0 if t in COARSE else first_day), f"tmp_{t}"
         missing = srv.execute(f"SELECT COUNT(*) FROM {fresh} a LEFT JOIN {live} b ON {on} WHERE b.day IS NULL")[0][0]
         extra = srv.execute(f"SELECT COUNT(*) FROM {live} a LEFT JOIN {fresh} b ON {on} WHERE b.day IS NULL")[0][0]
         other = srv.execute(f"SELECT COUNT(*) FROM {fresh} a JOIN {live} b ON {on} WHERE NOT ({same})")[0][0]
@@ -477,6 +513,8 @@ def differences(srv: Any, first_day: int) -> Dict[str, Tuple[int, int, int]]:
 def _columns(table: str) -> List[str]:
     if table == "rollup_jobs":
         return JOB_COLS + list(KINDS)
+    if table in COARSE:
+        return _coarse_cols(table)
     return ["cluster", "day", *SUM_TABLES[table], *GROUP_COLUMNS, "nulls", "gkey", *FIGURES, *JOB_FIGURES]
 
 
@@ -490,8 +528,9 @@ def rebuild(srv: Any, first_day: int = 0, progress: Optional[Callable[[int, int]
     try:
         build(srv, first_day, temporary=True, progress=progress)
         diff = differences(srv, first_day)
-        for t in ("rollup_day", "rollup_day_node", "rollup_jobs"):
-            srv.execute(f"DELETE FROM {t} WHERE day >= %s", (first_day,))
+        month0 = period0(srv, first_day)
+        for t in REBUILT:
+            srv.execute(f"DELETE FROM {t} WHERE day >= %s", (month0 if t in COARSE else first_day,))
             cols = _q(_columns(t))
             srv.execute(f"INSERT INTO {t} ({cols}) SELECT {cols} FROM tmp_{t}")
         srv.commit()
@@ -519,3 +558,174 @@ def meta(conn_execute: Callable[[str], List[Tuple[Any, ...]]]) -> Optional[Dict[
                         "'schema_version')")
     got = {str(n): str(v) for n, v in rows}
     return got if "rollup_zone" in got and "rollup_idle_threshold_pct" in got else None
+
+
+# --------------------------------------------------------------------------- coarse rollups (v8)
+#
+# A year read from rollup_day costs days x groups cells, from rollup_day_node days x groups x
+# nodes.  As slurmdbd keeps hour, day and month tables, four more tables hold the same figures
+# per month or week, and per node without the user, account and partition (schema v8, "coarse
+# rollups"):
+#
+# - `rollup_month`: rollup_day's key with `day` the month's first day (a month of the rollups' zone);
+# - `rollup_week`: the same per ISO week (`day` its Monday);
+# - `rollup_node_day`: (cluster, day, node, gpu_model), rollup_day_node summed over the groups;
+# - `rollup_node_month`: the same per month.
+#
+# They are sums of their source's cells, so their figures are exact as the source's.  Job
+# counts carry over: a simple job's days are contiguous, so it counts once in a month (week) as
+# `jobs_first` on its first day there, or as `jobs_later` on the month's first day (a month's
+# jobs_later is its first day's); the node tables count by node_kind (a job simple on the node
+# lies in one group there, so in one of their cells a day).  Jobs counted distinct stay distinct
+# (their rollup_jobs rows).  `rollup_days.month_day` and `week_day` name each day's month and week.
+
+
+# table -> (source table, its own group columns besides cluster and day, the rollup_days column
+# naming a day's period: its month's or ISO week's first day; None: per day)
+COARSE: Dict[str, Tuple[str, Tuple[str, ...], Optional[str]]] = {
+    "rollup_month": ("rollup_day", (*GROUP_COLUMNS, "nulls", "gkey"), "month_day"),
+    "rollup_week": ("rollup_day", (*GROUP_COLUMNS, "nulls", "gkey"), "week_day"),
+    "rollup_node_day": ("rollup_day_node", ("node", "gpu_model", "nulls"), None),
+    "rollup_node_month": ("rollup_node_day", ("node", "gpu_model", "nulls"), "month_day"),
+}
+MODEL_BIT = NULL_BITS["gpu_model"]
+assert tuple(COARSE) == COARSE_TABLES
+
+
+def coarse_keys(table: str) -> List[str]:
+    return ["cluster", "day", *COARSE[table][1]]
+
+
+def _coarse_pk(table: str) -> List[str]:
+    return ["cluster", "day", "gkey"] if "gkey" in COARSE[table][1] else coarse_keys(table)
+
+
+def coarse_table_ddl(table: str, temporary: bool = False) -> str:
+    own = COARSE[table][1]
+    names = _group_ddl() if "gkey" in own else [f'"node" {NAME} NOT NULL', f'"gpu_model" {NAME} NOT NULL',
+                                                "nulls TINYINT NOT NULL"]
+    cols = ["cluster VARCHAR(64) NOT NULL", "day INT NOT NULL", *names,
+            *(f'"{c}" {SUM} NOT NULL' for c, _ in SUMS), *(f'"{c}" BIGINT NOT NULL' for c, _ in COUNTS),
+            *JOB_FIGURES_DDL, f"PRIMARY KEY ({_q(_coarse_pk(table))})", f"KEY {table}_day (day)"]
+    return (f"CREATE {'TEMPORARY ' if temporary else ''}TABLE IF NOT EXISTS {_name(table, temporary)} (\n    "
+            + ",\n    ".join(cols) + f"\n) {TAIL}")
+
+
+DAYS_MONTH_DDL = ("ALTER TABLE rollup_days ADD COLUMN IF NOT EXISTS month_day INT NOT NULL DEFAULT 0, "
+                  "ADD COLUMN IF NOT EXISTS week_day INT NOT NULL DEFAULT 0, "
+                  "ADD KEY IF NOT EXISTS rollup_days_month (month_day), ADD KEY IF NOT EXISTS rollup_days_week (week_day)")
+# Each day's month by its label (days are numbered one per calendar day): the zone the days were
+# cut in needs not be this host's.
+# Day 0, 1990-01-01, was a Monday: ISO weeks begin on the days divisible by 7.
+DAYS_MONTH_FILL = ("UPDATE rollup_days SET month_day = day - (CAST(SUBSTRING(label, 9, 2) AS UNSIGNED) - 1), "
+                   "week_day = day - day MOD 7")
+
+
+def _coarse_select(table: str, source: str, first: str, later: str, peak: str, figures: Sequence[str],
+                   since: int = 0) -> str:
+    """SELECT of table's cells from the rows `source` (alias r, joined with its day as `dd`): their
+    keys, `figures`, then the job counts and the peak given as expressions; cells from day `since` on."""
+    _src, own, period = COARSE[table]
+    day = f"dd.{period}" if period else "r.day"
+    names = [f"(r.nulls & {MODEL_BIT})" if c == "nulls" and "gkey" not in own else f'r."{c}"' for c in own]
+    sel = ["r.cluster", day, *names, *figures, first, later, peak]
+    group = ", ".join(str(i) for i, k in enumerate(coarse_keys(table), 1) if k in _coarse_pk(table))
+    join = " JOIN rollup_days dd ON dd.day = r.day" + (f" WHERE {day} >= {int(since)}" if since else "")
+    return f"SELECT {', '.join(sel)} FROM {source} r{join}\nGROUP BY {group}"
+
+
+def _later_sum(col: str, table: str) -> str:
+    """A cell's jobs_later: for a month or week, its first day's only."""
+    period = COARSE[table][2]
+    return f"SUM(CASE WHEN r.day = dd.{period} THEN {col} ELSE 0 END)" if period else f"SUM({col})"
+
+
+def _coarse_cols(table: str) -> List[str]:
+    return coarse_keys(table) + list(FIGURES + JOB_FIGURES)
+
+
+def coarse_derive(table: str, target: str, source: str, since: int = 0) -> str:
+    """target's cells (all figures) from day `since` on, from the cells `source` selects of table's
+    source table (a build)."""
+    figs = [f'SUM(r."{c}")' for c in FIGURES]
+    sel = _coarse_select(table, source, 'SUM(r."jobs_first")', _later_sum('r."jobs_later"', table),
+                         'MAX(r."peak_bytes")', figs, since)
+    return f"INSERT INTO {target} ({_q(_coarse_cols(table))})\n{sel}"
+
+
+def _coarse_upsert(table: str) -> str:
+    """push: the batch's change (rollup_delta's node cells: sums, counts, raised peaks) into table."""
+    p = "n" if "node" in COARSE[table][1] else "d"  # node tables count per node
+    figs = [f'SUM(r."{c}")' for c in FIGURES]
+    sel = _coarse_select(table, "rollup_delta", f"SUM(r.{p}_first)", _later_sum(f"r.{p}_later", table),
+                         "MAX(r.new_peak)", figs)
+    upd = ", ".join(f'{table}."{c}" = {table}."{c}" + VALUES("{c}")' for c in (*FIGURES, "jobs_first", "jobs_later"))
+    return (f"INSERT INTO {table} ({_q(_coarse_cols(table))})\n{sel}\n"
+            f"ON DUPLICATE KEY UPDATE {upd}, {table}.peak_bytes = {_raised(table)}")
+
+
+def _coarse_peaks_again(table: str) -> str:
+    """push: the peaks of table's cells that a job's rows left, from their source's cells now."""
+    source, own, period = COARSE[table]
+    pk = _coarse_pk(table)
+    keys = [k for k in pk if k != "day"]
+    model = f"(o.nulls & {MODEL_BIT})" if "gkey" not in own else "o.nulls"
+    picked = [(f"dd.{period}" if period else "o.day") + ' AS "day"'] + [
+        (f'{model} AS "nulls"' if k == "nulls" else f'o."{k}"') for k in keys]
+    cells = (f"SELECT DISTINCT {', '.join(picked)} FROM rollup_delta o JOIN rollup_days dd ON dd.day = o.day "
+             "WHERE o.had_old")
+    on = " AND ".join(f'r."{k}" = c."{k}"' for k in pk)
+    same = [f'x."{k}" = r."{k}"' for k in keys if k not in ("nulls", "gpu_model")]
+    if "gkey" not in own and source == "rollup_day_node":  # the node's cells of every group with that model
+        same += ['x."gpu_model" = r."gpu_model"', f"(x.nulls & {MODEL_BIT}) = r.nulls"]
+    elif "gkey" not in own:
+        same += ['x."gpu_model" = r."gpu_model"', "x.nulls = r.nulls"]
+    if period:
+        sub = (f"SELECT MAX(x.peak_bytes) FROM rollup_days md JOIN {source} x ON x.day = md.day "
+               f"WHERE md.{period} = r.day AND {' AND '.join(same)}")
+    else:
+        sub = f"SELECT MAX(x.peak_bytes) FROM {source} x WHERE x.day = r.day AND {' AND '.join(same)}"
+    return f"UPDATE {table} r JOIN ({cells}) AS c ON {on}\nSET r.peak_bytes = ({sub})"
+
+
+def coarse_build(srv: Any, first_day: int = 0, temporary: bool = False) -> None:
+    """Fill the coarse tables (or their temporary twins) from the day tables, for their cells from
+    the first day of first_day's week or month on (its days before first_day from the day tables
+    as they are)."""
+    month0 = period0(srv, first_day)
+    for table, (source, _own, _period) in COARSE.items():
+        if temporary:
+            srv.execute(f"DROP TEMPORARY TABLE IF EXISTS tmp_{table}")
+            srv.execute(coarse_table_ddl(table, True))
+        # (cells whose records all left are no cells: as _live() reads the tables)
+        if temporary and source in COARSE:  # its twin holds the months from month0 already
+            rows = f"(SELECT * FROM tmp_{source} WHERE records <> 0)"
+        elif temporary:
+            rows = (f"(SELECT * FROM {source} WHERE day >= {month0} AND day < {int(first_day)} AND records <> 0 "
+                    f"UNION ALL SELECT * FROM tmp_{source} WHERE records <> 0)")
+        else:
+            rows = f"(SELECT * FROM {source} WHERE day >= {month0} AND records <> 0)"
+        srv.execute(coarse_derive(table, _name(table, temporary), rows, month0))
+
+
+def period0(srv: Any, first_day: int) -> int:
+    """The first day of the week or month (whichever began first) holding first_day: where a
+    rebuild from first_day rebuilds the coarse tables from."""
+    if first_day <= 0:
+        return 0
+    row = srv.execute("SELECT LEAST(month_day, week_day) FROM rollup_days WHERE day = %s", (int(first_day),))
+    return int(row[0][0]) if row else int(first_day)
+
+
+def coarse_step(srv: Any) -> None:
+    """The schema step "coarse rollups" (v8): rollup_days' months, the tables, the procedures that
+    keep them, then their cells from the day tables already there, in one serializable transaction."""
+    for ddl in (DAYS_MONTH_DDL, *(coarse_table_ddl(t) for t in COARSE), *procedures()):
+        srv.execute(ddl)
+    srv.commit()  # (DDL commits anyway): the next transaction is the serializable one
+    srv.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+    srv.execute("START TRANSACTION")
+    srv.execute(DAYS_MONTH_FILL)
+    for t in COARSE:
+        srv.execute(f"DELETE FROM {t}")
+    coarse_build(srv)
