@@ -162,6 +162,29 @@ def test_an_older_version_of_a_remediation_row_never_replaces_the_servers_newer_
     assert site.rows("SELECT outcome, row_version FROM remediations") == [["resumed", "2"]]
 
 
+@pytest.mark.central
+def test_a_reimaged_nodes_new_database_ships_its_attempts_beside_the_old_ones_with_the_same_row_ids(site):
+    """Reimaging a node wipes its database: its row ids start at 1 again.  The server keeps the old
+    attempts and takes the new ones (an attempt is its node, row id and time), and neither replaces
+    the other whatever their versions."""
+    site.init()
+    old = _attempt(site.store, t=1000.0)
+    site.store.finish_remediation(old, "resumed", "verified", 1100.0)  # row version 2 on the server
+    assert site.push().returncode == 0
+    site.store.close()
+    for p in site.tmp.glob("usage.db*"):
+        p.unlink()
+    fresh = Store(str(site.node_db), str(site.tmp / "spool"))
+    new = _attempt(fresh, t=5000.0, drain=4990.0)
+    assert new == old
+    fresh.close()
+    r = site.push()
+    assert r.returncode == 0 and "remediations 1" in r.stdout, r.stdout + r.stderr
+    assert site.rows(f"SELECT {REM_COLS}, outcome FROM remediations ORDER BY time") == [
+        ["n1", str(old), "1654922000001", "reset", "resumed", "990", "resumed"],
+        ["n1", str(new), "1654922000001", "reset", "started", "4990", "started"]]
+
+
 def _forged_attempt(cluster, node, row_id=1):
     return (cluster, node, row_id, 1.0, 0, "GPU-0", "SERIAL-X", "pending_reset", "forged", "reset", "resumed", "",
             0.5, 2.0, 99, 1.0, 0)

@@ -50,10 +50,11 @@ def state_of(row: Dict[str, Any]) -> str:
 
 
 def dedupe(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """One row per (node, id), the one written last (finished, else time) winning; oldest first."""
-    best: Dict[Tuple[str, Any], Dict[str, Any]] = {}
+    """One row per attempt (node, id, time: a reimaged node's new database reuses ids), the one written
+    last (finished, else time) winning; oldest first."""
+    best: Dict[Tuple[str, Any, float], Dict[str, Any]] = {}
     for r in rows:
-        key = (str(r.get("node")), r.get("id"))
+        key = (str(r.get("node")), r.get("id"), float(r.get("time") or 0.0))
         have = best.get(key)
         if have is None or (r.get("finished") or 0.0) >= (have.get("finished") or 0.0):
             best[key] = r

@@ -25,7 +25,7 @@ import os
 import subprocess
 import time as _time
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from slurm_gpu.policy import breaker as BRK
 from slurm_gpu.policy import budget as B
@@ -74,8 +74,8 @@ class Env:
 
 class SerialHistory:
     """A GPU's attempts by serial, for its budgets and the lemon rule: the node database's rows merged
-    with the central server's (every node's, when central.url is set), one row per (node, id), the
-    node's own copy winning.  The server is asked lazily (only when remediate decides about a GPU),
+    with the central server's (every node's, when central.url is set), one row per attempt (node, row id,
+    time), the node's own copy winning.  The server is asked lazily (only when remediate decides about a GPU),
     once per serial and run, within central.timeout_s; a server that is down, unreachable, too slow
     or too old leaves this node's rows alone, with one log line, and the remediation goes on."""
 
@@ -97,9 +97,14 @@ class SerialHistory:
                 self.warn("remediate-central-unavailable", serial=serial, error=self.unavailable,
                           using="this node's remediation rows only")
                 return local
-        mine = {(str(r.get("node")), r.get("id")) for r in local}
-        merged = local + [r for r in self.central[serial] if (str(r.get("node")), r.get("id")) not in mine]
+        mine = {_attempt_key(r) for r in local}
+        merged = local + [r for r in self.central[serial] if _attempt_key(r) not in mine]
         return sorted(merged, key=lambda r: (float(r.get("time") or 0.0), str(r.get("node")), r.get("id") or 0))
+
+
+def _attempt_key(r: Dict[str, Any]) -> Tuple[str, Any, float]:
+    """One attempt: its node, row id and time (a reimaged node's new database reuses row ids)."""
+    return str(r.get("node")), r.get("id"), float(r.get("time") or 0.0)
 
 
 def central_history(cfg: Any) -> Optional[Callable[[str], List[Dict[str, Any]]]]:

@@ -393,7 +393,8 @@ INVENTORY_COUNTERS = ("ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc
 CENTRAL_INVENTORY_COLUMNS = ("cluster", "node", "gpu_uuid", "time", "gpu_index", "serial", "model", "vbios",
                      "driver_version", "cuda_version", "mig_mode", *INVENTORY_COUNTERS)
 CENTRAL_XID_COLUMNS = ("cluster", "node", "event_key", "time", "gpu_index", "gpu_uuid", "pci_bus_id", "xid", "detail")
-# Schema v7 (docs/remediation.md): the nodes' remediation attempts, keyed by the node's own row id;
+# Schema v7 (docs/remediation.md): the nodes' remediation attempts, keyed by the node's own row id and
+# the attempt's time (a reimaged node's new database starts its ids at 1 again; time never changes);
 # row_version is the node's push_version of the row (an attempt's outcome comes after its intent).
 CENTRAL_REMEDIATION_COLUMNS = ("cluster", "node", "id", "time", "gpu_index", "gpu_uuid", "serial", "fault_check", "fault",
                                "action", "outcome", "detail", "drain_time", "finished", "row_version")
@@ -404,7 +405,7 @@ COLUMNS = {"jobs": CENTRAL_JOB_COLUMNS, "job_gpus": CENTRAL_JOB_GPU_COLUMNS, "he
            "remediations": CENTRAL_REMEDIATION_COLUMNS}
 # leading key columns of each list
 KEYS = {"jobs": 4, "job_gpus": 5, "health_events": 3, "drains": 3, "gpu_inventory": 4, "xid_events": 3,
-        "remediations": 3}
+        "remediations": 4}
 RECORD_TABLES = tuple(COLUMNS)
 SHIPPED = ("withdrawn", "shipped_at")  # set by push, not by the node's row
 # v3: rows that change on the node carry its version of them (push_version).

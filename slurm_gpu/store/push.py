@@ -6,7 +6,7 @@ left a tombstone in push_withdrawn.  One batch is one upsert statement and one s
 then the rows are marked shipped in the node database, only if they did not change meanwhile.
 A push that dies between the two sends the batch again next time: the upserts are keyed
 (cluster, job, restart, node, GPU UUID; events and drains by their own key; inventory rows
-by node, GPU UUID and time; XIDs by node and event key; remediation attempts by node and row id,
+by node, GPU UUID and time; XIDs by node and event key; remediation attempts by node, row id and time,
 the newer version winning), so nothing is doubled, and a node
 database restored from an old backup ships its rows again, harmlessly.
 """
@@ -37,7 +37,7 @@ _NODE_COLUMNS = {
     # v6, the fleet's history: the node's columns are the central ones, less the cluster
     "gpu_inventory": INVENTORY_COLUMNS,
     "xid_events": XID_COLUMNS,
-    # v8: the node's row id is the central key; its push_version the central row_version (newer wins)
+    # v8: the node's row id (with the attempt's time) is the central key; its push_version the central row_version (newer wins)
     "remediations": ("id",) + REMEDIATION_COLUMNS + ("push_version",),
 }
 
