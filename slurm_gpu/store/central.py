@@ -170,6 +170,10 @@ def describe_error(e: BaseException, target: Target, password: str = "") -> Tupl
     refused, why = W.refusal(code, text, target.user)
     if refused:
         return f"central server {where}: {refused}", why
+    if code in (1205, 1213):
+        return (f"central server {where}: another transaction held the rows this one needed ({text})",
+                "other pushes, a `central rollup --rebuild` or a long admin transaction; nothing was lost: "
+                "the records stay in the node database for the next push")
     if code in (2003, 2002, 2006, 2013, 2055) or isinstance(e, (OSError, TimeoutError)):
         return (f"central server {where}: unreachable or not answering ({text})",
                 "is the server up and reachable from here? nothing was lost: records stay in the node database for the next push")
@@ -332,6 +336,11 @@ class Central:
                 return None
             raise self.error(e) from None
         return int(row[0]) if row else None
+
+    def wait_for_locks_within_answer(self) -> None:
+        """Lock waits end (error 1205, the transaction can be sent again) well before this session's
+        read deadline would end the exchange: InnoDB's default wait is 50 s, central.timeout_s 10."""
+        self.execute(f"SET SESSION innodb_lock_wait_timeout = {max(1, int(self.answer_s / 2))}")
 
     def require_current(self) -> None:
         version = self.schema_version()
