@@ -30,6 +30,7 @@ is imported when a connection is opened, never at module import.
   may make: a GPU's attempts on every node (`slurm-gpu remediate`'s lemon budget, docs/remediation.md).
 - Schema v8: coarse rollups (per month, and per node without the user, account and partition),
   so that a year's report reads months x groups, not days x groups x nodes (store/rollups.py).
+- Schema v9: the push's rollups in fixed join orders, cut into days once (rollups_before only).
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ from slurm_gpu.errors import CentralError, WriterRefused
 from slurm_gpu.store import rollups
 from slurm_gpu.store import writers as W
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 DEFAULT_PORT = 3306
 SESSION_SQL_MODE = "ANSI_QUOTES,PIPES_AS_CONCAT,STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION"
 URL_HINT = "central.url looks like mysql://USER@HOST[:PORT]/DATABASE (password in central.password_file)"
@@ -607,6 +608,9 @@ MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
     ),
     (   # v8, "coarse rollups" (store/rollups.py): rollup_month, rollup_node_day, rollup_node_month.
         rollups.coarse_step,
+    ),
+    (   # v9, "push plans" (store/rollups.py): rollups_before's join orders fixed, its pieces cut once.
+        *rollups.procedures(),
     ),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION

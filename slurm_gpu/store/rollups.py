@@ -154,7 +154,7 @@ def day_rows(utc: bool) -> List[Tuple[int, str, float, float]]:
 # a range of the primary key, where d_start's range (~25 h of days) went through its secondary
 # index and a lookup of d_end per day (the push's most expensive join).
 _EPOCH = wall_clock_to_unix(FIRST_YEAR, 1, 1, utc=True)
-_DAY_JOIN = (f"JOIN rollup_days d ON d.day BETWEEN FLOOR((r.start_time - {_EPOCH!r}) / 86400) - 1 "
+_DAY_JOIN = (f"JOIN rollup_days d FORCE INDEX (PRIMARY) ON d.day BETWEEN FLOOR((r.start_time - {_EPOCH!r}) / 86400) - 1 "
              f"AND FLOOR((r.end_time - {_EPOCH!r}) / 86400) + 1 AND d.d_start < r.end_time AND d.d_end > r.start_time")
 
 
@@ -203,8 +203,8 @@ def _cols(alias: str, cols: Sequence[str]) -> str:
     return ", ".join(f'{alias}."{c}"' for c in cols)
 
 
-def _with_kinds(rows: str) -> str:
-    """The rollup_jobs rows `rows` selects (every row of their jobs) with their kinds.
+def _with_kinds(rows: str, cols: Sequence[str] = JOB_COLS) -> str:
+    """The rollup_jobs rows `rows` selects (every row of their jobs; their columns `cols`) with their kinds.
 
     day_kind: 0 the job is not simple (several groups, or a day without it between two with it);
     for a simple job, on one row per day (the first node's, the "lead"), 1 its first day and 2 a
@@ -219,7 +219,7 @@ def _with_kinds(rows: str) -> str:
     day_kind = ("CASE WHEN g_lo = g_hi AND d_hi - d_lo + 1 = n_days THEN "
                 "CASE WHEN lead = 1 THEN 1 + (day > d_lo) ELSE 3 END ELSE 0 END")
     node_kind = "CASE WHEN ng_lo = ng_hi AND nd_hi - nd_lo + 1 = nn THEN 1 + (day > nd_lo) ELSE 0 END"
-    return f"SELECT {_q(JOB_COLS)}, {day_kind} AS day_kind, {node_kind} AS node_kind FROM ({w2}) AS k"
+    return f"SELECT {_q(cols)}, {day_kind} AS day_kind, {node_kind} AS node_kind FROM ({w2}) AS k"
 
 
 def _kinds_update(target: str, rows: str) -> str:
@@ -243,28 +243,91 @@ def _counts_assign(table: str, target: str, rows: str) -> str:
             f"FROM ({rows}) AS j\n{_group_by(keys)}\nON DUPLICATE KEY UPDATE {upd}")
 
 
-_BATCH_JOBS = "SELECT DISTINCT cluster, job_id FROM stage_job_gpus WHERE batch = b"
 _KINDED = JOB_COLS + list(KINDS)
 _NODE_KEYS = ["cluster", "day", "node", *GROUP_COLUMNS, "nulls", "gkey"]
 _COUNT_DELTAS = ("d_first", "d_later", "n_first", "n_later")
 
+# A push's rollups (rollups_before) in temporary tables, each joined with STRAIGHT_JOIN along
+# its keys: the batch's jobs; its records (+1 the staged rows the upsert applies, -1 the server's
+# current versions of the staged rows, 0 its jobs' other rows), each keyed once, and their
+# groups' names; the records' pieces per day, cut and weighed once and summed per job row; then
+# the jobs' rows with their kinds and the cells' change from those.  The names (four
+# VARCHAR(255)) stay in rollup_groups until the upserts: carried through every grouping, they
+# made its temporary tables wide enough to go to disk.  The optimizer left to itself changed
+# plans with the batch's size and the tables' statistics: from 4,000 records a batch the join
+# with the days ran through rollup_days_start for every record (72 s for 8,000 records where
+# 1.6 s is right), and the jobs' rows took 45 to 290 ms a batch from push to push.
+_PUSH_TEMPS = ("rollup_batch_jobs", "rollup_recs", "rollup_groups", "rollup_jobday", "rollup_jobs_new", "rollup_cells",
+               "rollup_delta")
+_RECORD = ("cluster", "job_id", "node", *GROUP_COLUMNS, "start_time", "end_time", "energy_j", "gpu_util_mean_pct",
+           "mem_util_mean_pct", "max_memory_bytes")
+_KEY = ("cluster", "job_id", "restart_count", "node", "gpu_uuid")
+_NARROW_JOB = ["cluster", "job_id", "day", "node", "nulls", "gkey", "peak_bytes"]  # rollup_jobs' columns but the names
+_NARROW_CELL = ["cluster", "day", "node", "nulls", "gkey"]
+
+
+def _key_on(a: str, b: str) -> str:
+    return " AND ".join(f'{a}."{k}" = {b}."{k}"' for k in _KEY)
+
+
+def _valid(alias: str) -> str:
+    return VALID.replace("end_time", f"{alias}.end_time").replace("start_time", f"{alias}.start_time")
+
+
+def _push_records() -> List[str]:
+    """The batch's jobs, its records (sgn +1, -1, 0: see above) with their group keys, and the groups."""
+    jobs = ("CREATE TEMPORARY TABLE rollup_batch_jobs (PRIMARY KEY (cluster, job_id))\n"
+            "SELECT DISTINCT cluster, job_id FROM stage_job_gpus WHERE batch = b")
+    staged = (f"SELECT 1 AS sgn, {_cols('s', _RECORD)} FROM stage_job_gpus s WHERE s.batch = b AND s.withdrawn = 0 "
+              f"AND {_valid('s')}")
+    old = (f"SELECT -1 AS sgn, {_cols('g', _RECORD)} FROM stage_job_gpus s STRAIGHT_JOIN job_gpus g ON {_key_on('g', 's')} "
+           f"WHERE s.batch = b AND g.withdrawn = 0 AND {_valid('g')}")
+    others = (f"SELECT 0 AS sgn, {_cols('g', _RECORD)} FROM rollup_batch_jobs j STRAIGHT_JOIN job_gpus g "
+              f"ON g.cluster = j.cluster AND g.job_id = j.job_id WHERE g.withdrawn = 0 AND {_valid('g')} "
+              f"AND NOT EXISTS (SELECT 1 FROM stage_job_gpus t WHERE t.batch = b AND {_key_on('t', 'g')})")
+    # each part keyed in its own statement: a UNION's derived table (with the names) was copied once more
+    keyed = [f'{e} AS "{c}"' for e, c in zip(_group_select(), (*GROUP_COLUMNS, "nulls", "gkey"))]
+    rest = [c for c in _RECORD if c not in GROUP_COLUMNS]
+    recs = [f"SELECT r.sgn, {_cols('r', rest)}, {', '.join(keyed)} FROM ({part}) AS r" for part in (staged, old, others)]
+    recs = [f"CREATE TEMPORARY TABLE rollup_recs AS\n{recs[0]}", *(f"INSERT INTO rollup_recs\n{r}" for r in recs[1:])]
+    groups = (f"CREATE TEMPORARY TABLE rollup_groups (PRIMARY KEY (gkey))\n"
+              f"SELECT gkey, nulls, {_q(GROUP_COLUMNS)} FROM rollup_recs GROUP BY gkey")
+    return [jobs, *recs, groups]
+
+
+def _push_jobday() -> str:
+    """The records' pieces per day, summed per (job, day, node, group): the signed figures (the
+    cells' change), the peak and whether the row is there after the upsert (`present`), and
+    whether any of its records changes (`changed`)."""
+    # (the sign applied before the cast: negating a double is exact, and the cast rounds both signs alike)
+    figs = [*(f'SUM(CAST(r.sgn * {expr} AS {SUM})) AS "{c}"' for c, expr in SUMS),
+            *(f'SUM(r.sgn * ({expr})) AS "{c}"' for c, expr in COUNTS)]
+    join = _DAY_JOIN.replace("JOIN rollup_days", "STRAIGHT_JOIN rollup_days", 1)
+    keys = ["r.cluster", "r.job_id", "d.day", "r.node", "r.nulls", "r.gkey"]
+    return (f"CREATE TEMPORARY TABLE rollup_jobday AS\nSELECT {', '.join(keys)}, "
+            "MAX(CASE WHEN r.sgn >= 0 THEN r.max_memory_bytes END) AS peak_bytes, MAX(r.sgn >= 0) AS present, "
+            f"MAX(r.sgn <> 0) AS changed, {', '.join(figs)}\nFROM rollup_recs r {join}\nGROUP BY 1, 2, 3, 4, 6")
+
 
 def _jobs_change() -> List[str]:
-    """Before the upsert: the batch's jobs' rows as the upsert will leave their records (with their
-    kinds), the change of their counts (old rows out, new in) and peaks (raised by the new rows;
-    where old rows left a cell, `had_old`) per node cell into rollup_cells, and the rows replaced."""
-    old = (f"SELECT -1 AS sgn, {_cols('o', _KINDED)} FROM rollup_jobs o JOIN ({_BATCH_JOBS}) s "
-           "ON s.cluster = o.cluster AND s.job_id = o.job_id")
-    new = f"SELECT 1, {_cols('n', _KINDED)} FROM rollup_jobs_new n"
+    """The batch's jobs' rows as the upsert will leave their records (with their kinds), the change
+    of their counts (old rows out, new in) and peaks (raised by the new rows; where old rows left
+    a cell, `had_old`) per node cell into rollup_cells, and the rows replaced."""
+    rows = f"SELECT {_q(_NARROW_JOB)} FROM rollup_jobday WHERE present"
+    kinded = _NARROW_JOB + list(KINDS)
+    old = (f"SELECT -1 AS sgn, {_cols('o', kinded)} FROM rollup_batch_jobs s STRAIGHT_JOIN rollup_jobs o "
+           "ON o.cluster = s.cluster AND o.job_id = s.job_id")
+    new = f"SELECT 1, {_cols('n', kinded)} FROM rollup_jobs_new n"
     deltas = [f'{e} AS "{c}"' for c, table in (("d", "rollup_day"), ("n", "rollup_day_node"))
               for e, c in zip(_first_later(table, "j.sgn * "), (f"{c}_first", f"{c}_later"))]
     deltas += ["MAX(CASE WHEN j.sgn > 0 THEN j.peak_bytes END) AS new_peak", "MAX(j.sgn < 0) AS had_old"]
-    cells = (f"CREATE TEMPORARY TABLE rollup_cells AS\nSELECT {_cols('j', _NODE_KEYS)}, {', '.join(deltas)}\n"
-             f"FROM ({old}\n  UNION ALL\n  {new}) AS j\n{_group_by(_NODE_KEYS)}")
-    return ["DROP TEMPORARY TABLE IF EXISTS rollup_jobs_new", "DROP TEMPORARY TABLE IF EXISTS rollup_cells",
-            f"CREATE TEMPORARY TABLE rollup_jobs_new AS\n{_with_kinds(_jobs_select(_AFTER_UPSERT))}", cells,
-            f"DELETE j FROM rollup_jobs j JOIN ({_BATCH_JOBS}) s ON s.cluster = j.cluster AND s.job_id = j.job_id",
-            f"INSERT INTO rollup_jobs ({_q(_KINDED)}) SELECT {_q(_KINDED)} FROM rollup_jobs_new"]
+    cells = (f"CREATE TEMPORARY TABLE rollup_cells AS\nSELECT {_cols('j', _NARROW_CELL)}, {', '.join(deltas)}\n"
+             f"FROM ({old}\n  UNION ALL\n  {new}) AS j\nGROUP BY 1, 2, 3, 5")
+    named = [f'g."{c}"' if c in GROUP_COLUMNS else f'n."{c}"' for c in _KINDED]
+    return [f"CREATE TEMPORARY TABLE rollup_jobs_new AS\n{_with_kinds(rows, _NARROW_JOB)}", cells,
+            "DELETE j FROM rollup_batch_jobs s STRAIGHT_JOIN rollup_jobs j ON j.cluster = s.cluster AND j.job_id = s.job_id",
+            f"INSERT INTO rollup_jobs ({_q(_KINDED)}) SELECT {', '.join(named)}\n"
+            "FROM rollup_jobs_new n STRAIGHT_JOIN rollup_groups g ON g.gkey = n.gkey"]
 
 
 def _cell_upserts() -> List[str]:
@@ -295,54 +358,39 @@ def _peaks_again(table: str) -> str:
     on = " AND ".join(f'r."{k}" = c."{k}"' for k in keys)
     same = " AND ".join(f'x."{k}" = r."{k}"' for k in ("day", "gkey", "cluster", *SUM_TABLES[table]))
     cells = f"SELECT DISTINCT {_cols('o', keys)} FROM rollup_delta o WHERE o.had_old"
-    return (f"UPDATE {table} r JOIN ({cells}) AS c ON {on}\n"
-            f"SET r.peak_bytes = (SELECT MAX(x.peak_bytes) FROM rollup_jobs x WHERE {same})")
+    return _only_where_rows_left(f"UPDATE ({cells}) AS c STRAIGHT_JOIN {table} r ON {on}\n"
+                                 f"SET r.peak_bytes = (SELECT MAX(x.peak_bytes) FROM rollup_jobs x WHERE {same})")
 
 
-def _valid(alias: str) -> str:
-    return VALID.replace("end_time", f"{alias}.end_time").replace("start_time", f"{alias}.start_time")
-
-
-# The columns the rollups read from a record.
-_RECORD = ("cluster", "job_id", "node", *GROUP_COLUMNS, "start_time", "end_time", "energy_j", "gpu_util_mean_pct",
-           "mem_util_mean_pct", "max_memory_bytes")
-_KEY_ON = ("s.cluster = g.cluster AND s.job_id = g.job_id AND s.restart_count = g.restart_count AND s.node = g.node "
-           "AND s.gpu_uuid = g.gpu_uuid")
-# The batch's records as the upsert leaves them (+1: the staged rows it applies) and as they are
-# before it (-1: the server's current versions of the staged rows, taken out).
-_NET = (f"SELECT 1 AS sgn, {_cols('s', _RECORD)} FROM stage_job_gpus s WHERE s.batch = b AND s.withdrawn = 0 "
-        f"AND {_valid('s')}\n  UNION ALL\n  SELECT -1, {_cols('g', _RECORD)} FROM job_gpus g JOIN stage_job_gpus s "
-        f"ON {_KEY_ON} WHERE s.batch = b AND g.withdrawn = 0 AND {_valid('g')}")
-# The batch's jobs' records as the upsert will leave them: their rows not staged, and the staged
-# rows it applies (tombstones: no row).
-_AFTER_UPSERT = (f"SELECT {_cols('g', _RECORD)} FROM job_gpus g JOIN ({_BATCH_JOBS}) s "
-                 f"ON s.cluster = g.cluster AND s.job_id = g.job_id WHERE g.withdrawn = 0 AND {_valid('g')} "
-                 f"AND NOT EXISTS (SELECT 1 FROM stage_job_gpus t WHERE t.batch = b AND {_KEY_ON.replace('s.', 't.')})"
-                 f"\n  UNION ALL\n  SELECT {_cols('s', _RECORD)} FROM stage_job_gpus s WHERE s.batch = b AND s.withdrawn = 0 "
-                 f"AND {_valid('s')}")
+def _only_where_rows_left(update: str) -> str:
+    """A peaks-again UPDATE, run only when a job's rows left a cell (most batches: none), the
+    cells first: left to the optimizer, a server of 192,000 records read all of rollup_day's
+    cells for an empty list of them (5 s a batch)."""
+    return f"IF EXISTS (SELECT 1 FROM rollup_delta WHERE had_old) THEN\n  {update};\nEND IF"
 
 
 def _delta() -> List[str]:
-    """The batch's whole change per node cell, once, into a temporary table: the sums' (the
-    records' current versions out, the staged ones in) and rollup_cells' counts and peaks; then
-    into every table, each in one statement."""
-    sums = ["r.cluster", "d.day", 'r."node"', *_group_select(),
-            *(f'r.sgn * CAST({expr} AS {SUM})' for _, expr in SUMS), *(f'r.sgn * ({expr})' for _, expr in COUNTS),
-            *(["0"] * len(_COUNT_DELTAS)), "NULL", "0"]
-    cells = [_cols("c", _NODE_KEYS), *(["0"] * len(FIGURES)), *(f"c.{k}" for k in _COUNT_DELTAS), "c.new_peak",
-             "c.had_old"]
-    names = [*_NODE_KEYS, *FIGURES, *_COUNT_DELTAS, "new_peak", "had_old"]
+    """The batch's whole change per node cell, once, into a temporary table: the job rows' signed
+    sums (the records' current versions out, the staged ones in) and rollup_cells' counts and
+    peaks, with the group's names; then into every table, each in one statement."""
+    zeros = ", ".join(["0"] * len(FIGURES))
+    sums = (f"SELECT {_q(_NARROW_CELL)}, {_q(FIGURES)}, 0 AS d_first, 0 AS d_later, 0 AS n_first, 0 AS n_later, "
+            "NULL AS new_peak, 0 AS had_old FROM rollup_jobday WHERE changed")
+    cells = (f"SELECT {_cols('c', _NARROW_CELL)}, {zeros}, {', '.join(f'c.{k}' for k in _COUNT_DELTAS)}, c.new_peak, "
+             "c.had_old FROM rollup_cells c")
     agg = [*(f'SUM(u."{c}") AS "{c}"' for c in (*FIGURES, *_COUNT_DELTAS)), 'MAX(u.new_peak) AS new_peak',
            'MAX(u.had_old) AS had_old']
-    union = (f"SELECT {', '.join(f'{e} AS {chr(34)}{c}{chr(34)}' for e, c in zip(sums, names))}\n"
-             f"  FROM (\n  {_NET}\n  ) AS r {_DAY_JOIN}\n  UNION ALL\n  SELECT {', '.join(cells)} FROM rollup_cells c")
-    make = (f"CREATE TEMPORARY TABLE rollup_delta AS\nSELECT {_cols('u', _NODE_KEYS)}, {', '.join(agg)}\n"
-            f"FROM (\n  {union}\n) AS u\n{_group_by(_NODE_KEYS)}")
-    out = _jobs_change() + ["DROP TEMPORARY TABLE IF EXISTS rollup_delta", make] + _cell_upserts()
+    grouped = (f"SELECT {_cols('u', _NARROW_CELL)}, {', '.join(agg)} FROM ({sums}\n  UNION ALL\n  {cells}) AS u "
+               "GROUP BY 1, 2, 3, 5")
+    named = [f'g."{c}"' if c in GROUP_COLUMNS else f'x."{c}"' for c in _NODE_KEYS]
+    make = (f"CREATE TEMPORARY TABLE rollup_delta AS\nSELECT {', '.join(named)}, "
+            f"{_cols('x', (*FIGURES, *_COUNT_DELTAS, 'new_peak', 'had_old'))}\n"
+            f"FROM ({grouped}) AS x STRAIGHT_JOIN rollup_groups g ON g.gkey = x.gkey")
+    out = [f"DROP TEMPORARY TABLE IF EXISTS {', '.join(_PUSH_TEMPS)}", *_push_records(), _push_jobday(),
+           *_jobs_change(), make, *_cell_upserts()]
     for t in COARSE:  # (in order: rollup_node_month's peaks come from rollup_node_day's)
         out += [_coarse_upsert(t), _coarse_peaks_again(t)]
-    return out + ["DROP TEMPORARY TABLE rollup_delta", "DROP TEMPORARY TABLE rollup_jobs_new",
-                  "DROP TEMPORARY TABLE rollup_cells"]
+    return out + [f"DROP TEMPORARY TABLE {', '.join(_PUSH_TEMPS)}"]
 
 
 def procedures() -> List[str]:
@@ -685,7 +733,7 @@ def _coarse_peaks_again(table: str) -> str:
                f"WHERE md.{period} = r.day AND {' AND '.join(same)}")
     else:
         sub = f"SELECT MAX(x.peak_bytes) FROM {source} x WHERE x.day = r.day AND {' AND '.join(same)}"
-    return f"UPDATE {table} r JOIN ({cells}) AS c ON {on}\nSET r.peak_bytes = ({sub})"
+    return _only_where_rows_left(f"UPDATE ({cells}) AS c STRAIGHT_JOIN {table} r ON {on}\nSET r.peak_bytes = ({sub})")
 
 
 def coarse_build(srv: Any, first_day: int = 0, temporary: bool = False) -> None:
