@@ -43,7 +43,7 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Se
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from slurm_gpu.errors import CentralError, WriterRefused
-from slurm_gpu.store import rollups
+from slurm_gpu.store import rollup_push, rollups
 from slurm_gpu.store import writers as W
 
 SCHEMA_VERSION = 9
@@ -546,8 +546,8 @@ def _procedure(tables: Sequence[str] = RECORD_TABLES, version: int = SCHEMA_VERS
         # old versions out before their upsert (after the staged rows older than the server's
         # are dropped), the new ones in before the staging rows go.
         upsert = next(i for i, stmt in enumerate(stmts) if stmt.startswith("INSERT INTO job_gpus ("))
-        stmts.insert(upsert, rollups.BEFORE_UPSERT)
-        stmts.insert(stmts.index("DELETE FROM stage_job_gpus WHERE batch = b"), rollups.AFTER_UPSERT)
+        stmts.insert(upsert, rollup_push.BEFORE_UPSERT)
+        stmts.insert(stmts.index("DELETE FROM stage_job_gpus WHERE batch = b"), rollup_push.AFTER_UPSERT)
     body = ";\n  ".join(owner + stmts)
     return ("CREATE OR REPLACE PROCEDURE apply_batch(IN b CHAR(32)) MODIFIES SQL DATA SQL SECURITY DEFINER\n"
             f"BEGIN\n  {body};\nEND")
@@ -610,7 +610,7 @@ MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
         rollups.coarse_step,
     ),
     (   # v9, "push plans" (store/rollups.py): rollups_before's join orders fixed, its pieces cut once.
-        *rollups.procedures(),
+        *rollup_push.procedures(),
     ),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
