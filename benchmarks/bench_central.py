@@ -560,7 +560,7 @@ def bench_push(args: argparse.Namespace, work: Path, wr_cfg: Path, admin: C.Cent
         configs()
         set_apply_batch(admin, with_rollups)
         argv = [sys.executable, "-m", "slurm_gpu.cli", "--config", str(wr_cfg), "db", "push", "--db", str(node_db),
-                "--no-progress"]
+                "--no-progress", "--batch-size", str(args.push_batch_size)]
         took = push_once(argv, env, f"shipped jobs {args.push_jobs}, job_gpus {n_gpus}; left 0")
         rates[with_rollups].append(n_gpus / took)
         again = push_once(argv, env, "shipped nothing; left 0")
@@ -603,6 +603,7 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--timeout-s", type=float, default=600.0,
                     help="central.timeout_s of the CLI's config (its read timeout; the default config has 10)")
     ap.add_argument("--push-jobs", type=int, default=12_500, help="8-GPU job_end records per node database")
+    ap.add_argument("--push-batch-size", type=int, default=2000, help="db push --batch-size (central.batch_size's default: 2000)")
     ap.add_argument("--push-rounds", type=int, default=2,
                     help="pairs of pushes (without, with the rollups); 0: no push, no rebuild")
     ap.add_argument("--workdir", default=None,

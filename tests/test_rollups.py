@@ -427,3 +427,76 @@ def test_migrating_a_v6_server_builds_its_month_and_node_rollups_from_its_days(s
         a, b, plan = _both(s, files, q, by)
         assert b == a, (by, plan, _diff(a[1], b[1]))
         assert f" of {table} " in plan + " " and "2 partial day(s)" in plan, (by, plan)
+
+
+def test_three_nodes_pushing_the_same_jobs_at_once_leave_rollups_a_rebuild_finds_exact(server, tmp_path):
+    """Every job runs on all three nodes, so every push touches the cells, rollup_jobs rows and job
+    counts the other two are changing: the nodes push at once, in small batches, twice (the second
+    time completing partial records), and the rollups must be what a rebuild computes."""
+    import re
+    import subprocess
+    import sys
+    s = Site(server, tmp_path)
+    _init(s)
+    rnd = random.Random(5)
+    first, later = {n: [] for n in NODES}, {n: [] for n in NODES}
+    for j in range(120):
+        start = float(T0 + rnd.randrange(0, 40) * D + rnd.choice((100, D - 900)))
+        dur = float(rnd.choice((600, 3 * 3600, 2 * D)))
+        models = rnd.choice((("H100",), ("H100", "A100")))
+        partial = int(rnd.random() < 0.3)
+        for node in NODES:
+            first[node].append(_one(7000 + j, node, start, dur, models=models, user=rnd.choice(("alice", "bob")),
+                                    partial=partial))
+            if partial:
+                later[node].append(_one(7000 + j, node, start - 300, dur + 300, models=models, user="alice"))
+    stores = {n: Store(str(tmp_path / f"{n}.db"), str(tmp_path / f"spool-{n}")) for n in NODES}
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    for round_ in (first, later):
+        for n in NODES:
+            for rec in round_[n]:
+                stores[n].write(rec)
+        procs = [subprocess.Popen([sys.executable, "-m", "slurm_gpu.cli", "--config", str(s.writer_config), "db", "push",
+                                   "--db", str(tmp_path / f"{n}.db"), "--batch-size", "5"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for n in NODES]
+        outs = [p.communicate(timeout=300) for p in procs]
+        assert all(p.returncode == 0 for p in procs), outs
+        again = sum(int(m) for out, _ in outs for m in re.findall(r"(\d+) batch\(es\) sent again", out))
+        print(f"{again} batch(es) of {sum(len(r) for r in round_.values())} records' pushes sent again after a lock conflict")
+    for st in stores.values():
+        st.close()
+    assert s.rows("SELECT COUNT(*) FROM job_gpus WHERE partial = 1") == [["0"]]
+    r = cli("--config", str(s.config), "central", "rollup", "--rebuild")
+    assert r.returncode == 0 and "rollups exact" in r.stderr, r.stdout + r.stderr
+
+
+def test_a_push_that_waits_on_a_rebuilds_locks_gives_up_in_time_with_one_line_and_keeps_its_records(server, tmp_path):
+    """A transaction that holds the rollups (a rebuild, an admin's open session) makes a push's lock
+    wait end within its read deadline: InnoDB's own 50 s would outlast central.timeout_s (5 s here),
+    and the push would die as 'not answering'.  It sends the batch again, then stops with one line;
+    the next push ships everything."""
+    import pymysql
+    s = Site(server, tmp_path)
+    _init(s)
+    s.store.write(_one(9101, "n1", T0 + 10 * D, 3600, partial=1))
+    assert s.push().returncode == 0
+    s.store.write(_one(9101, "n1", T0 + 10 * D - 3600, 7200))  # completed: its rows in rollup_jobs change
+    holder = pymysql.connect(unix_socket=str(server.socket), user="root", database=s.db, autocommit=False)
+    try:
+        with holder.cursor() as cur:
+            cur.execute("SELECT COUNT(*) FROM rollup_jobs WHERE job_id = 9101 FOR UPDATE")
+        t0 = time.monotonic()
+        r = s.push("--max-seconds", "3")
+        took = time.monotonic() - t0
+    finally:
+        holder.rollback()
+        holder.close()
+    assert r.returncode == 5, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 2 and "another transaction held the rows this one needed" in lines[0], r.stderr
+    assert "nothing was lost" in lines[1], r.stderr
+    print(f"the push gave up after {took:.1f} s")
+    assert took < 3 + 2 + 2 + 4, took  # the budget, one lock wait (timeout_s / 2), a pause, start-up
+    r = s.push()
+    assert r.returncode == 0 and "job_gpus 1; left 0" in r.stdout, r.stdout + r.stderr
+    assert s.rows("SELECT SUM(alloc_s) FROM rollup_day") == [["7200.00000000000000000000"]]

@@ -244,7 +244,9 @@ def push(app, database, url, password_file, max_seconds, batch_size, status_only
     record for the next run.  Prints what was shipped, what is left and the age of the
     oldest record left.  Exit 0 when everything was shipped (or only --max-seconds
     stopped it), 5 when the server failed, 1 when it refused some records, 6 when
-    it refused a batch of another node's or cluster's records (this account may not write them).  One push per
+    it refused a batch of another node's or cluster's records (this account may not write them).  A batch
+    the server rolled back for another transaction's locks (nodes pushing the same jobs at once) is sent
+    again, up to 8 times within --max-seconds.  One push per
     node database runs at a time: a second one says so on stderr and exits 0.  Connecting
     and each exchange end within central.timeout_s in all, however slowly the server answers.
     """
@@ -284,7 +286,9 @@ def _print_result(result, where: str, quiet: bool) -> None:
     left = result.left
     if not (quiet and not result.refused):
         click.echo(f"{where}: shipped {shipped}; left {left.total}"
-                   + (f" (oldest {_age(left.oldest_time)} old)" if left.total else ""))
+                   + (f" (oldest {_age(left.oldest_time)} old)" if left.total else "")
+                   + (f"; {result.retried} batch(es) sent again after lock conflicts with other transactions"
+                      if result.retried else ""))
     for line in result.refused[:10]:
         click.echo(f"slurm-gpu: refused by the server: {line}", err=True)
     if result.refused:

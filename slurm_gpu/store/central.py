@@ -30,6 +30,7 @@ is imported when a connection is opened, never at module import.
   may make: a GPU's attempts on every node (`slurm-gpu remediate`'s lemon budget, docs/remediation.md).
 - Schema v8: coarse rollups (per month, and per node without the user, account and partition),
   so that a year's report reads months x groups, not days x groups x nodes (store/rollups.py).
+- Schema v9: the push's rollups in fixed join orders, cut into days once (rollups_before only).
 """
 from __future__ import annotations
 
@@ -42,10 +43,10 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Se
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from slurm_gpu.errors import CentralError, WriterRefused
-from slurm_gpu.store import rollups
+from slurm_gpu.store import rollup_push, rollups
 from slurm_gpu.store import writers as W
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 DEFAULT_PORT = 3306
 SESSION_SQL_MODE = "ANSI_QUOTES,PIPES_AS_CONCAT,STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION"
 URL_HINT = "central.url looks like mysql://USER@HOST[:PORT]/DATABASE (password in central.password_file)"
@@ -170,6 +171,10 @@ def describe_error(e: BaseException, target: Target, password: str = "") -> Tupl
     refused, why = W.refusal(code, text, target.user)
     if refused:
         return f"central server {where}: {refused}", why
+    if code in (1205, 1213):
+        return (f"central server {where}: another transaction held the rows this one needed ({text})",
+                "other pushes, a `central rollup --rebuild` or a long admin transaction; nothing was lost: "
+                "the records stay in the node database for the next push")
     if code in (2003, 2002, 2006, 2013, 2055) or isinstance(e, (OSError, TimeoutError)):
         return (f"central server {where}: unreachable or not answering ({text})",
                 "is the server up and reachable from here? nothing was lost: records stay in the node database for the next push")
@@ -332,6 +337,11 @@ class Central:
                 return None
             raise self.error(e) from None
         return int(row[0]) if row else None
+
+    def wait_for_locks_within_answer(self) -> None:
+        """Lock waits end (error 1205, the transaction can be sent again) well before this session's
+        read deadline would end the exchange: InnoDB's default wait is 50 s, central.timeout_s 10."""
+        self.execute(f"SET SESSION innodb_lock_wait_timeout = {max(1, int(self.answer_s / 2))}")
 
     def require_current(self) -> None:
         version = self.schema_version()
@@ -536,8 +546,8 @@ def _procedure(tables: Sequence[str] = RECORD_TABLES, version: int = SCHEMA_VERS
         # old versions out before their upsert (after the staged rows older than the server's
         # are dropped), the new ones in before the staging rows go.
         upsert = next(i for i, stmt in enumerate(stmts) if stmt.startswith("INSERT INTO job_gpus ("))
-        stmts.insert(upsert, rollups.BEFORE_UPSERT)
-        stmts.insert(stmts.index("DELETE FROM stage_job_gpus WHERE batch = b"), rollups.AFTER_UPSERT)
+        stmts.insert(upsert, rollup_push.BEFORE_UPSERT)
+        stmts.insert(stmts.index("DELETE FROM stage_job_gpus WHERE batch = b"), rollup_push.AFTER_UPSERT)
     body = ";\n  ".join(owner + stmts)
     return ("CREATE OR REPLACE PROCEDURE apply_batch(IN b CHAR(32)) MODIFIES SQL DATA SQL SECURITY DEFINER\n"
             f"BEGIN\n  {body};\nEND")
@@ -598,6 +608,9 @@ MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
     ),
     (   # v8, "coarse rollups" (store/rollups.py): rollup_month, rollup_node_day, rollup_node_month.
         rollups.coarse_step,
+    ),
+    (   # v9, "push plans" (store/rollups.py): rollups_before's join orders fixed, its pieces cut once.
+        *rollup_push.procedures(),
     ),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION

@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import random
 import sqlite3
 import time
 import uuid
@@ -27,6 +28,9 @@ from slurm_gpu.store import record as R
 from slurm_gpu.store.schema import INVENTORY_COLUMNS, PUSHED_TABLES, REMEDIATION_COLUMNS, XID_COLUMNS
 
 _ORDER = dict(PUSHED_TABLES)
+# A batch rolled back for another's locks (deadlock victim 1213, lock wait timeout 1205) is sent again.
+LOCK_CONFLICTS = frozenset((1205, 1213))
+RETRIES = 8
 # Node columns read per table (store/record.py's; the central key columns of events and drains are
 # derived, a partial row's end counters stay on the node).
 _NODE_COLUMNS = {
@@ -58,6 +62,7 @@ class PushResult(NamedTuple):
     refused: List[str]  # one line per record the server refused (it stays unshipped)
     left: Backlog
     stopped_early: bool  # the time budget ran out with records left
+    retried: int = 0  # batches sent again after a lock conflict with another transaction
 
 
 def backlog(conn: sqlite3.Connection) -> Backlog:
@@ -154,19 +159,21 @@ class Pusher:
         self.shipped: Dict[str, int] = {}
         self.refused: List[str] = []
         self._refused_rowids: Dict[str, Set[int]] = {}
+        self.retried = 0  # batches sent again after a lock conflict
 
     def _out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
 
     def run(self) -> PushResult:
         self.central.require_current()
+        self.central.wait_for_locks_within_answer()
         stopped = not self._withdrawals()
         for table, _when in PUSHED_TABLES:
             if stopped:
                 break
             stopped = not self._table(table)
         _note(self.conn, "last_push_time", time.time())
-        return PushResult(self.shipped, self.refused, backlog(self.conn), stopped)
+        return PushResult(self.shipped, self.refused, backlog(self.conn), stopped, self.retried)
 
     def _withdrawals(self) -> bool:
         while True:
@@ -230,17 +237,30 @@ class Pusher:
         return done
 
     def _ship(self, staged: Dict[str, List[Tuple[Any, ...]]]) -> None:
-        """Stage the rows under a new batch id and apply them: one server transaction."""
-        batch = uuid.uuid4().hex
-        try:
-            for table, rows in staged.items():
-                if rows:
-                    self.central.executemany(C.stage_sql(table), [(batch,) + r for r in rows])
-            self.central.execute("CALL apply_batch(%s)", (batch,))
-            self.central.commit()
-        except BaseException:
-            self.central.rollback()
-            raise
+        """Stage the rows under a new batch id and apply them: one server transaction.
+
+        Nodes push at once (a job's nodes end together) and their batches change the same rollup
+        cells: a batch the server chose as a deadlock's victim, or one that waited too long for
+        another's locks, was rolled back whole, so it is sent again, after a random pause, until
+        the push's time is out or RETRIES tries failed."""
+        for attempt in range(RETRIES + 1):
+            batch = uuid.uuid4().hex
+            try:
+                for table, rows in staged.items():
+                    if rows:
+                        self.central.executemany(C.stage_sql(table), [(batch,) + r for r in rows])
+                self.central.execute("CALL apply_batch(%s)", (batch,))
+                self.central.commit()
+                return
+            except CentralError as e:
+                self.central.rollback()
+                if getattr(e, "driver_code", None) not in LOCK_CONFLICTS or attempt == RETRIES or self._out_of_time():
+                    raise
+                self.retried += 1
+                time.sleep(random.uniform(0.5, 1.0) * min(2.0, 0.05 * 2 ** attempt))
+            except BaseException:
+                self.central.rollback()
+                raise
 
 
 def _is_refusal(e: CentralError) -> bool:

@@ -33,7 +33,7 @@ with a bit in `nulls` (1 user, 2 account, 4 partition, 8 gpu_model) saying which
 
 The month, week and node tables (v8, "coarse rollups") are sums of these cells: see their section
 below.  A push applies its whole change in `rollups_before`, before the job_gpus upsert, each
-table once (`rollups_after` is left empty for the apply_batch that calls it).
+table once (`rollups_after` is left empty for the apply_batch that calls it): store/rollup_push.py.
 
 These migration steps are "rollups" (v4), "job counts" (v6) and "coarse rollups" (v8): their DDL
 is all here; store/central.py appends them to MIGRATIONS.
@@ -154,7 +154,7 @@ def day_rows(utc: bool) -> List[Tuple[int, str, float, float]]:
 # a range of the primary key, where d_start's range (~25 h of days) went through its secondary
 # index and a lookup of d_end per day (the push's most expensive join).
 _EPOCH = wall_clock_to_unix(FIRST_YEAR, 1, 1, utc=True)
-_DAY_JOIN = (f"JOIN rollup_days d ON d.day BETWEEN FLOOR((r.start_time - {_EPOCH!r}) / 86400) - 1 "
+_DAY_JOIN = (f"JOIN rollup_days d FORCE INDEX (PRIMARY) ON d.day BETWEEN FLOOR((r.start_time - {_EPOCH!r}) / 86400) - 1 "
              f"AND FLOOR((r.end_time - {_EPOCH!r}) / 86400) + 1 AND d.d_start < r.end_time AND d.d_end > r.start_time")
 
 
@@ -203,8 +203,8 @@ def _cols(alias: str, cols: Sequence[str]) -> str:
     return ", ".join(f'{alias}."{c}"' for c in cols)
 
 
-def _with_kinds(rows: str) -> str:
-    """The rollup_jobs rows `rows` selects (every row of their jobs) with their kinds.
+def _with_kinds(rows: str, cols: Sequence[str] = JOB_COLS) -> str:
+    """The rollup_jobs rows `rows` selects (every row of their jobs; their columns `cols`) with their kinds.
 
     day_kind: 0 the job is not simple (several groups, or a day without it between two with it);
     for a simple job, on one row per day (the first node's, the "lead"), 1 its first day and 2 a
@@ -219,7 +219,7 @@ def _with_kinds(rows: str) -> str:
     day_kind = ("CASE WHEN g_lo = g_hi AND d_hi - d_lo + 1 = n_days THEN "
                 "CASE WHEN lead = 1 THEN 1 + (day > d_lo) ELSE 3 END ELSE 0 END")
     node_kind = "CASE WHEN ng_lo = ng_hi AND nd_hi - nd_lo + 1 = nn THEN 1 + (day > nd_lo) ELSE 0 END"
-    return f"SELECT {_q(JOB_COLS)}, {day_kind} AS day_kind, {node_kind} AS node_kind FROM ({w2}) AS k"
+    return f"SELECT {_q(cols)}, {day_kind} AS day_kind, {node_kind} AS node_kind FROM ({w2}) AS k"
 
 
 def _kinds_update(target: str, rows: str) -> str:
@@ -241,125 +241,6 @@ def _counts_assign(table: str, target: str, rows: str) -> str:
     upd = ", ".join(f'"{c}" = VALUES("{c}")' for c in JOB_FIGURES)
     return (f"INSERT INTO {target} ({_q(keys + list(FIGURES + JOB_FIGURES))})\nSELECT {', '.join(sel)}\n"
             f"FROM ({rows}) AS j\n{_group_by(keys)}\nON DUPLICATE KEY UPDATE {upd}")
-
-
-_BATCH_JOBS = "SELECT DISTINCT cluster, job_id FROM stage_job_gpus WHERE batch = b"
-_KINDED = JOB_COLS + list(KINDS)
-_NODE_KEYS = ["cluster", "day", "node", *GROUP_COLUMNS, "nulls", "gkey"]
-_COUNT_DELTAS = ("d_first", "d_later", "n_first", "n_later")
-
-
-def _jobs_change() -> List[str]:
-    """Before the upsert: the batch's jobs' rows as the upsert will leave their records (with their
-    kinds), the change of their counts (old rows out, new in) and peaks (raised by the new rows;
-    where old rows left a cell, `had_old`) per node cell into rollup_cells, and the rows replaced."""
-    old = (f"SELECT -1 AS sgn, {_cols('o', _KINDED)} FROM rollup_jobs o JOIN ({_BATCH_JOBS}) s "
-           "ON s.cluster = o.cluster AND s.job_id = o.job_id")
-    new = f"SELECT 1, {_cols('n', _KINDED)} FROM rollup_jobs_new n"
-    deltas = [f'{e} AS "{c}"' for c, table in (("d", "rollup_day"), ("n", "rollup_day_node"))
-              for e, c in zip(_first_later(table, "j.sgn * "), (f"{c}_first", f"{c}_later"))]
-    deltas += ["MAX(CASE WHEN j.sgn > 0 THEN j.peak_bytes END) AS new_peak", "MAX(j.sgn < 0) AS had_old"]
-    cells = (f"CREATE TEMPORARY TABLE rollup_cells AS\nSELECT {_cols('j', _NODE_KEYS)}, {', '.join(deltas)}\n"
-             f"FROM ({old}\n  UNION ALL\n  {new}) AS j\n{_group_by(_NODE_KEYS)}")
-    return ["DROP TEMPORARY TABLE IF EXISTS rollup_jobs_new", "DROP TEMPORARY TABLE IF EXISTS rollup_cells",
-            f"CREATE TEMPORARY TABLE rollup_jobs_new AS\n{_with_kinds(_jobs_select(_AFTER_UPSERT))}", cells,
-            f"DELETE j FROM rollup_jobs j JOIN ({_BATCH_JOBS}) s ON s.cluster = j.cluster AND s.job_id = j.job_id",
-            f"INSERT INTO rollup_jobs ({_q(_KINDED)}) SELECT {_q(_KINDED)} FROM rollup_jobs_new"]
-
-
-def _cell_upserts() -> List[str]:
-    """rollup_delta's node cells (sums, counts and raised peaks) into the day tables, each once;
-    then the peaks of the cells a job's rows left, from the rows there now."""
-    out = []
-    for table, extra in SUM_TABLES.items():
-        keys = ["cluster", "day", *extra, *GROUP_COLUMNS, "nulls", "gkey"]
-        p = "n" if extra else "d"
-        figs = [f'SUM(c."{c}")' for c in FIGURES] + [f"SUM(c.{p}_first)", f"SUM(c.{p}_later)", "MAX(c.new_peak)"]
-        upd = ", ".join(f'{table}."{c}" = {table}."{c}" + VALUES("{c}")' for c in (*FIGURES, "jobs_first", "jobs_later"))
-        out.append(f"INSERT INTO {table} ({_q(keys + list(FIGURES + JOB_FIGURES))})\n"
-                   f"SELECT {_cols('c', keys)}, {', '.join(figs)} FROM rollup_delta c\n"
-                   f"{_group_by(keys)}\nON DUPLICATE KEY UPDATE {upd}, {table}.peak_bytes = {_raised(table)}")
-        out.append(_peaks_again(table))
-    return out
-
-
-def _raised(table: str) -> str:
-    return (f'GREATEST(COALESCE({table}.peak_bytes, VALUES(peak_bytes)), '
-            f'COALESCE(VALUES(peak_bytes), {table}.peak_bytes))')
-
-
-def _peaks_again(table: str) -> str:
-    """The peaks of the cells a job's rows left, from the rows there now (peaks only rise otherwise:
-    no other job's rows are read, so concurrent pushes into one cell do not wait on each other's)."""
-    keys = ["cluster", "day", *SUM_TABLES[table], "gkey"]
-    on = " AND ".join(f'r."{k}" = c."{k}"' for k in keys)
-    same = " AND ".join(f'x."{k}" = r."{k}"' for k in ("day", "gkey", "cluster", *SUM_TABLES[table]))
-    cells = f"SELECT DISTINCT {_cols('o', keys)} FROM rollup_delta o WHERE o.had_old"
-    return (f"UPDATE {table} r JOIN ({cells}) AS c ON {on}\n"
-            f"SET r.peak_bytes = (SELECT MAX(x.peak_bytes) FROM rollup_jobs x WHERE {same})")
-
-
-def _valid(alias: str) -> str:
-    return VALID.replace("end_time", f"{alias}.end_time").replace("start_time", f"{alias}.start_time")
-
-
-# The columns the rollups read from a record.
-_RECORD = ("cluster", "job_id", "node", *GROUP_COLUMNS, "start_time", "end_time", "energy_j", "gpu_util_mean_pct",
-           "mem_util_mean_pct", "max_memory_bytes")
-_KEY_ON = ("s.cluster = g.cluster AND s.job_id = g.job_id AND s.restart_count = g.restart_count AND s.node = g.node "
-           "AND s.gpu_uuid = g.gpu_uuid")
-# The batch's records as the upsert leaves them (+1: the staged rows it applies) and as they are
-# before it (-1: the server's current versions of the staged rows, taken out).
-_NET = (f"SELECT 1 AS sgn, {_cols('s', _RECORD)} FROM stage_job_gpus s WHERE s.batch = b AND s.withdrawn = 0 "
-        f"AND {_valid('s')}\n  UNION ALL\n  SELECT -1, {_cols('g', _RECORD)} FROM job_gpus g JOIN stage_job_gpus s "
-        f"ON {_KEY_ON} WHERE s.batch = b AND g.withdrawn = 0 AND {_valid('g')}")
-# The batch's jobs' records as the upsert will leave them: their rows not staged, and the staged
-# rows it applies (tombstones: no row).
-_AFTER_UPSERT = (f"SELECT {_cols('g', _RECORD)} FROM job_gpus g JOIN ({_BATCH_JOBS}) s "
-                 f"ON s.cluster = g.cluster AND s.job_id = g.job_id WHERE g.withdrawn = 0 AND {_valid('g')} "
-                 f"AND NOT EXISTS (SELECT 1 FROM stage_job_gpus t WHERE t.batch = b AND {_KEY_ON.replace('s.', 't.')})"
-                 f"\n  UNION ALL\n  SELECT {_cols('s', _RECORD)} FROM stage_job_gpus s WHERE s.batch = b AND s.withdrawn = 0 "
-                 f"AND {_valid('s')}")
-
-
-def _delta() -> List[str]:
-    """The batch's whole change per node cell, once, into a temporary table: the sums' (the
-    records' current versions out, the staged ones in) and rollup_cells' counts and peaks; then
-    into every table, each in one statement."""
-    sums = ["r.cluster", "d.day", 'r."node"', *_group_select(),
-            *(f'r.sgn * CAST({expr} AS {SUM})' for _, expr in SUMS), *(f'r.sgn * ({expr})' for _, expr in COUNTS),
-            *(["0"] * len(_COUNT_DELTAS)), "NULL", "0"]
-    cells = [_cols("c", _NODE_KEYS), *(["0"] * len(FIGURES)), *(f"c.{k}" for k in _COUNT_DELTAS), "c.new_peak",
-             "c.had_old"]
-    names = [*_NODE_KEYS, *FIGURES, *_COUNT_DELTAS, "new_peak", "had_old"]
-    agg = [*(f'SUM(u."{c}") AS "{c}"' for c in (*FIGURES, *_COUNT_DELTAS)), 'MAX(u.new_peak) AS new_peak',
-           'MAX(u.had_old) AS had_old']
-    union = (f"SELECT {', '.join(f'{e} AS {chr(34)}{c}{chr(34)}' for e, c in zip(sums, names))}\n"
-             f"  FROM (\n  {_NET}\n  ) AS r {_DAY_JOIN}\n  UNION ALL\n  SELECT {', '.join(cells)} FROM rollup_cells c")
-    make = (f"CREATE TEMPORARY TABLE rollup_delta AS\nSELECT {_cols('u', _NODE_KEYS)}, {', '.join(agg)}\n"
-            f"FROM (\n  {union}\n) AS u\n{_group_by(_NODE_KEYS)}")
-    out = _jobs_change() + ["DROP TEMPORARY TABLE IF EXISTS rollup_delta", make] + _cell_upserts()
-    for t in COARSE:  # (in order: rollup_node_month's peaks come from rollup_node_day's)
-        out += [_coarse_upsert(t), _coarse_peaks_again(t)]
-    return out + ["DROP TEMPORARY TABLE rollup_delta", "DROP TEMPORARY TABLE rollup_jobs_new",
-                  "DROP TEMPORARY TABLE rollup_cells"]
-
-
-def procedures() -> List[str]:
-    """rollups_before(b) / rollups_after(b): what apply_batch calls around its job_gpus upsert,
-    in the same transaction.  Before it, all of the batch's change: its jobs' rows and counts as
-    the upsert will leave their records, and the net change of the sums (its records' current
-    versions out, the staged ones in), into each table once.  After it, nothing any more (schema
-    v7: apply_batch, created by v5, still calls it)."""
-    out = []
-    for name, body in (("rollups_before", _delta()), ("rollups_after", ["DO 0"])):
-        out.append(f"CREATE OR REPLACE PROCEDURE {name}(IN b CHAR(32)) MODIFIES SQL DATA SQL SECURITY DEFINER\n"
-                   "BEGIN\n  " + ";\n  ".join(body) + ";\nEND")
-    return out
-
-
-BEFORE_UPSERT = "CALL rollups_before(b)"  # apply_batch: before job_gpus' upsert
-AFTER_UPSERT = "CALL rollups_after(b)"  # apply_batch: after it, before the staging rows go
 
 
 # --------------------------------------------------------------------------- build and rebuild
@@ -445,8 +326,11 @@ def migration_step(utc: bool, zone_name: str, progress: Optional[Callable[[int, 
     """The schema step "rollups" as a callable of the migration: tables, days, procedures (and
     `apply_batch`, the DDL of the one that calls them), then the rollups of the records already
     there in one serializable transaction that pushes wait for; the caller commits it."""
+    from slurm_gpu.store import rollup_push  # (it builds on this module)
+
     def step(srv: Any) -> None:
-        for ddl in (DAYS_DDL, *(sum_table_ddl(t) for t in SUM_TABLES), jobs_table_ddl(), *procedures(), *apply_batch):
+        for ddl in (DAYS_DDL, *(sum_table_ddl(t) for t in SUM_TABLES), jobs_table_ddl(), *rollup_push.procedures(),
+                    *apply_batch):
             srv.execute(ddl)
         srv.commit()  # (the reads before): the next transaction is the serializable one
         srv.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
@@ -462,12 +346,13 @@ def job_counts_step(srv: Any) -> None:
     """The schema step "job counts" (v6) from v5's rollups: the cells' job counts and peaks and the
     rows' kinds as columns, the procedures that keep them, then their values from the rollup_jobs
     rows already there (themselves built from the records) in one serializable transaction."""
+    from slurm_gpu.store import rollup_push  # (it builds on this module)
     for t in SUM_TABLES:
         srv.execute(f"ALTER TABLE {t} " + ", ".join(f"ADD COLUMN IF NOT EXISTS {c}" for c in JOB_FIGURES_DDL))
     srv.execute("ALTER TABLE rollup_jobs " + ", ".join(
         [f"ADD COLUMN IF NOT EXISTS {c}" for c in KINDS_DDL] + ["DROP INDEX IF EXISTS rollup_jobs_day"]
         + [f"ADD {k.replace('KEY ', 'KEY IF NOT EXISTS ', 1)}" for k in JOBS_KEYS]))
-    for ddl in procedures():
+    for ddl in rollup_push.procedures():
         srv.execute(ddl)
     srv.commit()  # (ALTER TABLE commits anyway): the next transaction is the serializable one
     srv.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
@@ -653,41 +538,6 @@ def coarse_derive(table: str, target: str, source: str, since: int = 0) -> str:
     return f"INSERT INTO {target} ({_q(_coarse_cols(table))})\n{sel}"
 
 
-def _coarse_upsert(table: str) -> str:
-    """push: the batch's change (rollup_delta's node cells: sums, counts, raised peaks) into table."""
-    p = "n" if "node" in COARSE[table][1] else "d"  # node tables count per node
-    figs = [f'SUM(r."{c}")' for c in FIGURES]
-    sel = _coarse_select(table, "rollup_delta", f"SUM(r.{p}_first)", _later_sum(f"r.{p}_later", table),
-                         "MAX(r.new_peak)", figs)
-    upd = ", ".join(f'{table}."{c}" = {table}."{c}" + VALUES("{c}")' for c in (*FIGURES, "jobs_first", "jobs_later"))
-    return (f"INSERT INTO {table} ({_q(_coarse_cols(table))})\n{sel}\n"
-            f"ON DUPLICATE KEY UPDATE {upd}, {table}.peak_bytes = {_raised(table)}")
-
-
-def _coarse_peaks_again(table: str) -> str:
-    """push: the peaks of table's cells that a job's rows left, from their source's cells now."""
-    source, own, period = COARSE[table]
-    pk = _coarse_pk(table)
-    keys = [k for k in pk if k != "day"]
-    model = f"(o.nulls & {MODEL_BIT})" if "gkey" not in own else "o.nulls"
-    picked = [(f"dd.{period}" if period else "o.day") + ' AS "day"'] + [
-        (f'{model} AS "nulls"' if k == "nulls" else f'o."{k}"') for k in keys]
-    cells = (f"SELECT DISTINCT {', '.join(picked)} FROM rollup_delta o JOIN rollup_days dd ON dd.day = o.day "
-             "WHERE o.had_old")
-    on = " AND ".join(f'r."{k}" = c."{k}"' for k in pk)
-    same = [f'x."{k}" = r."{k}"' for k in keys if k not in ("nulls", "gpu_model")]
-    if "gkey" not in own and source == "rollup_day_node":  # the node's cells of every group with that model
-        same += ['x."gpu_model" = r."gpu_model"', f"(x.nulls & {MODEL_BIT}) = r.nulls"]
-    elif "gkey" not in own:
-        same += ['x."gpu_model" = r."gpu_model"', "x.nulls = r.nulls"]
-    if period:
-        sub = (f"SELECT MAX(x.peak_bytes) FROM rollup_days md JOIN {source} x ON x.day = md.day "
-               f"WHERE md.{period} = r.day AND {' AND '.join(same)}")
-    else:
-        sub = f"SELECT MAX(x.peak_bytes) FROM {source} x WHERE x.day = r.day AND {' AND '.join(same)}"
-    return f"UPDATE {table} r JOIN ({cells}) AS c ON {on}\nSET r.peak_bytes = ({sub})"
-
-
 def coarse_build(srv: Any, first_day: int = 0, temporary: bool = False) -> None:
     """Fill the coarse tables (or their temporary twins) from the day tables, for their cells from
     the first day of first_day's week or month on (its days before first_day from the day tables
@@ -720,7 +570,8 @@ def period0(srv: Any, first_day: int) -> int:
 def coarse_step(srv: Any) -> None:
     """The schema step "coarse rollups" (v8): rollup_days' months, the tables, the procedures that
     keep them, then their cells from the day tables already there, in one serializable transaction."""
-    for ddl in (DAYS_MONTH_DDL, *(coarse_table_ddl(t) for t in COARSE), *procedures()):
+    from slurm_gpu.store import rollup_push  # (it builds on this module)
+    for ddl in (DAYS_MONTH_DDL, *(coarse_table_ddl(t) for t in COARSE), *rollup_push.procedures()):
         srv.execute(ddl)
     srv.commit()  # (DDL commits anyway): the next transaction is the serializable one
     srv.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
