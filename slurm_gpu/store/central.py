@@ -609,7 +609,7 @@ MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
     (   # v8, "coarse rollups" (store/rollups.py): rollup_month, rollup_node_day, rollup_node_month.
         rollups.coarse_step,
     ),
-    (   # v9, "push plans" (store/rollups.py): rollups_before's join orders fixed, its pieces cut once.
+    (   # v9, "push plans" (store/rollup_push.py): rollups_before's join orders fixed, its pieces cut once.
         *rollup_push.procedures(),
     ),
 ]

@@ -157,9 +157,8 @@ def _peaks_again(table: str) -> str:
 
 
 def _only_where_rows_left(update: str) -> str:
-    """A peaks-again UPDATE, run only when a job's rows left a cell (most batches: none), the
-    cells first: left to the optimizer, a server of 192,000 records read all of rollup_day's
-    cells for an empty list of them (5 s a batch)."""
+    """A peaks-again UPDATE, run only when a job's rows left a cell (a batch of new jobs: only
+    where a job's GPUs came in the batch before), the cells first, each found by its primary key."""
     return f"IF EXISTS (SELECT 1 FROM rollup_delta WHERE had_old) THEN\n  {update};\nEND IF"
 
 
