@@ -145,16 +145,16 @@ def _sums_select(table: str, by: Sequence[str], buckets: Sequence[Tuple[float, f
     keys = [f'{_col(_KEY_COLUMN[k])} AS "{k}"' for k in plain]
     sums = ", ".join(f'SUM(r."{c}") AS "{c}"' for c in R.FIGURES)
     cond = " AND ".join(list(where) + ["r.records <> 0"])
+    group = ", ".join(str(i) for i in range(1, len(keys) + 2))  # the keys and the bucket (or the day)
     if not buckets:
         jobs_n = "r.jobs_first + CASE WHEN r.day = :r_d0 THEN r.jobs_later ELSE 0 END" if kind else "0"
         # Added up per group here: the cells (days x groups) never make a derived table.
         head = ", ".join(keys + ['0 AS "_bucket"'])
         return (f"SELECT {head}, {sums}, SUM({jobs_n}) AS jobs_n, MAX(r.peak_bytes) AS peak "
-                f"FROM {table} r WHERE {cond} GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 2))}")
+                f"FROM {table} r WHERE {cond} GROUP BY {group}")
     # Per group and day first, then per bucket: a day's start (its bucket) is looked up once per
     # group and day, not once per cell (a year's weeks: 220,000 cells, 1,300 weeks x groups at 10 M).
     jobs = "SUM(r.jobs_first) AS jf, SUM(r.jobs_later) AS jl" if kind else "0 AS jf, 0 AS jl"
-    group = ", ".join(str(i) for i in range(1, len(keys) + 2))
     days = (f"SELECT {', '.join(keys + ['r.day AS day'])}, {sums}, {jobs}, MAX(r.peak_bytes) AS peak FROM {table} r "
             f"WHERE {cond} GROUP BY {group}")
     # Jobs that began before a bucket (or the window) count on its first day (a month's cells: the
