@@ -23,14 +23,18 @@ _NOT_INSTALLED = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "
                                         ".demo", ".venv", ".gl")
 
 
-def clean_venv(where: pathlib.Path) -> pathlib.Path:
+def clean_venv(where: pathlib.Path, extras: str = "") -> pathlib.Path:
     """A fresh virtual environment under `where` with this repository installed the way a site
-    installs it (regular, not editable): returns its python.  No site-packages of ours leak in."""
+    installs it (regular, not editable, its modules compiled: pip writes the bytecode even where
+    PYTHONDONTWRITEBYTECODE is set, as it is on some build hosts, and every run of a source
+    checkout then compiles each module it imports again): returns its python.  `extras`: e.g.
+    "central" for PyMySQL.  No site-packages of ours leak in."""
     src, venv = where / "src", where / "venv"
     shutil.copytree(ROOT, src, ignore=_NOT_INSTALLED)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
-    cp = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-warn-script-location", str(src)],
+    what = f"{src}[{extras}]" if extras else str(src)
+    cp = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-warn-script-location", what],
                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if cp.returncode != 0:
         raise RuntimeError(f"pip install into {venv} failed:\n{cp.stdout[-2000:]}")

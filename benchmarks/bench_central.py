@@ -20,7 +20,10 @@ Not run in CI (needs Debian's mariadb-server and root, like tests/test_central.p
 4. times, interleaved over --runs runs, medians of, for `--by` user, account,month,
    partition,model,week and node, each over the whole year 2025 and over June 2025 (UTC days):
    - the whole CLI: `python3 -m slurm_gpu.cli --config CFG report --by KEYS --since D0 --until D1
-     --tz utc --explain --db URL --format csv` as the reporter account (exactly the GRANTs of
+     --tz utc --explain --db URL --format csv` from a fresh venv with a regular install of this
+     checkout (`pip install .[central]`: what a site runs, its modules' bytecode compiled; the
+     checkout itself, where PYTHONDONTWRITEBYTECODE is set, compiled every module on every run:
+     ~80 ms of a report's ~250 ms here) as the reporter account (exactly the GRANTs of
      slurm_gpu.store.central.grants()); the plan it printed is reported;
    - the same aggregation over the records in the `mariadb` command-line client (root over the
      socket): the statements report/plan.py's summary_plan() makes through a CentralSource for the same
@@ -28,7 +31,7 @@ Not run in CI (needs Debian's mariadb-server and root, like tests/test_central.p
      with the parameters inlined by PyMySQL's own escaping;
    and checks once, in-process, that the rollup plan's CSV equals the raw plan's byte for byte;
 5. writes --push-rounds x 2 node databases (schema v5, the outbox) of --push-jobs 8-GPU job_end
-   records each through Store.write and pushes them with `slurm-gpu db push` as the writer
+   records each through Store.write and pushes them with `slurm-gpu db push` (the same install) as the writer
    account, alternating apply_batch without the rollup calls (v3's upsert, as before the
    rollups) and with them: job_gpus records per second of each, then a push with nothing to ship;
 6. times `central rollup --rebuild` (Central + store.rollups.rebuild) and prints what it corrected:
@@ -54,6 +57,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
 import mariadb as testdb  # noqa: E402  (tests/mariadb.py: the throwaway server of the tests)
+from _common import clean_venv  # noqa: E402
 
 from slurm_gpu.report import plan as P  # noqa: E402
 from slurm_gpu.report import reports as report  # noqa: E402
@@ -409,9 +413,9 @@ def time_migration(server: testdb.MariaDB, url: str, password: str, rows: int) -
 Case = Tuple[Tuple[str, ...], Tuple[Any, ...]]  # (--by keys, window)
 
 
-def cli_argv(cfg: Path, url: str, by: Sequence[str], window: Tuple[Any, ...]) -> List[str]:
+def cli_argv(python: Path, cfg: Path, url: str, by: Sequence[str], window: Tuple[Any, ...]) -> List[str]:
     keys = ",".join("model" if k == "gpu-model" else k for k in by)
-    return [sys.executable, "-m", "slurm_gpu.cli", "--config", str(cfg), "report", "--by", keys, "--since", window[1],
+    return [str(python), "-m", "slurm_gpu.cli", "--config", str(cfg), "report", "--by", keys, "--since", window[1],
             "--until", window[2], "--tz", "utc", "--explain", "--db", url, "--format", "csv"]
 
 
@@ -547,7 +551,7 @@ def set_apply_batch(admin: C.Central, with_rollups: bool) -> None:
     admin.commit()
 
 
-def bench_push(args: argparse.Namespace, work: Path, wr_cfg: Path, admin: C.Central, env: Dict[str, str],
+def bench_push(args: argparse.Namespace, python: Path, work: Path, wr_cfg: Path, admin: C.Central, env: Dict[str, str],
                configs: Any) -> Dict[bool, List[float]]:
     """Alternate pushes without and with the rollup calls in apply_batch: job_gpus records/s of each."""
     n_gpus = args.push_jobs * 8
@@ -559,7 +563,7 @@ def bench_push(args: argparse.Namespace, work: Path, wr_cfg: Path, admin: C.Cent
         print(f"# node database {i}: {n_gpus:,} job_gpus written through Store.write in {wrote:.1f} s", flush=True)
         configs()
         set_apply_batch(admin, with_rollups)
-        argv = [sys.executable, "-m", "slurm_gpu.cli", "--config", str(wr_cfg), "db", "push", "--db", str(node_db),
+        argv = [str(python), "-m", "slurm_gpu.cli", "--config", str(wr_cfg), "db", "push", "--db", str(node_db),
                 "--no-progress", "--batch-size", str(args.push_batch_size)]
         took = push_once(argv, env, f"shipped jobs {args.push_jobs}, job_gpus {n_gpus}; left 0")
         rates[with_rollups].append(n_gpus / took)
@@ -654,6 +658,8 @@ def bench(server: BenchMariaDB, args: argparse.Namespace) -> int:
     version = client(server, "SELECT VERSION(), @@innodb_buffer_pool_size").split()
     print(f"# MariaDB {version[0]} on {os.cpu_count()} CPUs, buffer pool {human_bytes(int(version[1]))}, "
           f"started in {time.perf_counter() - t0:.1f} s; data in {server.dir}", flush=True)
+    python = clean_venv(server.dir / "install", "central")
+    print(f"# the CLI: a regular install into {python.parent.parent} (pip, its bytecode compiled)", flush=True)
     db, acct = setup(server)
 
     took = load(server, db, args.rows, args.chunk)
@@ -679,7 +685,7 @@ def bench(server: BenchMariaDB, args: argparse.Namespace) -> int:
     env.pop("SLURM_CONF", None)
     env.pop("SLURM_GPU_CONFIG", None)
     scripts, _ = prepare_reports(server, db, *acct["reporter"], args.timeout_s)
-    argv = {case: cli_argv(rep_cfg, acct["reporter"][0], *case) for case in scripts}
+    argv = {case: cli_argv(python, rep_cfg, acct["reporter"][0], *case) for case in scripts}
     times, said = time_reports(server, db, scripts, argv, env, args.runs, configs)
     print_reports(args.rows, args.runs, times, said)
     rollup_breakdown(server, db, *acct["reporter"], args.timeout_s, args.runs)
@@ -687,7 +693,7 @@ def bench(server: BenchMariaDB, args: argparse.Namespace) -> int:
     if args.push_rounds:
         print()
         with C.Central(C.parse_url(acct["admin"][0]), acct["admin"][1], 3600) as admin:
-            bench_push(args, work, wr_cfg, admin, env, configs)
+            bench_push(args, python, work, wr_cfg, admin, env, configs)
             time_rebuild(admin)
         print_sizes(table_sizes(server, db), args.rows)
     return 0
