@@ -500,3 +500,83 @@ def test_a_push_that_waits_on_a_rebuilds_locks_gives_up_in_time_with_one_line_an
     r = s.push()
     assert r.returncode == 0 and "job_gpus 1; left 0" in r.stdout, r.stdout + r.stderr
     assert s.rows("SELECT SUM(alloc_s) FROM rollup_day") == [["7200.00000000000000000000"]]
+
+
+def _rows_read(server) -> int:
+    """Rows the server has read so far (every session): index walks, scans, lookups."""
+    import pymysql
+    conn = pymysql.connect(unix_socket=str(server.socket), user="root")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW GLOBAL STATUS WHERE Variable_name IN ('Handler_read_next', 'Handler_read_rnd_next', "
+                        "'Handler_read_key', 'Handler_read_prev')")
+            return sum(int(v) for _, v in cur.fetchall())
+    finally:
+        conn.close()
+
+
+def test_a_batch_whose_jobs_rows_leave_cells_reads_those_cells_not_the_clusters_rows(server, tmp_path):
+    """A partial record completed later (or a job's GPUs split over two batches) takes its job's
+    rows out of cells, whose peaks are then found again from the rows left there.  The server read
+    every rollup_jobs, rollup_day and rollup_node_day row of the cluster for each such cell, and
+    rollup_node_day and rollup_node_month end to end (~2.6 s for a batch of 2,000 such records on a
+    100,000-record server): what the push reads must not grow with the server's other jobs."""
+    s = Site(server, tmp_path)
+    _init(s)
+    for j in range(600):  # other jobs of the cluster, on 60 days
+        s.store.write(_one(20000 + j, "n1", T0 + (j % 60) * D + 7200 + j, 3600, user=("alice", "bob")[j % 2]))
+    s.store.write(_one(9301, "n1", T0 + 10 * D - 3600, 2 * D, partial=1))
+    assert s.push().returncode == 0
+    s.store.write(_one(9301, "n1", T0 + 10 * D - 7200, 2 * D + 3600))  # completed: its old rows leave their cells
+    before = _rows_read(server)
+    r = s.push()
+    read = _rows_read(server) - before
+    assert r.returncode == 0 and "job_gpus 1; left 0" in r.stdout, r.stdout + r.stderr
+    print(f"the completing push read {read} rows")
+    assert read < 2000, read  # 3 days' cells of one job; the cluster's rollup_jobs alone hold 600+ rows
+    r = cli("--config", str(s.config), "central", "rollup", "--rebuild")
+    assert r.returncode == 0 and "rollups exact" in r.stderr, r.stdout + r.stderr
+
+
+def test_records_of_more_than_nine_days_and_their_updates_leave_rollups_a_rebuild_finds_exact(server, tmp_path):
+    """A push cuts a record of up to ~9 days into its days by their keys, and a longer one by the
+    days' range: a job whose GPUs' records take both ways adds both to the same rows."""
+    s = Site(server, tmp_path)
+    _init(s)
+    long_short = _one(9401, "n1", T0 + 5 * D + 100, 12 * D, models=("H100", "A100"), partial=1)
+    long_short["gpus"][1]["end_time"] = long_short["gpus"][1]["start_time"] + 2 * D  # the second GPU's: 2 days
+    long_short["gpus"][1]["duration_s"] = 2 * D
+    for rec in (long_short, _one(9402, "n1", T0 + 40 * D - 600, 200 * D, partial=1),
+                _one(9403, "n1", T0 + 3 * D, 9 * D + 3000), _one(9404, "n1", T0 + 3 * D - 100, 10 * D + 200)):
+        s.store.write(rec)
+    assert s.push().returncode == 0
+    r = cli("--config", str(s.config), "central", "rollup", "--rebuild")
+    assert r.returncode == 0 and "rollups exact" in r.stderr, r.stdout + r.stderr
+    s.store.write(_one(9401, "n1", T0 + 4 * D, 13 * D, models=("H100", "A100")))  # both completed, longer
+    s.store.write(_one(9402, "n1", T0 + 40 * D - 600, 3 * D))  # completed: now short
+    assert s.push().returncode == 0
+    r = cli("--config", str(s.config), "central", "rollup", "--rebuild")
+    assert r.returncode == 0 and "rollups exact" in r.stderr, r.stdout + r.stderr
+    assert s.rows("SELECT COUNT(DISTINCT day) FROM rollup_jobs WHERE job_id = 9401") == [["13"]]  # days 4-16
+
+
+def test_central_init_on_a_current_server_makes_the_push_procedures_again(server, tmp_path):
+    """A release that improves the push's statements within a schema version: `central init`
+    makes them again (the nodes keep pushing at that version without an upgrade)."""
+    s = Site(server, tmp_path)
+    _init(s)
+    import pymysql
+    conn = pymysql.connect(unix_socket=str(server.socket), user="root", database=s.db)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("CREATE OR REPLACE PROCEDURE rollups_before(IN b CHAR(32)) MODIFIES SQL DATA DO 0")
+    finally:
+        conn.close()
+    r = cli("--config", str(s.config), "central", "init")
+    assert r.returncode == 0 and "already current" in r.stderr and "procedures made again" in r.stderr, r.stderr
+    body = s.rows(f"SELECT ROUTINE_DEFINITION FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = '{s.db}' "
+                  "AND ROUTINE_NAME = 'rollups_before'")
+    assert "rollup_jobday" in body[0][0], body
+    s.store.write(_one(9501, "n1", T0 + 10 * D, 3600))
+    assert s.push().returncode == 0
+    assert s.rows("SELECT SUM(records) FROM rollup_day") == [["1"]]

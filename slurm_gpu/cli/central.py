@@ -72,7 +72,8 @@ def init(app, url, password_file, check_only, cluster, writers, group, writer, p
         with _bar(progress, "building rollups") as bar:
             before, after = srv.migrate(rollup_tz or app.config.get("report", "tz"), bar.step)
         if before == after:
-            click.echo(f"{srv.target.describe()}: schema version {after}, already current", err=True)
+            click.echo(f"{srv.target.describe()}: schema version {after}, already current (the push's rollup "
+                       "procedures made again with this release's statements)", err=True)
         else:
             click.echo(f"{srv.target.describe()}: schema {'created' if before is None else f'migrated from {before}'}"
                        f" at version {after}", err=True)

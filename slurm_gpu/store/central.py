@@ -353,8 +353,9 @@ class Central:
 
     def migrate(self, rollup_tz: str = "utc", progress: Optional[Callable[[int, int], None]] = None
                 ) -> Tuple[Optional[int], int]:
-        """Create or upgrade the schema: (version before, version after).  `rollup_tz` ('utc' or
-        'local': this host's zone) cuts the rollups' days; `progress(done, total)` follows their build."""
+        """Create or upgrade the schema: (version before, version after); on a current one, make
+        the push's rollup procedures again.  `rollup_tz` ('utc' or 'local': this host's zone) cuts
+        the rollups' days; `progress(done, total)` follows their build."""
         self.migrate_options = (rollup_tz, progress)
         before = self.schema_version()
         if before is not None and before > SCHEMA_VERSION:
@@ -365,6 +366,13 @@ class Central:
                 stmt(self) if callable(stmt) else self.execute(stmt)
             self.execute("INSERT INTO meta (name, value) VALUES ('schema_version', %s) "
                          "ON DUPLICATE KEY UPDATE value = VALUES(value)", (str(v + 1),))
+            self.commit()
+        if before == SCHEMA_VERSION:
+            # A release may improve the push's rollup statements (store/rollup_push.py) within a
+            # schema version: they are made again here, and the nodes, which need the server's
+            # version to be theirs, keep pushing without an upgrade.
+            for ddl in rollup_push.procedures():
+                self.execute(ddl)
             self.commit()
         return before, SCHEMA_VERSION
 
