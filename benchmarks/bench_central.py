@@ -79,24 +79,16 @@ CLIENT = ["mariadb", "--no-defaults"]
 
 
 class BenchMariaDB(testdb.MariaDB):
-    """tests/mariadb.py's server with extra mariadbd options (later options win on its command
-    line).  tests/mariadb.py takes no options, so its module-level OPTS is extended for the
-    duration of start() only."""
+    """tests/mariadb.py's server with extra mariadbd options, its temporary files (a report's
+    derived tables) in its own directory, not /tmp."""
 
     def __init__(self, extra_opts: Sequence[str], workdir: Path):
-        super().__init__(workdir)
-        # The server's temporary files (a report's derived tables) in its own directory, not /tmp.
+        super().__init__(workdir, [*extra_opts, f"--tmpdir={workdir / 'tmp'}"])
         self.tmpdir = self.dir / "tmp"
-        self.extra_opts = list(extra_opts) + [f"--tmpdir={self.tmpdir}"]
 
     def start(self, timeout_s: float = 180.0) -> "BenchMariaDB":
         self.tmpdir.mkdir(parents=True, exist_ok=True)
-        saved = testdb.OPTS
-        testdb.OPTS = list(saved) + self.extra_opts
-        try:
-            super().start(timeout_s)
-        finally:
-            testdb.OPTS = saved
+        super().start(timeout_s)
         return self
 
 

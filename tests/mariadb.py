@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 OPTS = ["--innodb-buffer-pool-size=64M", "--innodb-log-file-size=16M", "--innodb-flush-log-at-trx-commit=0",
         "--innodb-doublewrite=0", "--sync-binlog=0", "--innodb-flush-method=nosync"]
@@ -25,12 +25,13 @@ class MariaDBUnavailable(Exception):
     pass
 
 
-def running():
-    """A started throwaway server for a module-scoped fixture (`yield from running()`); where
-    Debian's mariadb-server is missing the test skips, except in CI where it fails."""
+def running(opts: Sequence[str] = ()):
+    """A started throwaway server (with mariadbd's `opts` besides OPTS) for a module-scoped fixture
+    (`yield from running()`); where Debian's mariadb-server is missing the test skips, except in
+    CI where it fails."""
     from testbed import unavailable
     try:
-        m = MariaDB()
+        m = MariaDB(opts=opts)
     except MariaDBUnavailable as e:
         unavailable(str(e))
     m.start()
@@ -47,7 +48,7 @@ def _free_port() -> int:
 
 
 class MariaDB:
-    def __init__(self, workdir: Optional[Path] = None):
+    def __init__(self, workdir: Optional[Path] = None, opts: Sequence[str] = ()):
         for tool in ("mariadbd", "mariadb-install-db", "mariadb", "mariadb-admin"):
             if shutil.which(tool) is None:
                 raise MariaDBUnavailable(f"{tool} not found (Debian package mariadb-server)")
@@ -59,6 +60,7 @@ class MariaDB:
         self.port = _free_port()
         self.proc: Optional[subprocess.Popen] = None
         self.log = self.dir / "mariadbd.log"
+        self.opts = [*OPTS, *opts]  # (later options win on mariadbd's command line)
 
     def start(self, timeout_s: float = 60.0) -> "MariaDB":
         if not (self.data / "mysql").exists():
@@ -71,7 +73,7 @@ class MariaDB:
             self.proc = subprocess.Popen(
                 ["mariadbd", "--no-defaults", "--user=root", f"--datadir={self.data}", f"--socket={self.socket}",
                  f"--port={self.port}", "--bind-address=127.0.0.1", "--skip-name-resolve", "--skip-log-bin",
-                 f"--pid-file={self.dir / 'mariadbd.pid'}", f"--log-error={self.log}", *OPTS],
+                 f"--pid-file={self.dir / 'mariadbd.pid'}", f"--log-error={self.log}", *self.opts],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

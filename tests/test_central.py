@@ -779,3 +779,79 @@ def test_central_init_writes_each_writers_password_file_once_and_prints_only_its
         [s for s in r.stdout.splitlines() if "IDENTIFIED" in s and "_n" in s]
     bad = cli("--config", str(site.config), "central", "init", "--cluster", "c", "--writers", "*")
     assert bad.returncode == 2 and "needs --group" in bad.stderr, bad.stderr
+
+
+# --------------------------------------------------------------------------- TLS
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+
+def _ca(d: Path, name: str) -> Path:
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={name}",
+             "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.pem"))
+    return d / f"{name}.pem"
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory):
+    """A server with TLS on, its certificate (for IP 127.0.0.1) signed by a test CA; and another CA."""
+    d = tmp_path_factory.mktemp("tls")
+    ca, other = _ca(d, "site-ca"), _ca(d, "other-ca")
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=central", "-keyout", str(d / "server.key"),
+             "-out", str(d / "server.csr"))
+    (d / "san.ext").write_text("subjectAltName = IP:127.0.0.1\n")
+    _openssl("x509", "-req", "-in", str(d / "server.csr"), "-CA", str(ca), "-CAkey", str(d / "site-ca.key"),
+             "-CAcreateserial", "-days", "2", "-extfile", str(d / "san.ext"), "-out", str(d / "server.pem"))
+    for server in testdb.running([f"--ssl-ca={ca}", f"--ssl-cert={d / 'server.pem'}", f"--ssl-key={d / 'server.key'}"]):
+        db = server.new_database()
+        pw = server.new_user("tls_user", [f"GRANT SELECT ON {db}.* TO 'tls_user'@'%';"])
+        yield server, db, pw, ca, other
+
+
+def _cipher(central: C.Central) -> str:
+    return str(central.execute("SHOW SESSION STATUS LIKE 'Ssl_cipher'")[0][1])
+
+
+def test_without_ssl_ca_tls_is_the_drivers_default_and_no_ca_bundle_is_loaded(tls, monkeypatch):
+    """No ssl_ca: PyMySQL's default (>= 1.2: TLS where the server offers it, unverified), which
+    loaded the system's CA bundle on every connection (~50 ms of each report) for nothing."""
+    import ssl
+
+    import pymysql
+    server, db, pw, _ca_pem, _other = tls
+    plain = pymysql.connect(host="127.0.0.1", port=server.port, user="tls_user", password=pw, database=db)
+    try:
+        with plain.cursor() as cur:
+            cur.execute("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+            drivers = cur.fetchone()[1]
+    finally:
+        plain.close()
+    loaded = []
+    monkeypatch.setattr(ssl.SSLContext, "load_default_certs", lambda self, *a: loaded.append(a))
+    with C.Central(C.parse_url(server.url("tls_user", db)), pw, 10) as central:
+        assert _cipher(central) == drivers and (drivers != "") == ("_ssl_required" in vars(plain))
+        assert central.execute("SELECT 1") == [(1,)]
+    assert loaded == []
+
+
+def test_ssl_ca_of_the_servers_ca_connects_over_verified_tls(tls):
+    server, db, pw, ca, _other = tls
+    with C.Central(C.parse_url(server.url("tls_user", db) + f"?ssl_ca={ca}"), pw, 10) as central:
+        assert _cipher(central) != ""
+
+
+def test_a_server_certificate_another_ca_signed_is_one_line_saying_tls_failed(tls):
+    server, db, pw, _ca_pem, other = tls
+    with pytest.raises(C.CentralError) as e:
+        C.Central(C.parse_url(server.url("tls_user", db) + f"?ssl_ca={other}"), pw, 10)
+    assert "TLS failed" in str(e.value) and "CERTIFICATE_VERIFY_FAILED" in str(e.value), str(e.value)
+    assert "ssl_ca" in e.value.hint and pw not in str(e.value) + e.value.hint
+    assert "\n" not in str(e.value)
+
+
+def test_ssl_ca_for_a_server_without_tls_is_one_line_saying_tls_failed(site, tls):
+    _server, _db, _pw, ca, _other = tls
+    with pytest.raises(C.CentralError) as e:
+        C.Central(C.parse_url(site.server.url(site.admin, site.db) + f"?ssl_ca={ca}"), site.admin_pw, 10)
+    assert "TLS failed" in str(e.value) and "have_ssl" in e.value.hint, str(e.value)

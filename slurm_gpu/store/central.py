@@ -146,6 +146,32 @@ def _driver() -> Any:
     return pymysql
 
 
+def _connect(driver: Any, kw: Dict[str, Any], preferred: bool) -> Any:
+    """driver.connect(**kw); `preferred` (no ssl_ca): TLS where the server offers it, unverified,
+    as PyMySQL >= 1.2 does by default, but with a context that loads no CA certificates: PyMySQL's
+    default one loads the system's bundle (~50 ms of every CLI run against the server, for
+    certificates an unverified connection never looks at).  An older PyMySQL (no such mode)
+    connects as it always did: in plain text."""
+    if not preferred:
+        return driver.connect(**kw)
+    conn = driver.connect(**kw, ssl_disabled=True, defer_connect=True)
+    if "_ssl_required" in vars(conn):  # PyMySQL's "PREFERRED" mode: encrypt if the server can
+        import ssl
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        conn.ssl, conn._ssl_required, conn.ctx = True, False, ctx
+    conn.connect()
+    return conn
+
+
+def _tls_failure(e: BaseException) -> bool:
+    """The driver's error came from TLS: the server's certificate or its lack of TLS (PyMySQL wraps
+    a failed handshake as "can't connect")."""
+    import ssl
+    chain = [e, e.__cause__, e.__context__, getattr(e, "original_exception", None)]
+    return _code(e) == 2026 or any(isinstance(x, ssl.SSLError) for x in chain)
+
+
 def _code(e: BaseException) -> Optional[int]:
     """The server's or client's error number (1045 access denied, 2003 cannot connect, ...)."""
     args = getattr(e, "args", ())
@@ -175,6 +201,10 @@ def describe_error(e: BaseException, target: Target, password: str = "") -> Tupl
         return (f"central server {where}: another transaction held the rows this one needed ({text})",
                 "other pushes, a `central rollup --rebuild` or a long admin transaction; nothing was lost: "
                 "the records stay in the node database for the next push")
+    if _tls_failure(e):
+        return (f"central server {where}: TLS failed ({text})",
+                "central.url's ssl_ca must name the CA that signed the server's certificate, the certificate must "
+                "name the URL's host, and the server must have TLS on (SHOW VARIABLES LIKE 'have_ssl')")
     if code in (2003, 2002, 2006, 2013, 2055) or isinstance(e, (OSError, TimeoutError)):
         return (f"central server {where}: unreachable or not answering ({text})",
                 "is the server up and reachable from here? nothing was lost: records stay in the node database for the next push")
@@ -242,7 +272,7 @@ class Central:
             kw["ssl"] = {"ca": target.ssl_ca}
         try:
             with self._deadline(timeout_s):
-                self.conn = self.driver.connect(**kw)
+                self.conn = _connect(self.driver, kw, preferred=not target.ssl_ca)
         except Exception as e:  # the driver's errors, socket errors, timeouts
             raise self.error(e) from None
 
