@@ -14,9 +14,9 @@ Not run in CI (needs Debian's mariadb-server and root, like tests/test_central.p
    starting over 365 days of 2025 (UTC), 1 min-48 h long (log-uniform), 3 % unknown
    utilisation, 12 % idle jobs;
 3. times the migration v3 -> v5 (the rollups built from the records, days in UTC), v5 -> v6 (their
-   job counts and peaks, from the rollups' rows) and v6 -> v7 (the week, month and node tables, from
-   the day tables), as `central init` runs them, and prints each table's rows and size
-   (information_schema);
+   job counts and peaks, from the rollups' rows) and v6 -> current (the week, month, node and
+   partition tables, from the day tables), as `central init` runs them, and prints each table's
+   rows and size (information_schema);
 4. times, interleaved over --runs runs, medians of, for `--by` user, account,month,
    partition,model,week and node, each over the whole year 2025 and over June 2025 (UTC days):
    - the whole CLI: `python3 -m slurm_gpu.cli --config CFG report --by KEYS --since D0 --until D1
@@ -359,7 +359,7 @@ def migrate_to(srv: C.Central, version: int) -> None:
 
 
 SIZED = ("job_gpus", "rollup_day", "rollup_day_node", "rollup_jobs", "rollup_month", "rollup_week",
-         "rollup_node_day", "rollup_node_month")
+         "rollup_node_day", "rollup_node_month", "rollup_partition_day")
 
 
 def table_sizes(server: testdb.MariaDB, db: str) -> Dict[str, Tuple[int, int, int]]:
@@ -382,8 +382,8 @@ def print_sizes(sizes: Dict[str, Tuple[int, int, int]], records: int) -> None:
 
 def time_migration(server: testdb.MariaDB, url: str, password: str, rows: int) -> float:
     """v3 -> v5 (the rollups built from the records), v5 -> v6 (their job counts and peaks built
-    from the rollups' rows), v6 -> v7 (the week, month and node tables from the day tables), as
-    `central init` runs them: each timed."""
+    from the rollups' rows), v6 -> current (v8: the week, month and node tables from the day
+    tables; v10: the partition table from rollup_day), as `central init` runs them: each timed."""
     with C.Central(C.parse_url(url), password, 3600) as srv:
         t0 = time.perf_counter()
         migrate_to(srv, 5)
@@ -396,7 +396,8 @@ def time_migration(server: testdb.MariaDB, url: str, password: str, rows: int) -
     assert (before, after) == (6, C.SCHEMA_VERSION), (before, after)
     print(f"migration v3 -> v5 (rollups built from {rows:,} records, one transaction): {t1 - t0:.1f} s", flush=True)
     print(f"migration v5 -> v6 (job counts and peaks built from the rollups): {t2 - t1:.1f} s", flush=True)
-    print(f"migration v6 -> v{after} (week, month and node rollups built from the day tables): {t3 - t2:.1f} s", flush=True)
+    print(f"migration v6 -> v{after} (week, month, node and partition rollups built from the day tables): "
+          f"{t3 - t2:.1f} s", flush=True)
     return t3 - t0
 
 

@@ -182,11 +182,17 @@ def test_a_report_from_the_rollups_equals_the_report_from_the_records_byte_for_b
                 coarse = _period_table(keys, unit)
                 assert ("month(s) of" in plan or "week(s) of" in plan) == (coarse is not None), (keys, plan)
                 assert coarse is None or coarse in plan, (keys, plan)
+                assert ("day(s) of rollup_partition_day" in plan) == _by_partition(keys), (keys, plan)
+
+
+def _by_partition(keys):
+    """A summary by `keys` (no filters) reads rollup_partition_day (and no other table's cells)."""
+    return not set(keys) & {"user", "account", "node"}
 
 
 def _period_table(keys, unit):
     """The week or month table a summary by `keys` (no filters) reads for its whole weeks or months."""
-    if unit == "day":
+    if unit == "day" or _by_partition(keys):
         return None
     if "node" not in keys:
         return "week(s) of rollup_week" if unit == "week" else "month(s) of rollup_month"
@@ -239,7 +245,8 @@ def test_a_rebuild_corrects_rollups_that_drifted_and_says_so(server, tmp_path):
     assert s.push().returncode == 0
     s.server.sql("UPDATE rollup_day SET alloc_s = alloc_s + 1 LIMIT 2; DELETE FROM rollup_jobs LIMIT 1; "
                  "UPDATE rollup_month SET jobs_later = jobs_later + 1 LIMIT 1; "
-                 "UPDATE rollup_node_month SET peak_bytes = 7 LIMIT 1; DELETE FROM rollup_node_day LIMIT 1;", s.db)
+                 "UPDATE rollup_node_month SET peak_bytes = 7 LIMIT 1; DELETE FROM rollup_node_day LIMIT 1; "
+                 "UPDATE rollup_partition_day SET jobs_first = jobs_first + 1 LIMIT 3;", s.db)
     since = time.strftime("%Y-%m-%d", time.gmtime(T0))
     r = cli("--config", str(s.config), "central", "rollup", "--rebuild", "--since", since)
     assert r.returncode == 1, r.stdout + r.stderr
@@ -249,6 +256,7 @@ def test_a_rebuild_corrects_rollups_that_drifted_and_says_so(server, tmp_path):
     assert "rollup_node_day: 1 missing, 0 extra, 0 different" in r.stdout
     assert "rollup_node_month: 0 missing, 0 extra, 1 different" in r.stdout
     assert "rollup_week: 0 missing, 0 extra, 0 different" in r.stdout
+    assert "rollup_partition_day: 0 missing, 0 extra, 3 different" in r.stdout
     r = cli("--config", str(s.config), "central", "rollup", "--rebuild")
     assert r.returncode == 0 and "rollups exact" in r.stderr
 
@@ -406,7 +414,7 @@ def test_migrating_a_v6_server_builds_its_month_and_node_rollups_from_its_days(s
     _init(s)
     files = _push_tricky(s, tmp_path)
     # The server as v6 left it: day tables only, rollup_days without months.
-    s.server.sql("DROP TABLE rollup_month, rollup_week, rollup_node_day, rollup_node_month; "
+    s.server.sql("DROP TABLE rollup_month, rollup_week, rollup_node_day, rollup_node_month, rollup_partition_day; "
                  "ALTER TABLE rollup_days DROP INDEX rollup_days_month, DROP COLUMN month_day, "
                  "DROP INDEX rollup_days_week, DROP COLUMN week_day; "
                  "UPDATE meta SET value = '6' WHERE name = 'schema_version';", s.db)
@@ -414,7 +422,8 @@ def test_migrating_a_v6_server_builds_its_month_and_node_rollups_from_its_days(s
     assert r.returncode == 0, r.stderr
     assert f"schema migrated from 6 at version {C.SCHEMA_VERSION}" in r.stderr
     for t, days in (("rollup_month", "rollup_day"), ("rollup_week", "rollup_day"), ("rollup_node_day", "rollup_day_node"),
-                    ("rollup_node_month", "rollup_day_node")):  # (the node tables count a job per node)
+                    ("rollup_node_month", "rollup_day_node"), ("rollup_partition_day", "rollup_day")):
+        # (the node tables count a job per node)
         assert s.rows(f"SELECT SUM(jobs_first), SUM(records) FROM {t}") == \
             s.rows(f"SELECT SUM(jobs_first), SUM(records) FROM {days}"), t
     r = cli("--config", str(s.config), "central", "rollup", "--rebuild")
@@ -422,11 +431,34 @@ def test_migrating_a_v6_server_builds_its_month_and_node_rollups_from_its_days(s
     # Whole months (January to March) with whole and partial days at both edges.
     q = Query(since_s=T0 - 5 * D + 3600.0, until_s=T0 + 95 * D + 7200.0, tz="utc")
     for by, table in ((("user",), "rollup_month"), (("node",), "rollup_node_month"), (("node", "month"), "rollup_node_month"),
-                      (("gpu-model", "month"), "rollup_month"), (("user", "node"), "rollup_day_node"),
-                      (("partition", "week"), "rollup_week")):
+                      (("account", "month"), "rollup_month"), (("user", "node"), "rollup_day_node"),
+                      (("account", "week"), "rollup_week"), (("partition", "week"), "rollup_partition_day"),
+                      (("gpu-model", "month"), "rollup_partition_day")):
         a, b, plan = _both(s, files, q, by)
         assert b == a, (by, plan, _diff(a[1], b[1]))
         assert f" of {table} " in plan + " " and "2 partial day(s)" in plan, (by, plan)
+
+
+def test_migrating_a_v9_server_builds_its_partition_rollups_from_its_days(server, tmp_path):
+    s = Site(server, tmp_path)
+    _init(s)
+    files = _push_tricky(s, tmp_path)
+    want = s.rows("SELECT day, \"partition\", gpu_model, nulls & 12, SUM(alloc_s), SUM(records), SUM(jobs_first), "
+                  "SUM(jobs_later), MAX(peak_bytes) FROM rollup_day WHERE records <> 0 GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4")
+    s.server.sql("DROP TABLE rollup_partition_day; UPDATE meta SET value = '9' WHERE name = 'schema_version';", s.db)
+    q = Query(since_s=T0 - 5 * D + 3600.0, until_s=T0 + 95 * D + 7200.0, tz="utc")
+    a, b, plan = _both(s, files, q, ("partition", "week"))
+    assert b == a and "of rollup_week" in plan, plan  # (a v9 server: its week table)
+    r = cli("--config", str(s.config), "central", "init", "--writer", s.writer, "--reporter", s.reporter)
+    assert r.returncode == 0, r.stderr
+    assert f"schema migrated from 9 at version {C.SCHEMA_VERSION}" in r.stderr
+    assert s.rows("SELECT day, \"partition\", gpu_model, nulls, alloc_s, records, jobs_first, jobs_later, peak_bytes "
+                  "FROM rollup_partition_day ORDER BY 1, 2, 3, 4") == want
+    r = cli("--config", str(s.config), "central", "rollup", "--rebuild")
+    assert r.returncode == 0 and "rollup_partition_day: 0 missing, 0 extra, 0 different" in r.stdout, r.stdout + r.stderr
+    for by in (("partition", "week"), ("gpu-model",), ("cluster", "day")):
+        a, b, plan = _both(s, files, q, by)
+        assert b == a and "of rollup_partition_day" in plan, (by, plan, _diff(a[1], b[1]))
 
 
 def test_three_nodes_pushing_the_same_jobs_at_once_leave_rollups_a_rebuild_finds_exact(server, tmp_path):

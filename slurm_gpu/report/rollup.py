@@ -2,7 +2,8 @@
 per-month sums (whole ISO weeks from the per-week ones for --by week), the other whole days from
 the per-day sums, the partial days at the window's edges from the records, one SQL statement.
 `--by node` without user, account or partition (keys or filters) reads the node tables without
-those keys.
+those keys; a grouping of partition, GPU model and cluster only (no user, account or node, as
+keys or filters) reads the per-day partition table, whatever the buckets.
 
 The plan applies when the rollups exist, the idle threshold is theirs, no job is named, and the
 window holds at least one whole day of the rollups' zone; for day/week/month groups every
@@ -110,9 +111,14 @@ _PERIODS = {"rollup_month": ("month_day", "month"), "rollup_week": ("week_day", 
             "rollup_node_month": ("month_day", "month")}
 
 
-def _tables(by: Sequence[str], q: Query, unit: Optional[str], coarse: bool) -> Tuple[str, Optional[str]]:
+def _tables(by: Sequence[str], q: Query, unit: Optional[str], version: int) -> Tuple[str, Optional[str]]:
     """(the day table, the week or month table or None) whose keys carry the grouping and the
     filters, and whose periods fit in the buckets (weeks for --by week, months otherwise)."""
+    coarse = version >= R.COARSE_VERSION
+    no_user = not any(k in by for k in ("user", "account")) and not q.users and not q.accounts
+    if "node" not in by and not q.nodes and no_user and version >= R.PARTITION_VERSION:
+        # (365 x partitions x models cells a year, where rollup_month has 12 x every group's)
+        return "rollup_partition_day", None
     if "node" not in by and not q.nodes:
         period = None if unit == "day" or not coarse else "rollup_week" if unit == "week" else "rollup_month"
         return "rollup_day", period
@@ -152,14 +158,23 @@ def _sums_select(table: str, by: Sequence[str], buckets: Sequence[Tuple[float, f
         head = ", ".join(keys + ['0 AS "_bucket"'])
         return (f"SELECT {head}, {sums}, SUM({jobs_n}) AS jobs_n, MAX(r.peak_bytes) AS peak "
                 f"FROM {table} r WHERE {cond} GROUP BY {group}")
+    # Jobs that began before a bucket (or the window) count on its first day (a month's cells: the
+    # month's first day).
+    starts = S.bucket_tree("d.d_start", buckets, lambda i: repr(buckets[i][0]))
+    if table == "rollup_partition_day":
+        # Its cells are nearly one per group and day already: each cell's day looked up directly
+        # (a per-day derived table of a year's 8,760 rows cost as much again).
+        jobs_n = f"r.jobs_first + CASE WHEN r.day = :r_d0 OR d.d_start = {starts} THEN r.jobs_later ELSE 0 END" \
+            if kind else "0"
+        head = ", ".join(keys + [f'{_bucket_of("d.d_start", buckets)} AS "_bucket"'])
+        return (f"SELECT {head}, {sums}, SUM({jobs_n}) AS jobs_n, MAX(r.peak_bytes) AS peak "
+                f"FROM {table} r STRAIGHT_JOIN rollup_days d ON d.day = r.day WHERE {cond} GROUP BY {group}")
     # Per group and day first, then per bucket: a day's start (its bucket) is looked up once per
     # group and day, not once per cell (a year's weeks: 220,000 cells, 1,300 weeks x groups at 10 M).
     jobs = "SUM(r.jobs_first) AS jf, SUM(r.jobs_later) AS jl" if kind else "0 AS jf, 0 AS jl"
     days = (f"SELECT {', '.join(keys + ['r.day AS day'])}, {sums}, {jobs}, MAX(r.peak_bytes) AS peak FROM {table} r "
             f"WHERE {cond} GROUP BY {group}")
-    # Jobs that began before a bucket (or the window) count on its first day (a month's cells: the
-    # month's first day).
-    first = f"x.day = :r_d0 OR d.d_start = {S.bucket_tree('d.d_start', buckets, lambda i: repr(buckets[i][0]))}"
+    first = f"x.day = :r_d0 OR d.d_start = {starts}"
     outer = [f'x."{k}"' for k in plain] + [f'{_bucket_of("d.d_start", buckets)} AS "_bucket"']
     figs = ", ".join(f'SUM(x."{c}") AS "{c}"' for c in R.FIGURES)
     return (f"SELECT {', '.join(outer)}, {figs}, "
@@ -285,8 +300,7 @@ def _build(src: Any, by: Sequence[str], unit: Optional[str], buckets: List[Tuple
     q = src.query
     params: Dict[str, Any] = {}
     kind = _kind(by, q)
-    coarse = int(info.get("schema_version", R.COARSE_VERSION)) >= R.COARSE_VERSION
-    tables = _tables(by, q, unit, coarse)
+    tables = _tables(by, q, unit, int(info.get("schema_version", R.PARTITION_VERSION)))
     months = _periods(src, tables[1], days, used, buckets) if tables[1] is not None else None
     sums, day_jobs, read = _rollup_parts(by, buckets, q, params, days, kind, tables, months, used)
     jobs = [day_jobs]

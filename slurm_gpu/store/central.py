@@ -31,6 +31,8 @@ is imported when a connection is opened, never at module import.
 - Schema v8: coarse rollups (per month, and per node without the user, account and partition),
   so that a year's report reads months x groups, not days x groups x nodes (store/rollups.py).
 - Schema v9: the push's rollups in fixed join orders, cut into days once (rollups_before only).
+- Schema v10: rollup_partition_day, per partition and GPU model without user and account, so that
+  a year's report by those reads days x partitions x models (store/rollups.py).
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ from slurm_gpu.errors import CentralError, WriterRefused
 from slurm_gpu.store import rollup_push, rollups
 from slurm_gpu.store import writers as W
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 DEFAULT_PORT = 3306
 SESSION_SQL_MODE = "ANSI_QUOTES,PIPES_AS_CONCAT,STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION"
 URL_HINT = "central.url looks like mysql://USER@HOST[:PORT]/DATABASE (password in central.password_file)"
@@ -649,6 +651,9 @@ MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
     ),
     (   # v9, "push plans" (store/rollup_push.py): rollups_before's join orders fixed, its pieces cut once.
         *rollup_push.procedures(),
+    ),
+    (   # v10, "partition rollups" (store/rollups.py): rollup_partition_day, built from rollup_day.
+        rollups.partition_step,
     ),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION

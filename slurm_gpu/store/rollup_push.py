@@ -36,6 +36,7 @@ from slurm_gpu.store.rollups import (
     _later_sum,
     _q,
     _with_kinds,
+    null_mask,
 )
 
 _KINDED = JOB_COLS + list(KINDS)
@@ -253,12 +254,14 @@ def _coarse_peaks_again(table: str) -> str:
     source, own, period = COARSE[table]
     pk = _coarse_pk(table)
     keys = [k for k in pk if k != "day"]
-    model = f"(o.nulls & {MODEL_BIT})" if "gkey" not in own else "o.nulls"
+    model = f"(o.nulls & {null_mask(table)})" if "gkey" not in own else "o.nulls"
     picked = [(f"dd.{period}" if period else "o.day") + ' AS "day"'] + [
         (f'{model} AS "nulls"' if k == "nulls" else f'o."{k}"') for k in keys]
     cells = (f"SELECT DISTINCT {', '.join(picked)} FROM rollup_delta o JOIN rollup_days dd ON dd.day = o.day "
              "WHERE o.had_old")
     on = " AND ".join(f'r."{k}" = c."{k}"' for k in pk)
+    if source == "rollup_day" and "gkey" not in own:
+        return _only_where_rows_left(_peaks_by_day(table, cells, on))
     same = [f'x."{k}" = r."{k}"' for k in keys if k not in ("nulls", "gpu_model")]
     if "gkey" not in own and source == "rollup_day_node":  # the node's cells of every group with that model
         same += ['x."gpu_model" = r."gpu_model"', f"(x.nulls & {MODEL_BIT}) = r.nulls"]
@@ -271,3 +274,19 @@ def _coarse_peaks_again(table: str) -> str:
         sub = f"SELECT MAX(x.peak_bytes) FROM {source} x {_BY_KEY} WHERE x.day = r.day AND {' AND '.join(same)}"
     return _only_where_rows_left(f"UPDATE ({cells}) AS c STRAIGHT_JOIN {table} r {_BY_KEY} ON {on}\n"
                                  f"SET r.peak_bytes = ({sub})")
+
+
+def _peaks_by_day(table: str, cells: str, on: str) -> str:
+    """rollup_partition_day's peaks again: its source, rollup_day, is keyed by the groups' hash, so a
+    cell's source cells are among all of its day's (a range of the source's key): each such day
+    is read once, its peaks taken per cell, and set on the cells the batch's rows left."""
+    source = COARSE[table][0]
+    own = [c for c in COARSE[table][1] if c != "nulls"]
+    names = ", ".join(f'x."{c}"' for c in own)
+    peaks = (f"SELECT x.cluster, x.day, {names}, (x.nulls & {null_mask(table)}) AS nulls, MAX(x.peak_bytes) AS peak "
+             f"FROM (SELECT DISTINCT l.cluster, l.day FROM ({cells}) AS l) AS d\n"
+             f"    STRAIGHT_JOIN {source} x {_BY_KEY} ON x.cluster = d.cluster AND x.day = d.day "
+             f"GROUP BY 1, 2, {', '.join(str(i) for i in range(3, len(own) + 4))}")
+    p_on = " AND ".join(f'p."{k}" = c."{k}"' for k in _coarse_pk(table))
+    return (f"UPDATE ({cells}) AS c STRAIGHT_JOIN {table} r {_BY_KEY} ON {on}\n"
+            f"  LEFT JOIN ({peaks}) AS p ON {p_on}\nSET r.peak_bytes = p.peak")

@@ -89,8 +89,10 @@ KINDS_DDL = tuple(f'"{k}" TINYINT NOT NULL DEFAULT 0' for k in KINDS)
 JOBS_KEYS = ("KEY rollup_jobs_cell (day, gkey)", "KEY rollup_jobs_mixed (day_kind, day)",
              "KEY rollup_jobs_node_mixed (node_kind, day)")
 SUM_TABLES = {"rollup_day": (), "rollup_day_node": ("node",)}  # table -> key columns besides the groups
-COARSE_TABLES = ("rollup_month", "rollup_week", "rollup_node_day", "rollup_node_month")  # v8: sums of day cells
+COARSE_TABLES = ("rollup_month", "rollup_week", "rollup_node_day", "rollup_node_month",  # v8: sums of day cells
+                 "rollup_partition_day")  # v10
 COARSE_VERSION = 8  # the central schema with the coarse tables (an older server: days only)
+PARTITION_VERSION = 10  # ... and with rollup_partition_day
 TABLES = ("rollup_days", "rollup_day", "rollup_day_node", "rollup_jobs", *COARSE_TABLES)
 
 
@@ -455,7 +457,10 @@ def meta(conn_execute: Callable[[str], List[Tuple[Any, ...]]]) -> Optional[Dict[
 # - `rollup_month`: rollup_day's key with `day` the month's first day (a month of the rollups' zone);
 # - `rollup_week`: the same per ISO week (`day` its Monday);
 # - `rollup_node_day`: (cluster, day, node, gpu_model), rollup_day_node summed over the groups;
-# - `rollup_node_month`: the same per month.
+# - `rollup_node_month`: the same per month;
+# - `rollup_partition_day` (v10): (cluster, day, partition, gpu_model), rollup_day summed over the
+#   users and accounts: a year's --by partition,gpu-model,week read 220,000 rollup_week cells at
+#   10 M records (200 users), here 365 days x 24 partitions and models.
 #
 # They are sums of their source's cells, so their figures are exact as the source's.  Job
 # counts carry over: a simple job's days are contiguous, so it counts once in a month (week) as
@@ -472,9 +477,16 @@ COARSE: Dict[str, Tuple[str, Tuple[str, ...], Optional[str]]] = {
     "rollup_week": ("rollup_day", (*GROUP_COLUMNS, "nulls", "gkey"), "week_day"),
     "rollup_node_day": ("rollup_day_node", ("node", "gpu_model", "nulls"), None),
     "rollup_node_month": ("rollup_node_day", ("node", "gpu_model", "nulls"), "month_day"),
+    "rollup_partition_day": ("rollup_day", ("partition", "gpu_model", "nulls"), None),
 }
+V8_COARSE = COARSE_TABLES[:4]  # what schema v8 made (v10: rollup_partition_day)
 MODEL_BIT = NULL_BITS["gpu_model"]
 assert tuple(COARSE) == COARSE_TABLES
+
+
+def null_mask(table: str) -> int:
+    """The `nulls` bits a coarse table without gkey keeps: those of its own group columns."""
+    return sum(NULL_BITS[c] for c in COARSE[table][1] if c in NULL_BITS)
 
 
 def coarse_keys(table: str) -> List[str]:
@@ -487,7 +499,7 @@ def _coarse_pk(table: str) -> List[str]:
 
 def coarse_table_ddl(table: str, temporary: bool = False) -> str:
     own = COARSE[table][1]
-    names = _group_ddl() if "gkey" in own else [f'"node" {NAME} NOT NULL', f'"gpu_model" {NAME} NOT NULL',
+    names = _group_ddl() if "gkey" in own else [*(f'"{c}" {NAME} NOT NULL' for c in own if c != "nulls"),
                                                 "nulls TINYINT NOT NULL"]
     cols = ["cluster VARCHAR(64) NOT NULL", "day INT NOT NULL", *names,
             *(f'"{c}" {SUM} NOT NULL' for c, _ in SUMS), *(f'"{c}" BIGINT NOT NULL' for c, _ in COUNTS),
@@ -512,7 +524,7 @@ def _coarse_select(table: str, source: str, first: str, later: str, peak: str, f
     keys, `figures`, then the job counts and the peak given as expressions; cells from day `since` on."""
     _src, own, period = COARSE[table]
     day = f"dd.{period}" if period else "r.day"
-    names = [f"(r.nulls & {MODEL_BIT})" if c == "nulls" and "gkey" not in own else f'r."{c}"' for c in own]
+    names = [f"(r.nulls & {null_mask(table)})" if c == "nulls" and "gkey" not in own else f'r."{c}"' for c in own]
     sel = ["r.cluster", day, *names, *figures, first, later, peak]
     group = ", ".join(str(i) for i, k in enumerate(coarse_keys(table), 1) if k in _coarse_pk(table))
     join = " JOIN rollup_days dd ON dd.day = r.day" + (f" WHERE {day} >= {int(since)}" if since else "")
@@ -538,12 +550,13 @@ def coarse_derive(table: str, target: str, source: str, since: int = 0) -> str:
     return f"INSERT INTO {target} ({_q(_coarse_cols(table))})\n{sel}"
 
 
-def coarse_build(srv: Any, first_day: int = 0, temporary: bool = False) -> None:
+def coarse_build(srv: Any, first_day: int = 0, temporary: bool = False, tables: Sequence[str] = COARSE_TABLES) -> None:
     """Fill the coarse tables (or their temporary twins) from the day tables, for their cells from
     the first day of first_day's week or month on (its days before first_day from the day tables
     as they are)."""
     month0 = period0(srv, first_day)
-    for table, (source, _own, _period) in COARSE.items():
+    for table in tables:
+        source = COARSE[table][0]
         if temporary:
             srv.execute(f"DROP TEMPORARY TABLE IF EXISTS tmp_{table}")
             srv.execute(coarse_table_ddl(table, True))
@@ -567,16 +580,22 @@ def period0(srv: Any, first_day: int) -> int:
     return int(row[0][0]) if row else int(first_day)
 
 
-def coarse_step(srv: Any) -> None:
-    """The schema step "coarse rollups" (v8): rollup_days' months, the tables, the procedures that
-    keep them, then their cells from the day tables already there, in one serializable transaction."""
+def coarse_step(srv: Any, tables: Sequence[str] = V8_COARSE) -> None:
+    """The schema step "coarse rollups" (v8; v10 with rollup_partition_day): rollup_days' months,
+    the tables, the procedures that keep them, then their cells from the day tables already
+    there, in one serializable transaction."""
     from slurm_gpu.store import rollup_push  # (it builds on this module)
-    for ddl in (DAYS_MONTH_DDL, *(coarse_table_ddl(t) for t in COARSE), *rollup_push.procedures()):
+    for ddl in (DAYS_MONTH_DDL, *(coarse_table_ddl(t) for t in tables), *rollup_push.procedures()):
         srv.execute(ddl)
     srv.commit()  # (DDL commits anyway): the next transaction is the serializable one
     srv.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
     srv.execute("START TRANSACTION")
     srv.execute(DAYS_MONTH_FILL)
-    for t in COARSE:
+    for t in tables:
         srv.execute(f"DELETE FROM {t}")
-    coarse_build(srv)
+    coarse_build(srv, tables=tables)
+
+
+def partition_step(srv: Any) -> None:
+    """The schema step "partition rollups" (v10): rollup_partition_day from rollup_day."""
+    coarse_step(srv, ("rollup_partition_day",))
