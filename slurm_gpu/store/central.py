@@ -152,8 +152,8 @@ def _connect(driver: Any, kw: Dict[str, Any], preferred: bool) -> Any:
     """driver.connect(**kw); `preferred` (no ssl_ca): TLS where the server offers it, unverified,
     as PyMySQL >= 1.2 does by default, but with a context that loads no CA certificates: PyMySQL's
     default one loads the system's bundle (~50 ms of every CLI run against the server, for
-    certificates an unverified connection never looks at).  An older PyMySQL (no such mode)
-    connects as it always did: in plain text."""
+    certificates an unverified connection never looks at).  A PyMySQL without that mode as 1.2
+    has it connects with its own defaults (before 1.2: in plain text)."""
     if not preferred:
         return driver.connect(**kw)
     conn = driver.connect(**kw, ssl_disabled=True, defer_connect=True)
@@ -162,6 +162,8 @@ def _connect(driver: Any, kw: Dict[str, Any], preferred: bool) -> Any:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
         conn.ssl, conn._ssl_required, conn.ctx = True, False, ctx
+    else:
+        conn = driver.connect(**kw, defer_connect=True)
     conn.connect()
     return conn
 
