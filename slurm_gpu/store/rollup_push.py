@@ -21,7 +21,6 @@ from slurm_gpu.store.rollups import (
     JOB_COLS,
     JOB_FIGURES,
     KINDS,
-    MODEL_BIT,
     SUM,
     SUM_TABLES,
     SUMS,
@@ -264,7 +263,7 @@ def _coarse_peaks_again(table: str) -> str:
         return _only_where_rows_left(_peaks_by_day(table, cells, on))
     same = [f'x."{k}" = r."{k}"' for k in keys if k not in ("nulls", "gpu_model")]
     if "gkey" not in own and source == "rollup_day_node":  # the node's cells of every group with that model
-        same += ['x."gpu_model" = r."gpu_model"', f"(x.nulls & {MODEL_BIT}) = r.nulls"]
+        same += ['x."gpu_model" = r."gpu_model"', f"(x.nulls & {null_mask(table)}) = r.nulls"]
     elif "gkey" not in own:
         same += ['x."gpu_model" = r."gpu_model"', "x.nulls = r.nulls"]
     if period:  # the period's days (rollup_days_month or _week), then each day's cells by the source's key

@@ -480,7 +480,6 @@ COARSE: Dict[str, Tuple[str, Tuple[str, ...], Optional[str]]] = {
     "rollup_partition_day": ("rollup_day", ("partition", "gpu_model", "nulls"), None),
 }
 V8_COARSE = COARSE_TABLES[:4]  # what schema v8 made (v10: rollup_partition_day)
-MODEL_BIT = NULL_BITS["gpu_model"]
 assert tuple(COARSE) == COARSE_TABLES
 
 
@@ -580,17 +579,19 @@ def period0(srv: Any, first_day: int) -> int:
     return int(row[0][0]) if row else int(first_day)
 
 
-def coarse_step(srv: Any, tables: Sequence[str] = V8_COARSE) -> None:
-    """The schema step "coarse rollups" (v8; v10 with rollup_partition_day): rollup_days' months,
-    the tables, the procedures that keep them, then their cells from the day tables already
-    there, in one serializable transaction."""
+def coarse_step(srv: Any, tables: Sequence[str] = V8_COARSE, months: bool = True) -> None:
+    """The schema step "coarse rollups" (v8; v10 with rollup_partition_day): rollup_days' months
+    (v8 only: `months`), the tables, the procedures that keep them, then their cells from the day
+    tables already there, in one serializable transaction."""
     from slurm_gpu.store import rollup_push  # (it builds on this module)
-    for ddl in (DAYS_MONTH_DDL, *(coarse_table_ddl(t) for t in tables), *rollup_push.procedures()):
+    for ddl in ((DAYS_MONTH_DDL,) if months else ()) + tuple(coarse_table_ddl(t) for t in tables) \
+            + tuple(rollup_push.procedures()):
         srv.execute(ddl)
     srv.commit()  # (DDL commits anyway): the next transaction is the serializable one
     srv.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
     srv.execute("START TRANSACTION")
-    srv.execute(DAYS_MONTH_FILL)
+    if months:
+        srv.execute(DAYS_MONTH_FILL)
     for t in tables:
         srv.execute(f"DELETE FROM {t}")
     coarse_build(srv, tables=tables)
@@ -598,4 +599,4 @@ def coarse_step(srv: Any, tables: Sequence[str] = V8_COARSE) -> None:
 
 def partition_step(srv: Any) -> None:
     """The schema step "partition rollups" (v10): rollup_partition_day from rollup_day."""
-    coarse_step(srv, ("rollup_partition_day",))
+    coarse_step(srv, ("rollup_partition_day",), months=False)
