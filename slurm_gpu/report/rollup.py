@@ -161,9 +161,10 @@ def _sums_select(table: str, by: Sequence[str], buckets: Sequence[Tuple[float, f
     # Jobs that began before a bucket (or the window) count on its first day (a month's cells: the
     # month's first day).
     starts = S.bucket_tree("d.d_start", buckets, lambda i: repr(buckets[i][0]))
-    if table == "rollup_partition_day":
-        # Its cells are nearly one per group and day already: each cell's day looked up directly
-        # (a per-day derived table of a year's 8,760 rows cost as much again).
+    if table in R.COARSE and R.COARSE[table][2] is None:
+        # A day table without the user and account (rollup_partition_day, rollup_node_day): its
+        # cells are nearly one per group and day already, so each cell's day is looked up
+        # directly (a per-day derived table of as many rows cost as much again).
         jobs_n = f"r.jobs_first + CASE WHEN r.day = :r_d0 OR d.d_start = {starts} THEN r.jobs_later ELSE 0 END" \
             if kind else "0"
         head = ", ".join(keys + [f'{_bucket_of("d.d_start", buckets)} AS "_bucket"'])
