@@ -156,6 +156,7 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "accounting_mode": Key(bool, True, "Turn per-process accounting on and clear old PIDs in the prolog."),
         "kill_leftovers": Key(bool, True, "Epilog terminates processes still running on the job's GPUs (TERM, grace, KILL)."),
         "kill_grace_s": Key(float, 5.0, "Seconds between TERM and KILL for leftover processes.", _rng(0, 300)),
+        "healthcheck_lock_file": Key(str, "/run/slurm-gpu/healthcheck-%n.lock", "Per-node lock the runs of `healthcheck` and `drain --unhealthy` take turns on (%n: the node checked): slurmd starts HealthCheckProgram every interval even while the last run still goes; a run waits up to 10 s (a quarter of its deadline at most) for the one before, else leaves it to decide."),
     },
     "store": {
         "database": Key(str, "/var/lib/slurm-gpu/usage.db", "SQLite database of this node (%n: node name)."),

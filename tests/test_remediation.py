@@ -10,6 +10,7 @@ import pathlib
 import sqlite3
 import subprocess
 import sys
+import time
 
 import pytest
 import simgpu
@@ -414,3 +415,57 @@ def test_a_node_slurm_returned_to_service_after_our_reboot_is_checked_and_draine
     else:
         assert "DRAIN" in backend.flags and backend.reason.endswith("[remediate: verify after reboot]")
     assert _run(node, backend).outcome != "requested"  # the reboot is not asked for twice
+
+
+# --- the healthcheck's runs on one node take turns (issue 34: slurmd starts the next run while one still goes)
+
+class _Lines:
+    def __init__(self):
+        self.lines = []
+
+    def warning(self, event, **fields):
+        self.lines.append((event, fields))
+
+
+def _hc_cfg(path):
+    from slurm_gpu.config import defaults
+    return defaults().replace("hooks", healthcheck_lock_file=str(path))
+
+
+def test_a_healthcheck_waits_its_turn_behind_the_run_before_it_on_the_node(tmp_path):
+    import threading
+
+    from slurm_gpu.hooks.healthcheck import taking_turns
+    cfg, log = _hc_cfg(tmp_path / "hc-%n.lock"), _Lines()
+    before = REM.node_lock(str(tmp_path / "hc-gpu01.lock"))
+    assert before.__enter__()
+    threading.Timer(0.5, before.__exit__, (None, None, None)).start()
+    t0 = time.monotonic()
+    with taking_turns(cfg, "gpu01", 45.0, log) as left_s:
+        waited = time.monotonic() - t0
+        assert left_s is not None and 0.4 < waited < 5 and 45.0 - waited - 0.2 < left_s <= 45.0 - waited + 0.01
+    with taking_turns(cfg, "gpu02", 45.0, log) as other:  # another node's runs never wait on gpu01's
+        assert other is not None and other > 44.5
+    assert log.lines == []
+
+
+def test_a_healthcheck_whose_turn_does_not_come_leaves_the_node_to_the_run_before(tmp_path):
+    from slurm_gpu.hooks.healthcheck import busy_outcome, taking_turns
+    cfg, log = _hc_cfg(tmp_path / "hc-%n.lock"), _Lines()
+    with REM.node_lock(str(tmp_path / "hc-gpu01.lock")) as held:
+        assert held
+        t0 = time.monotonic()
+        with taking_turns(cfg, "gpu01", 2.0, log) as left_s:  # waits a quarter of its deadline
+            assert left_s is None and 0.4 < time.monotonic() - t0 < 3
+    out = busy_outcome("gpu01")
+    assert (out.action, out.exit_code) == ("busy", 0) and "still runs" in out.message
+
+
+def test_a_healthcheck_lock_that_cannot_be_opened_is_logged_and_the_check_still_runs(tmp_path):
+    from slurm_gpu.hooks.healthcheck import taking_turns
+    (tmp_path / "file").write_text("")
+    cfg, log = _hc_cfg(tmp_path / "file" / "hc-%n.lock"), _Lines()  # a directory that is a file
+    with taking_turns(cfg, "gpu01", 45.0, log) as left_s:
+        assert left_s == 45.0
+    assert [e for e, _ in log.lines] == ["healthcheck-lock-unavailable"]
+    assert log.lines[0][1]["path"].endswith("/file/hc-gpu01.lock") and log.lines[0][1]["hint"]

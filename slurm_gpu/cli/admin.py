@@ -434,20 +434,24 @@ def _run_health(app, node_name: Optional[str], *, allow_resume: bool, dry_run: b
         _config_broken(app, e, name, dry_run=dry_run, deadline_s=deadline_s, context=context)
     backend = _backend(app)
     log = _log(app, "healthcheck")
-    outcome = H.healthcheck_cycle(cfg, backend, name, checker or H.default_checker(cfg), allow_resume=allow_resume,
-                                  dry_run=dry_run, deadline_s=deadline_s, context=context, log=log,
-                                  warn=lambda line: click.echo(line, err=True))
-    _say_health(outcome, log, name)
-    if outcome.action == "timeout":
-        # A check thread may still sit inside the driver: do not let it hold up (or crash) the exit.
-        os._exit(outcome.exit_code)
-    if allow_resume and H.remediates(cfg, outcome, dry_run, checker):
-        from slurm_gpu.hooks.remediate import run_on_node
-        done = run_on_node(cfg, backend, name, H.default_checker(cfg), log=log)
-        log.info("remediate", node=name, action=done.action, outcome=done.outcome, message=done.message)
-        click.echo(done.message)
-        if done.outcome == "resumed":
+    with H.taking_turns(cfg, name, deadline_s, log) as left_s:
+        if left_s is None:
+            _say_health(H.busy_outcome(name), log, name)
             sys.exit(0)
+        outcome = H.healthcheck_cycle(cfg, backend, name, checker or H.default_checker(cfg), allow_resume=allow_resume,
+                                      dry_run=dry_run, deadline_s=left_s, context=context, log=log,
+                                      warn=lambda line: click.echo(line, err=True))
+        _say_health(outcome, log, name)
+        if outcome.action == "timeout":
+            # A check thread may still sit inside the driver: do not let it hold up (or crash) the exit.
+            os._exit(outcome.exit_code)
+        if allow_resume and H.remediates(cfg, outcome, dry_run, checker):
+            from slurm_gpu.hooks.remediate import run_on_node
+            done = run_on_node(cfg, backend, name, H.default_checker(cfg), log=log)
+            log.info("remediate", node=name, action=done.action, outcome=done.outcome, message=done.message)
+            click.echo(done.message)
+            if done.outcome == "resumed":
+                sys.exit(0)
     sys.exit(outcome.exit_code)
 
 

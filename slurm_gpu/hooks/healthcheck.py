@@ -4,7 +4,8 @@ from __future__ import annotations
 import os
 import sys
 import time as _time
-from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from slurm_gpu.errors import DriverLibraryMismatch, ExitCode, NvmlUnavailable, SlurmGpuError
 from slurm_gpu.gpu.deadline import call_with_deadline
@@ -19,7 +20,7 @@ class HealthOutcome(NamedTuple):
     node: str
     worst: str  # PASS / WARN / FAIL / SKIP, or TIMEOUT / ERROR when the check did not finish
     # drained | breaker-open (FAIL, drain held by the circuit breaker) | resumed | kept-drained | left-alone | none |
-    # would-drain | would-resume | timeout | error
+    # would-drain | would-resume | timeout | error | busy (the run before it on the node still runs)
     action: str
     message: str  # one line for the admin (and slurmd's log)
     reason: str = ""  # the drain reason we set, or the one we found
@@ -426,6 +427,43 @@ def _warn_unless_recorded(cfg: Any, drains: Sequence[Any], warn: Callable[[str],
     line = record_drains(cfg, drains)
     if line:
         warn(line)
+
+
+# How long a healthcheck waits for the run before it on the same node (at most a quarter of its deadline).
+TURN_WAIT_MAX_S = 10.0
+
+
+@contextmanager
+def taking_turns(cfg: Any, node: str, deadline_s: float, log: Any) -> Iterator[Optional[float]]:
+    """The runs of one node's healthcheck (and `drain --unhealthy`) take turns, under the node's lock
+    (hooks.healthcheck_lock_file, %n: the node checked).  slurmd starts HealthCheckProgram every
+    HealthCheckInterval whether or not the last run ended; two at once would act on readings taken
+    in the other order, so a slow run could resume a node on a healthy reading older than the
+    fault a later run found and drained for.  Yields the seconds left of the deadline once this
+    run holds the lock, or None when the run before still holds it after TURN_WAIT_MAX_S (that run
+    acts; this one leaves).  A lock that cannot be opened is logged and the run goes on unlocked:
+    a broken /run must not keep a faulty GPU in service."""
+    from slurm_gpu.hooks.nodelock import node_lock
+    path = str(cfg.get("hooks", "healthcheck_lock_file")).replace("%n", node)
+    wait_s = min(TURN_WAIT_MAX_S, deadline_s / 4)
+    t0 = _time.monotonic()
+    try:
+        lock = node_lock(path, wait_s)
+        held = lock.__enter__()
+    except OSError as e:
+        log.warning("healthcheck-lock-unavailable", node=node, path=path, error=e.strerror or str(e),
+                    hint="runs of this node's healthcheck may overlap; check hooks.healthcheck_lock_file")
+        yield deadline_s
+        return
+    try:
+        yield deadline_s - (_time.monotonic() - t0) if held else None
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def busy_outcome(node: str) -> HealthOutcome:
+    """The run left because the one before it on this node still runs: it changes nothing."""
+    return HealthOutcome(node, "SKIP", "busy", f"{node}: the healthcheck before this one still runs; it decides")
 
 
 def remediates(cfg: Any, outcome: HealthOutcome, dry_run: bool, checker: Any) -> bool:

@@ -20,13 +20,11 @@ about; a server down or slow leaves this node's rows, with one log line).
 """
 from __future__ import annotations
 
-import fcntl
-import os
 import subprocess
 import time as _time
-from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from slurm_gpu.hooks.nodelock import node_lock
 from slurm_gpu.policy import breaker as BRK
 from slurm_gpu.policy import budget as B
 from slurm_gpu.policy import remedy as R
@@ -118,22 +116,6 @@ def central_history(cfg: Any) -> Optional[Callable[[str], List[Dict[str, Any]]]]
         with Central.from_config(cfg) as srv:
             return remediation_history(srv, serial)
     return fetch
-
-
-@contextmanager
-def node_lock(path: str) -> Iterator[bool]:
-    """The per-node lock (flock, released when the process dies): yields False when another run holds it."""
-    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)
 
 
 def remediate(env: Env) -> Outcome:
