@@ -1,4 +1,4 @@
-"""Shared fixtures: the simulated driver, per-test state files and config files."""
+"""Shared fixtures: the simulated driver, per-test state files and config files, the session's MariaDB."""
 from __future__ import annotations
 
 import os
@@ -45,6 +45,8 @@ class SimNode:
         body += f'[store]\ndatabase = "{self.db}"\nspool_dir = "{self.spool}"\nbusy_timeout_s = 1.0\n'
         body += '[xid]\nsource = "none"\n' if "[xid]" not in extra else ""
         body += '[log]\nsyslog = false\nfile = "%s"\n' % (self.tmp / "hooks.log") if "[log]" not in extra else ""
+        # The healthcheck's turn lock of its own, not the machine's /run/slurm-gpu (another test's gpu01).
+        body += '[hooks]\nhealthcheck_lock_file = "%s"\n' % (self.tmp / "healthcheck-%n.lock") if "[hooks]" not in extra else ""
         body += extra
         self.config.write_text(body)
         os.chmod(self.config, 0o644)
@@ -68,6 +70,35 @@ def _toml(v: Any) -> str:
     if isinstance(v, str):
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return repr(v)
+
+
+_mariadb_server: Any = None  # the session's server, once a test asked for it
+
+
+@pytest.fixture(scope="session")
+def mariadb_server():
+    """One throwaway MariaDB (tests/mariadb.py, started on a copy of the template data directory)
+    for every test of the session that needs a plain one, started when the first asks for it and
+    stopped at session end.  Each module takes databases (`new_database()`) and accounts
+    (`new_user()`, names of its own) there.  A test that stops or pauses it starts or resumes it
+    again before it returns (try/finally); `_mariadb_server_left_running` catches one that did not."""
+    global _mariadb_server
+    import mariadb as testdb
+    for server in testdb.running():
+        _mariadb_server = server
+        try:
+            yield server
+        finally:
+            _mariadb_server = None
+
+
+@pytest.fixture(autouse=True)
+def _mariadb_server_left_running():
+    """After every test: the session's MariaDB is running and answering (a test that stopped or
+    paused it and failed before it restored it would fail every later module's tests too)."""
+    yield
+    if _mariadb_server is not None:
+        _mariadb_server.ensure_running()
 
 
 @pytest.fixture(autouse=True)
@@ -95,3 +126,49 @@ def sim_node(tmp_path, sim_lib):
     def make(node: Optional[Dict[str, Any]] = None) -> SimNode:
         return SimNode(tmp_path, sim_lib, node if node is not None else simgpu.h100_sxm(4))
     return make
+
+
+# --------------------------------------------------------------------------- where the suite's time goes
+# At the end of a run: the 15 slowest modules (setup, call and teardown of their tests added up,
+# module fixtures included) and the Slurm clusters the testbed started (tests/testbed.py counts
+# them in SLURM_TESTBED_STARTS, child processes included). docs/testbed.md, "Where the time goes".
+
+_MODULE_S: Dict[str, float] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import tempfile
+
+    import testbed
+    if not os.environ.get(testbed.STARTS_ENV) and not hasattr(config, "workerinput"):
+        fd, path = tempfile.mkstemp(prefix="slurm-gpu-testbed-starts-", suffix=".txt")
+        os.close(fd)
+        os.environ[testbed.STARTS_ENV] = path
+        config._slurm_gpu_starts_file = path  # type: ignore[attr-defined]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    module = report.nodeid.split("::", 1)[0]
+    _MODULE_S[module] = _MODULE_S.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    import testbed
+    tr = terminalreporter
+    if _MODULE_S:
+        tr.write_sep("-", "slowest modules (s)")
+        for module, s in sorted(_MODULE_S.items(), key=lambda kv: -kv[1])[:15]:
+            tr.write_line(f"{s:8.1f}  {module}")
+    starts = testbed.started_clusters()
+    if not _MODULE_S and not starts:
+        return  # nothing ran (--collect-only)
+    tr.write_line(f"Slurm cluster start-ups: {len(starts)}")
+    for line in starts:
+        pid, seconds, nodes, workdir = (line.split(" ", 3) + ["", "", "", ""])[:4]
+        tr.write_line(f"  {seconds:>6} s  {nodes:<28} {workdir}")
+    path = getattr(config, "_slurm_gpu_starts_file", None)
+    if path:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass

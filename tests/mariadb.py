@@ -1,12 +1,28 @@
-"""A throwaway MariaDB server for the central-store tests: Debian's mariadbd on 127.0.0.1.
+"""Throwaway MariaDB servers for the tests: Debian's mariadbd on 127.0.0.1, root by socket only.
 
-Started on a free port with its own data directory and socket, root by socket only, stopped by
-pid (the process group we started).  `stop()`/`start()` restart it on the same port and data:
-the "server down while jobs end" tests need that.
+* **One server per session** for the unit tests: the session fixture `mariadb_server`
+  (tests/conftest.py) starts it the first time a test asks for it and stops it at session end;
+  each module takes databases and accounts of its own on it (`new_database()`, `new_user()` with
+  names no other module uses).  A server with other options (the TLS one in test_central.py) is a
+  server of its own (`running(opts)`).
+* **No `mariadb-install-db` per server**: a server's data directory is a copy of a template
+  (`data_template()`) that `mariadb-install-db` writes once per machine, under
+  /var/tmp/slurm-gpu-mariadb-template-<version>-<key> (keyed by mariadbd's version and the
+  options it was written with; built aside and renamed into place, so a concurrent run never sees
+  half of one).  tests/testbed.py copies it for its clusters' servers too.
+* Each server has a free port, its own directory and socket, and is stopped by pid (the process
+  group we started).  `stop()`/`start()` restart it on the same port and data, `pause()`/`resume()`
+  SIGSTOP/SIGCONT it: the "server down" tests.  A test that stops or pauses the shared server
+  restarts/resumes it itself (try/finally); `ensure_running()`, run after every test
+  (tests/conftest.py), is the safety net for one that failed half-way.
 """
 from __future__ import annotations
 
+import atexit
+import functools
+import hashlib
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -17,8 +33,20 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-OPTS = ["--innodb-buffer-pool-size=64M", "--innodb-log-file-size=16M", "--innodb-flush-log-at-trx-commit=0",
-        "--innodb-doublewrite=0", "--sync-binlog=0", "--innodb-flush-method=nosync"]
+# The redo log's size is part of the data directory: a server started with another size than its
+# data directory was written with rewrites the log first ("Resizing redo log").  Every server
+# here, the testbed's included, runs with this one, so one template serves them all.
+LOG_FILE_SIZE = "--innodb-log-file-size=16M"
+# Durability is worthless for a throwaway database.
+FAST = ["--innodb-flush-log-at-trx-commit=0", "--innodb-doublewrite=0", "--sync-binlog=0",
+        "--innodb-flush-method=nosync"]
+OPTS = ["--innodb-buffer-pool-size=64M", LOG_FILE_SIZE, *FAST]
+# What mariadb-install-db writes the template with (part of the template's key); bump RECIPE when
+# the way it is built changes.
+INSTALL_OPTS = ["--auth-root-authentication-method=socket", "--skip-test-db"]
+RECIPE = 1
+TEMPLATE_ROOT = Path("/var/tmp")
+TEMPLATE_PREFIX = "slurm-gpu-mariadb-template-"
 
 
 class MariaDBUnavailable(Exception):
@@ -26,17 +54,20 @@ class MariaDBUnavailable(Exception):
 
 
 def running(opts: Sequence[str] = ()):
-    """A started throwaway server (with mariadbd's `opts` besides OPTS) for a module-scoped fixture
-    (`yield from running()`); where Debian's mariadb-server is missing the test skips, except in
-    CI where it fails."""
+    """A started throwaway server of its own (with mariadbd's `opts` besides OPTS) for a
+    module-scoped fixture (`yield from running()`); where Debian's mariadb-server is missing the
+    test skips, except in CI where it fails.  Tests that need no options of their own use the
+    session's server instead (fixture `mariadb_server`)."""
     from testbed import unavailable
     try:
         m = MariaDB(opts=opts)
     except MariaDBUnavailable as e:
         unavailable(str(e))
-    m.start()
-    yield m
-    m.cleanup()
+    try:
+        m.start()
+        yield m
+    finally:
+        m.cleanup()
 
 
 def _free_port() -> int:
@@ -46,6 +77,110 @@ def _free_port() -> int:
     s.close()
     return port
 
+
+# ------------------------------------------------------------------ the template data directory
+
+_session_root: Optional[Path] = None
+
+
+def _template_root() -> Path:
+    """/var/tmp, where the template outlives the session; a directory of this process's own
+    (removed at exit) where /var/tmp is not writable."""
+    global _session_root
+    if os.access(TEMPLATE_ROOT, os.W_OK | os.X_OK):
+        return TEMPLATE_ROOT
+    if _session_root is None:
+        _session_root = Path(tempfile.mkdtemp(prefix="slurm-gpu-mariadb-templates-"))
+        atexit.register(shutil.rmtree, _session_root, True)
+    return _session_root
+
+
+@functools.lru_cache(maxsize=None)
+def _server_version() -> str:
+    r = subprocess.run(["mariadbd", "--no-defaults", "--version"], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0 or " Ver " not in r.stdout:
+        raise RuntimeError(f"mariadbd --version failed: {r.stdout[-500:]}{r.stderr[-500:]}")
+    # Without the program's name, which is however it was called (a path, a wrapper).
+    return r.stdout.split(" Ver ", 1)[1].strip()
+
+
+def data_template(log_file_size: Optional[str] = LOG_FILE_SIZE) -> Path:
+    """The data directory `mariadb-install-db` writes (root by socket, no test database) with the
+    redo log size `log_file_size` (a `--innodb-log-file-size=` option; None: mariadbd's default),
+    built at most once per machine, mariadbd version and options; copy it, never start a server
+    on it."""
+    version = _server_version()
+    install = [*INSTALL_OPTS, *([log_file_size] if log_file_size else [])]
+    key = hashlib.sha256(repr((RECIPE, version, install)).encode()).hexdigest()[:12]
+    release = re.sub(r"[^A-Za-z0-9.+-]", "_", version.split()[0])[:40]
+    root = _template_root()
+    name = f"{TEMPLATE_PREFIX}{release}-{key}"
+    final = root / name
+    if _whole(final):
+        return final
+    _remove_stale_builds(root)
+    if final.exists():  # emptied in part (a /var/tmp cleaner): out of the way, rebuilt below
+        try:
+            os.rename(final, root / f".{name}.broken-{secrets.token_hex(4)}")
+        except OSError:
+            pass
+    build = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
+    try:
+        r = subprocess.run(["mariadb-install-db", "--no-defaults", "--user=root", f"--datadir={build}", *install,
+                            *FAST], capture_output=True, text=True, timeout=180)
+        if r.returncode != 0 or not (build / "mysql").is_dir():
+            raise RuntimeError(f"mariadb-install-db failed: {r.stdout[-2000:]}{r.stderr[-2000:]}")
+        # nosync above: the files reach the disk before the name says the template is whole.
+        for d, _dirs, files in os.walk(build):
+            for f in files:
+                _fsync(Path(d) / f)
+            _fsync(Path(d))
+        try:
+            os.rename(build, final)
+        except OSError as e:
+            if not _whole(final):  # not a concurrent run's template: a real failure
+                raise RuntimeError(f"cannot put the MariaDB template in place ({e}): remove {final}") from e
+        _fsync(root)
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+    return final
+
+
+def _whole(template: Path) -> bool:
+    return all((template / f).exists() for f in ("mysql", "ibdata1", "ib_logfile0", "aria_log_control"))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_builds(root: Path) -> None:
+    """Half-built templates of runs that were killed during mariadb-install-db (over an hour old)."""
+    for p in root.glob(f".{TEMPLATE_PREFIX}*"):
+        try:
+            if time.time() - p.stat().st_mtime > 3600:
+                shutil.rmtree(p, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def copy_template(data: Path, opts: Sequence[str]) -> Path:
+    """Make `data` a fresh data directory for a server started with `opts` (mariadbd options:
+    the template with the same redo log size).  Returns the template it copied."""
+    sizes = [o for o in opts if o.startswith("--innodb-log-file-size=")]
+    template = data_template(sizes[-1] if sizes else None)
+    if data.exists():
+        shutil.rmtree(data)
+    data.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(template, data, symlinks=True)
+    return template
+
+
+# ------------------------------------------------------------------ a server
 
 class MariaDB:
     def __init__(self, workdir: Optional[Path] = None, opts: Sequence[str] = ()):
@@ -59,26 +194,28 @@ class MariaDB:
         self.socket = self.dir / "mysqld.sock"
         self.port = _free_port()
         self.proc: Optional[subprocess.Popen] = None
+        self.paused = False
         self.log = self.dir / "mariadbd.log"
         self.opts = [*OPTS, *opts]  # (later options win on mariadbd's command line)
 
     def start(self, timeout_s: float = 60.0) -> "MariaDB":
+        """Start mariadbd (on a copy of the template the first time; on the same data and port
+        after `stop()`) and return once it answers on its socket and its TCP port."""
+        template = None
         if not (self.data / "mysql").exists():
-            r = subprocess.run(["mariadb-install-db", "--no-defaults", "--user=root", f"--datadir={self.data}",
-                                "--auth-root-authentication-method=socket", "--skip-test-db", *OPTS],
-                               capture_output=True, text=True, timeout=180)
-            if r.returncode != 0:
-                raise RuntimeError(f"mariadb-install-db failed: {r.stdout[-2000:]}{r.stderr[-2000:]}")
+            template = copy_template(self.data, self.opts)
         with open(self.dir / "mariadbd.out", "ab") as out:
             self.proc = subprocess.Popen(
                 ["mariadbd", "--no-defaults", "--user=root", f"--datadir={self.data}", f"--socket={self.socket}",
                  f"--port={self.port}", "--bind-address=127.0.0.1", "--skip-name-resolve", "--skip-log-bin",
                  f"--pid-file={self.dir / 'mariadbd.pid'}", f"--log-error={self.log}", *self.opts],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.paused = False
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"mariadbd exited {self.proc.returncode}: {self._log_tail()}")
+                raise RuntimeError(f"mariadbd exited {self.proc.returncode}"
+                                   f"{f' (data copied from {template})' if template else ''}: {self._log_tail()}")
             ok = subprocess.run(["mariadb-admin", "--no-defaults", f"--socket={self.socket}", "ping"],
                                 capture_output=True, timeout=10).returncode == 0
             if ok and self._tcp_up():
@@ -100,9 +237,12 @@ class MariaDB:
             return "(no log)"
 
     def stop(self) -> None:
+        """TERM (KILL after 30 s) the server; `start()` brings it back on the same port and data."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
+            if self.paused:
+                os.killpg(self.proc.pid, signal.SIGCONT)  # a stopped process would not act on TERM
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(timeout=30)
@@ -110,15 +250,33 @@ class MariaDB:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
         self.proc = None
+        self.paused = False
 
     def pause(self) -> None:
         """SIGSTOP: the server accepts TCP connections (the kernel does) but never answers."""
         assert self.proc is not None
         os.killpg(self.proc.pid, signal.SIGSTOP)
+        self.paused = True
 
     def resume(self) -> None:
         assert self.proc is not None
         os.killpg(self.proc.pid, signal.SIGCONT)
+        self.paused = False
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def ensure_running(self) -> bool:
+        """Resume a paused server, start a stopped (or crashed) one: the state every test must
+        leave the shared server in.  True when there was something to do."""
+        if self.running():
+            if not self.paused:
+                return False
+            self.resume()
+            return True
+        self.stop()  # (reaps a crashed one)
+        self.start()
+        return True
 
     def cleanup(self) -> None:
         self.stop()

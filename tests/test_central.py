@@ -1,8 +1,9 @@
 """The central SQL server: `central init`, `db push` and its faults, against a real MariaDB.
 
-One MariaDB server (Debian's mariadbd on 127.0.0.1) for the module; every test gets its own
-database, an admin account that ran `central init`, and the writer and reporter accounts
-created with exactly the GRANTs that `central init` prints.
+The session's MariaDB server (Debian's mariadbd on 127.0.0.1, fixture `mariadb_server`); every
+test gets its own database, an admin account that ran `central init`, and the writer and reporter
+accounts created with exactly the GRANTs that `central init` prints.  The TLS tests have a server
+of their own: the shared one must stay without TLS (a client that asks for it is refused there).
 """
 from __future__ import annotations
 
@@ -22,12 +23,13 @@ from slurm_gpu.errors import ExitCode
 from slurm_gpu.store import central as C
 from slurm_gpu.store.node import Store
 
-pytestmark = pytest.mark.central
+pytestmark = [pytest.mark.central, pytest.mark.host_only]
 
 
 @pytest.fixture(scope="module")
-def server():
-    yield from testdb.running()
+def server(mariadb_server):
+    """The session's MariaDB (tests/conftest.py); every test takes a database of its own there."""
+    return mariadb_server
 
 
 def job_end(job_id, node="n1", gpus=2, restart=0, user="u", account="a", partial=0, end=11.0):
@@ -795,7 +797,9 @@ def _ca(d: Path, name: str) -> Path:
 
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory):
-    """A server with TLS on, its certificate (for IP 127.0.0.1) signed by a test CA; and another CA."""
+    """A server with TLS on, its certificate (for IP 127.0.0.1) signed by a test CA; and another CA.
+    A server of its own, not the session's: with TLS on there, every other test's client would
+    talk TLS (PyMySQL >= 1.2 takes it where offered), and the last test here needs a server without."""
     d = tmp_path_factory.mktemp("tls")
     ca, other = _ca(d, "site-ca"), _ca(d, "other-ca")
     _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=central", "-keyout", str(d / "server.key"),

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-import mariadb as testdb
 import pytest
 from mariadb import MariaDB
 from testbed import unavailable
@@ -31,6 +30,8 @@ from slurm_gpu.gpu import xidcatalog
 from slurm_gpu.slurm.cli_backend import node_from_fields, parse_show_line
 from slurm_gpu.store import central as C
 from slurm_gpu.store import writers as W
+
+pytestmark = pytest.mark.host_only  # neither Slurm's version nor Python's: once, on the host (docs/testbed.md)
 
 REPO = Path(__file__).resolve().parents[1]
 DAY = 86400.0
@@ -184,8 +185,9 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def mariadb():
-    yield from testdb.running()
+def mariadb(mariadb_server):
+    """The session's MariaDB (tests/conftest.py): the fleet's database and its accounts there."""
+    return mariadb_server
 
 
 @pytest.fixture(scope="module")

@@ -444,13 +444,13 @@ def test_rows_from_a_snapshot_say_null_for_what_the_driver_did_not_report(sim_no
 
 # --- db push ships the history to the central server (a real MariaDB) -------------------------------------
 
-import mariadb as testdb  # noqa: E402
 from test_central import Site  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def server():
-    yield from testdb.running()
+def server(mariadb_server):
+    """The session's MariaDB (tests/conftest.py); every test takes a database of its own there."""
+    return mariadb_server
 
 
 @pytest.fixture

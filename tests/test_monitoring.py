@@ -21,6 +21,8 @@ import pytest
 from prometheus import NODE_EXPORTER, PROMETHEUS, PROMTOOL, NodeExporter, Prometheus, PrometheusUnavailable, require
 from testbed import unavailable
 
+pytestmark = pytest.mark.host_only  # neither Slurm's version nor Python's: once, on the host (docs/testbed.md)
+
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "monitoring" / "alerts"
 RULES = ALERTS / "slurm-gpu.rules.yml"

@@ -21,6 +21,8 @@ from checkout import copy_checkout
 
 import slurm_gpu
 
+pytestmark = pytest.mark.host_only  # neither Slurm's version nor Python's: once, on the host (docs/testbed.md)
+
 try:
     import tomllib
 except ImportError:  # Python < 3.11

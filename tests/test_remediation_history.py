@@ -116,18 +116,20 @@ def test_a_v7_node_database_migrates_to_v8_and_its_remediation_rows_wait_to_be_s
 
 # ------------------------------------------------------------------ central server (a real MariaDB)
 
-import mariadb as testdb  # noqa: E402
 import pytest  # noqa: E402
 from test_central import Site, _forge, assert_forgeries_refused, cli  # noqa: E402
 
 from slurm_gpu.store import central as C  # noqa: E402
 
+pytestmark = pytest.mark.host_only  # neither Slurm's version nor Python's: once, on the host (docs/testbed.md)
+
 REM_COLS = "node, id, serial, action, outcome, drain_time"
 
 
 @pytest.fixture(scope="module")
-def server():
-    yield from testdb.running()
+def server(mariadb_server):
+    """The session's MariaDB (tests/conftest.py); every test takes a database of its own there."""
+    return mariadb_server
 
 
 @pytest.fixture

@@ -18,6 +18,8 @@ from test_report import ROWS, XSS_ACCOUNT, XSS_USER, make_db
 
 from slurm_gpu.cli import main
 
+pytestmark = pytest.mark.host_only  # neither Slurm's version nor Python's: once, on the host (docs/testbed.md)
+
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 

@@ -10,7 +10,6 @@ import os
 import random
 import time
 
-import mariadb as testdb
 import pytest
 from test_central import Site, cli, cli_env
 
@@ -24,7 +23,7 @@ from slurm_gpu.store import central as C
 from slurm_gpu.store import rollups as R
 from slurm_gpu.store.node import Store
 
-pytestmark = pytest.mark.central
+pytestmark = [pytest.mark.central, pytest.mark.host_only]
 
 BERLIN = {"TZ": "Europe/Berlin"}
 T0 = 1_767_225_600  # 2026-01-01T00:00:00Z
@@ -32,8 +31,9 @@ NODES = ("n1", "n2", "n3")
 
 
 @pytest.fixture(scope="module")
-def server():
-    yield from testdb.running()
+def server(mariadb_server):
+    """The session's MariaDB (tests/conftest.py); every test takes a database of its own there."""
+    return mariadb_server
 
 
 def _job(rnd: random.Random, j: int, partial: int = 0, shift: float = 0.0):

@@ -9,6 +9,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.host_only  # neither Slurm's version nor Python's: once, on the host (docs/testbed.md)
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -12,6 +12,7 @@ See docs/testbed.md for the layout, the observed prolog environment and the GPU 
 """
 from __future__ import annotations
 
+import glob
 import os
 import pwd
 import re
@@ -48,6 +49,9 @@ DB_USER = "slurm"
 DB_NAME = "slurm_acct_db"
 NVIDIA_MAJOR = 195
 CRED_EXPIRE_S = 10  # job credential lifetime; a requeued job waits CRED_EXPIRE_S + 1 s
+# A shared cluster runs its health-check link this often (a no-op unless a test points it somewhere).
+SWITCHABLE_HEALTH_CHECK_INTERVAL_S = 2
+NO_HOOK = "no-hook"
 
 BINARIES = ("munged", "mariadb-install-db", "mariadbd", "mariadb", "slurmdbd", "slurmctld",
             "slurmd", "sbatch", "scontrol", "sinfo", "squeue", "sacct", "sacctmgr", "scancel",
@@ -446,6 +450,27 @@ def reap_crashed_runs(registry: Optional[_Registry] = None) -> List[str]:
     return reaped
 
 
+# Cluster start-ups, counted for the suite's summary (tests/conftest.py): tests/conftest.py names a
+# file in SLURM_TESTBED_STARTS, so the clusters a test's child process starts count too.
+STARTS_ENV = "SLURM_TESTBED_STARTS"
+
+
+def _count_start(bed: "SlurmTestbed") -> None:
+    path = os.environ.get(STARTS_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()} {bed.startup_s:.1f} {','.join(bed.nodes)} {bed.workdir}\n")
+
+
+def started_clusters() -> List[str]:
+    """One line per cluster started in this session (pid, seconds, nodes, work directory)."""
+    path = os.environ.get(STARTS_ENV)
+    try:
+        return Path(path).read_text().splitlines() if path else []
+    except FileNotFoundError:
+        return []
+
+
 def check_available() -> None:
     """Raise TestbedUnavailable when this machine cannot run the testbed at all."""
     if os.geteuid() != 0:
@@ -496,6 +521,7 @@ class SlurmTestbed:
         node_gres: Optional[Mapping[str, str]] = None,
         slurm_prefix: Optional[str] = None,
         on_reboot: Optional[Callable[[str], None]] = None,
+        switchable_hooks: bool = False,
     ):
         self.workdir = Path(workdir).resolve()
         self.nodes = tuple(nodes)
@@ -556,6 +582,14 @@ class SlurmTestbed:
         self.reboots: List[Tuple[str, float]] = []
         self._boot_thread: Optional[threading.Thread] = None
         self._boot_stop = threading.Event()
+        # A shared cluster (docs/testbed.md, "Shared clusters"): slurm.conf names a link per hook,
+        # which use_hooks() points at a test's script (or a no-op) without a restart.
+        self.switchable_hooks = switchable_hooks
+        self.hooks_dir = self.conf_dir / "hooks"
+        self._hooks_given = {"prolog": prolog, "epilog": epilog, "health_check_program": health_check_program,
+                             "epilog_slurmctld": epilog_slurmctld}
+        # A glob (prolog.d/*) slurmd expands itself: it stays in slurm.conf as given, never a link.
+        self._hooks_fixed = {k: v for k, v in self._hooks_given.items() if v and glob.has_magic(v)}
 
     # ----------------------------------------------------------------- context manager
     def __enter__(self) -> "SlurmTestbed":
@@ -611,9 +645,7 @@ class SlurmTestbed:
             self.start_slurmctld()
             for node in self.nodes:
                 self._start_slurmd(node)
-            for node in self.nodes:
-                self._wait(f"node {node} to become IDLE",
-                           lambda: self.node_info(node).get("State", "") == "IDLE", 30, f"slurmd-{node}")
+            self._wait_registered()
             if self.on_reboot is not None:
                 self._boot_stop.clear()
                 self._boot_thread = threading.Thread(target=self._serve_boots, name="testbed-boots", daemon=True)
@@ -628,6 +660,7 @@ class SlurmTestbed:
                 raise TestbedError(report) from e
             raise
         self.startup_s = time.monotonic() - t0
+        _count_start(self)
         return self
 
     def stop(self) -> None:
@@ -749,14 +782,17 @@ class SlurmTestbed:
             ("MinJobAge", "600"),
             ("Waittime", "0"),
         ]
-        if self.prolog:
-            settings.append(("Prolog", self.prolog))
-        if self.epilog:
-            settings.append(("Epilog", self.epilog))
-        if self.epilog_slurmctld:
-            settings.append(("EpilogSlurmctld", self.epilog_slurmctld))
-        if self.health_check_program:
-            settings += [("HealthCheckProgram", self.health_check_program), ("HealthCheckInterval", "60")]
+        hooks = {k: (self._hooks_fixed.get(k) or str(self.hooks_dir / k) if self.switchable_hooks else v)
+                 for k, v in self._hooks_given.items()}
+        if hooks["prolog"]:
+            settings.append(("Prolog", hooks["prolog"]))
+        if hooks["epilog"]:
+            settings.append(("Epilog", hooks["epilog"]))
+        if hooks["epilog_slurmctld"]:
+            settings.append(("EpilogSlurmctld", hooks["epilog_slurmctld"]))
+        if hooks["health_check_program"]:
+            interval = SWITCHABLE_HEALTH_CHECK_INTERVAL_S if self.switchable_hooks else 60
+            settings += [("HealthCheckProgram", hooks["health_check_program"]), ("HealthCheckInterval", str(interval))]
         if self.on_reboot is not None:
             settings += [("RebootProgram", str(self._reboot_program)), ("ResumeTimeout", "60")]
         # A key repeated in extra_slurm_conf replaces the default (e.g. PrologFlags=, HealthCheckInterval=).
@@ -800,9 +836,16 @@ class SlurmTestbed:
             "StorageType=accounting_storage/mysql", "StorageHost=127.0.0.1",
             f"StoragePort={self.ports['mariadb']}", f"StorageUser={DB_USER}",
             f"StoragePass={self._db_password}", f"StorageLoc={DB_NAME}",
+            # As sites run it: a user's sacct shows that user's jobs alone (root and SlurmUser see all).
+            "PrivateData=jobs",
         ] + [line.strip() for line in self.extra_slurmdbd_conf.splitlines() if line.strip()]
         self._write_file(self.conf_dir / "slurmdbd.conf", "\n".join(dbd) + "\n", 0o600)
-        if self.slurm_gpu_config is not None:
+        if self.switchable_hooks:
+            self.hooks_dir.mkdir(mode=0o755, exist_ok=True)
+            self._write_file(self.hooks_dir / NO_HOOK, "#!/bin/sh\n# tests/testbed.py: no hook set (use_hooks)\nexit 0\n", 0o755)
+            self.use_hooks(**{k: v for k, v in self._hooks_given.items() if k not in self._hooks_fixed},
+                           slurm_gpu_config=self.slurm_gpu_config)
+        elif self.slurm_gpu_config is not None:
             self._write_file(self.conf_dir / "slurm-gpu.toml", self.slurm_gpu_config)
         if self.on_reboot is not None:
             # slurmd runs RebootProgram with system(3): up to 24.11 in its own environment (our
@@ -873,21 +916,21 @@ class SlurmTestbed:
 
     def _mariadb_opts(self) -> List[str]:
         # Durability is worthless for a throwaway database; these make startup and slurmdbd's
-        # schema creation fast on slow CI disks.
-        return ["--innodb-buffer-pool-size=32M", "--innodb-log-file-size=8M",
+        # schema creation fast on slow CI disks.  The redo log's size is the template's
+        # (tests/mariadb.py LOG_FILE_SIZE): another would be a second template, or a resize.
+        return ["--innodb-buffer-pool-size=32M", "--innodb-log-file-size=16M",
                 "--innodb-flush-log-at-trx-commit=0", "--innodb-doublewrite=0", "--sync-binlog=0",
                 "--innodb-flush-method=nosync"]
 
     def _start_mariadb(self) -> None:
         data = self._db_dir / "data"
         if not (data / "mysql").exists():
-            r = subprocess.run(["mariadb-install-db", "--no-defaults", "--user=root", f"--datadir={data}",
-                                "--auth-root-authentication-method=socket", "--skip-test-db",
-                                *self._mariadb_opts()],
-                               capture_output=True, text=True, timeout=120)
-            (self.log_dir / "mariadb-install-db.log").write_text(r.stdout + r.stderr)
-            if r.returncode != 0:
-                raise TestbedError(f"mariadb-install-db failed:\n{r.stdout}{r.stderr}")
+            # A copy of what mariadb-install-db writes, built once per machine (tests/mariadb.py).
+            from mariadb import copy_template
+            try:
+                copy_template(data, self._mariadb_opts())
+            except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+                raise TestbedError(f"the MariaDB data directory: {e}") from e
         self._spawn("mariadbd", ["mariadbd", "--no-defaults", "--user=root", f"--datadir={data}",
                                  f"--socket={self._db_socket}", f"--port={self.ports['mariadb']}",
                                  "--bind-address=127.0.0.1", "--skip-name-resolve", "--skip-log-bin",
@@ -945,12 +988,27 @@ class SlurmTestbed:
             raise TestbedError(f"accounting setup failed: association {JOB_USER}/{ACCOUNTS[0]} missing ({out!r})")
 
     def start_slurmctld(self) -> None:
-        """Start (or restart after stop_slurmctld) the controller; keeps its saved state."""
+        """Start (or restart after stop_slurmctld) the controller; keeps its saved state.  A restart
+        returns once every slurmd has registered again (_wait_registered)."""
         if "slurmctld" in self._daemons:
             return
+        restart = any(n.startswith("slurmd-") for n in self._daemons)
         self._spawn("slurmctld", ["slurmctld", "-D"])
         self._wait("slurmctld to answer", lambda: self._ok(["scontrol", "ping"]) and self._ok(["sinfo", "-h"]),
                    30, "slurmctld")
+        if restart:
+            self._wait_registered()
+
+    def _wait_registered(self, timeout: float = 30) -> None:
+        """Until every node is IDLE *and* its slurmd has registered with this slurmctld.  Observed on
+        22.05 with a HealthCheckProgram: a restarted slurmctld shows the nodes IDLE from its saved
+        state ~3 s before their slurmd registers (SlurmdStartTime=None until then), and a GPU job it
+        starts in that window gets its GPUs counted but none named (SLURM_JOB_GPUS empty)."""
+        def ready(node: str) -> bool:
+            info = self.node_info(node)
+            return info.get("State", "") == "IDLE" and info.get("SlurmdStartTime", "") not in ("None", "(null)")
+        for node in self.nodes:
+            self._wait(f"node {node} to become IDLE and registered", lambda: ready(node), timeout, f"slurmd-{node}")
 
     def stop_slurmctld(self) -> None:
         """Stop the controller (TERM: it saves state), e.g. to test 'slurmctld unreachable' paths."""
@@ -992,8 +1050,6 @@ class SlurmTestbed:
         parts = [headline]
         logs = sorted(self.log_dir.glob("*")) if self.log_dir.exists() else []
         for log in logs:
-            if log.name == "mariadb-install-db.log":  # chatty; its failure is reported directly
-                continue
             text = _tail(log)
             if text.strip():
                 parts.append(f"--- {log} (tail) ---\n{text}")
@@ -1143,6 +1199,84 @@ class SlurmTestbed:
         """Cancel all jobs and resume all nodes: a clean cluster for the next test."""
         self.cancel_all()
         self.resume_all()
+
+    # ----------------------------------------------------------------- hooks of a shared cluster
+    def use_hooks(self, *, prolog: Optional[str] = None, epilog: Optional[str] = None,
+                  health_check_program: Optional[str] = None, epilog_slurmctld: Optional[str] = None,
+                  slurm_gpu_config: Optional[str] = None) -> None:
+        """Point the cluster's hooks at these scripts (None: a no-op) and write slurm-gpu.toml beside
+        slurm.conf (None: no file), without a restart: slurm.conf names a link per hook
+        (hooks/prolog, hooks/epilog, hooks/health_check_program, hooks/epilog_slurmctld), and slurmd and
+        slurmctld exec the link's target afresh each time. A link, not a wrapper script: the hook
+        gets exactly the environment slurmd gives it. Only with switchable_hooks=True; a hook the
+        testbed was built with as a glob stays as it is."""
+        if not self.switchable_hooks:
+            raise TestbedError("use_hooks() needs a testbed started with switchable_hooks=True")
+        given = {"prolog": prolog, "epilog": epilog, "health_check_program": health_check_program,
+                 "epilog_slurmctld": epilog_slurmctld}
+        for name, target in given.items():
+            if name in self._hooks_fixed:
+                if target is not None:
+                    raise TestbedError(f"{name} is {self._hooks_fixed[name]} in this cluster's slurm.conf")
+                continue
+            if target is not None and not os.path.isabs(target):
+                raise ValueError(f"hook path must be absolute (slurmd runs it without PATH): {target!r}")
+            link = self.hooks_dir / name
+            tmp = self.hooks_dir / f".{name}.{os.getpid()}.tmp"
+            tmp.unlink(missing_ok=True)
+            os.symlink(target or str(self.hooks_dir / NO_HOOK), tmp)
+            os.replace(tmp, link)  # atomic: slurmd sees the old target or the new one
+        for name, target in given.items():
+            setattr(self, name, self._hooks_fixed.get(name, target))
+        toml = self.conf_dir / "slurm-gpu.toml"
+        if slurm_gpu_config is None:
+            toml.unlink(missing_ok=True)
+        else:
+            tmp = self.conf_dir / f".slurm-gpu.toml.{os.getpid()}.tmp"
+            self._write_file(tmp, slurm_gpu_config)
+            os.replace(tmp, toml)
+        self.slurm_gpu_config = slurm_gpu_config
+
+    def hook_processes(self) -> List[int]:
+        """Pids of hooks this cluster's daemons run now (prolog, epilog, health check, controller
+        epilog): their descendants, not the daemons' own helpers (slurmstepd and the jobs below it,
+        slurmscriptd itself)."""
+        children: Dict[int, List[int]] = {}
+        comm: Dict[int, str] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                raw = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            pid = int(entry)
+            comm[pid] = raw[raw.index("(") + 1:raw.rindex(")")]
+            fields = raw[raw.rindex(")") + 2:].split()
+            if fields[0] != "Z":
+                children.setdefault(int(fields[1]), []).append(pid)
+        found: List[int] = []
+        todo = [d.pid for n, d in self._daemons.items() if n == "slurmctld" or n.startswith("slurmd-")]
+        while todo:
+            for child in children.get(todo.pop(), []):
+                if comm.get(child) == "slurmstepd":
+                    continue  # a job's step: cancel_all() ends it
+                if comm.get(child) != "slurmscriptd":
+                    found.append(child)
+                todo.append(child)
+        return found
+
+    def wait_hooks_idle(self, timeout: float = 90) -> None:
+        """Until no hook of this cluster runs: after use_hooks() a run that started before (a
+        health check about to drain a node, an epilog writing a record) must not outlive its test."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pids = self.hook_processes()
+            if not pids:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(self._failure_report(f"hooks still running after {timeout:.0f} s: pids {pids}"))
+            time.sleep(0.1)
 
 
 _USER_CLI_DIR: Optional[Path] = None

@@ -1,13 +1,17 @@
-"""Fixtures for tests against a real Slurm 22.05 cluster (tests/testbed.py).
+"""Fixtures for tests against a real Slurm cluster (tests/testbed.py); docs/testbed.md, "Shared clusters".
 
 * Every test under tests/integration is marked ``slurm`` (deselect with ``-m "not slurm"``).
 * Where the testbed cannot run (not root, packages or the user sgtest missing) the tests
   skip - except when ``CI`` is set: there a missing testbed is an error, never a skip.
 * ``slurm_testbed_factory(**kwargs)`` returns a running cluster configured with ``kwargs``
-  (SlurmTestbed's keyword arguments, e.g. prolog=, epilog=, slurm_gpu_config=). One cluster
-  runs at a time: asking again with the same arguments returns the same cluster, reset
-  (jobs cancelled, nodes resumed); other arguments stop it and start a new one.
-* ``slurm_testbed``: the cluster without prolog/epilog, reset for each test.
+  (SlurmTestbed's keyword arguments). Clusters are shared by **shape**: the keyword arguments other
+  than the hooks (nodes, GRES, extra slurm.conf lines, ...). A second request for a shape that runs
+  gets the same cluster, reset: its hooks switched off and idle, jobs cancelled, nodes resumed; then
+  the request's **state** is applied: ``prolog``, ``epilog``, ``health_check_program``,
+  ``epilog_slurmctld`` (links that slurm.conf names, pointed at the test's scripts) and
+  ``slurm_gpu_config`` (slurm-gpu.toml beside slurm.conf). A hook path with a glob (``prolog.d/*``,
+  which slurmd itself expands) is part of the shape. The ``KEEP`` shapes used last keep running.
+* ``slurm_testbed``: the two-node cluster without hooks, reset for each test.
 
 Work directories live in /tmp/slurm-gpu-testbed-<random>/ (enterable by the job user). They
 are removed at the end of a session without failures, kept otherwise (or when
@@ -15,12 +19,16 @@ SLURM_TESTBED_KEEP=1) so the daemon logs can be read.
 """
 from __future__ import annotations
 
+import glob
+import inspect
 import os
+import re
 import shutil
+import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
 
@@ -30,7 +38,16 @@ if str(TESTS) not in sys.path:
 
 from testbed import Munged, SlurmTestbed, TestbedUnavailable, check_available, unavailable  # noqa: E402
 
+from .sites import FACTORIES, Site, hooked_cluster, hooks_off_everywhere, site_fixture  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
+
+# What a test sets on a shared cluster (SlurmTestbed.use_hooks); every other keyword is the shape.
+STATE_KEYS = ("prolog", "epilog", "health_check_program", "epilog_slurmctld", "slurm_gpu_config")
+# Shapes kept running at once (least recently used stopped first): the two-node cluster most modules
+# share stays up between the modules of other shapes, which come one or two in a row (with 2 the
+# Ansible and the breaker modules pushed it out: 12 start-ups instead of 10).
+KEEP = 3
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
@@ -47,30 +64,59 @@ def _key(kwargs: Dict[str, Any]) -> str:
     return repr(sorted((k, sorted(v.items()) if isinstance(v, dict) else v) for k, v in kwargs.items()))
 
 
+_DEFAULTS = {k: p.default for k, p in inspect.signature(SlurmTestbed).parameters.items()
+             if p.default is not inspect.Parameter.empty}
+
+
+def split_state(kwargs: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(shape, state) of a request's keyword arguments; a shape argument given at its default is
+    no argument (prolog_epilog_timeout=60 is the same cluster as none)."""
+    shape = {k: v for k, v in kwargs.items() if k in STATE_KEYS or k not in _DEFAULTS or v != _DEFAULTS[k]}
+    state = {}
+    for k in STATE_KEYS:
+        if k in shape and not (k != "slurm_gpu_config" and shape[k] and glob.has_magic(shape[k])):
+            state[k] = shape.pop(k)
+    return shape, state
+
+
 class _Factory:
-    """Starts clusters on request; keeps at most one running."""
+    """Starts clusters on request, one per shape; keeps the last KEEP shapes running."""
 
     def __init__(self, base: Path, session: pytest.Session):
         self.base = base
         self.session = session
-        self.current: Optional[Tuple[str, SlurmTestbed]] = None
+        self.running: List[Tuple[str, SlurmTestbed]] = []  # least recently used first
         self.failed: Dict[str, BaseException] = {}
         self.count = 0
         self.keep_dirs = bool(os.environ.get("SLURM_TESTBED_KEEP"))
 
     def __call__(self, **kwargs: Any) -> SlurmTestbed:
-        key = _key(kwargs)
+        shape, state = split_state(kwargs)
+        key = _key(shape)
         if key in self.failed:  # do not pay a second start-up timeout for a known-bad config
             raise self.failed[key]
-        if self.current is not None:
-            cur_key, bed = self.current
-            if cur_key == key:
-                bed.reset()
+        bed = self._running(key)
+        if bed is not None:
+            bed.use_hooks()           # the last test's hooks off ...
+            bed.wait_hooks_idle()     # ... and none of their runs left (a health check about to drain)
+            bed.reset()
+        else:
+            while len(self.running) >= KEEP:
+                self._stop(self.running.pop(0)[1])
+            bed = self._start(key, shape)
+        bed.use_hooks(**state)
+        return bed
+
+    def _running(self, key: str) -> Any:
+        for i, (k, bed) in enumerate(self.running):
+            if k == key:
+                self.running.append(self.running.pop(i))
                 return bed
-            self.stop_current(remove=self.session.testsfailed == 0)
+        return None
+
+    def _start(self, key: str, shape: Dict[str, Any]) -> SlurmTestbed:
         self.count += 1
-        workdir = self.base / f"cluster{self.count}"
-        bed = SlurmTestbed(workdir, **kwargs)
+        bed = SlurmTestbed(self.base / f"cluster{self.count}", switchable_hooks=True, **shape)
         try:
             bed.start()
         except TestbedUnavailable as e:
@@ -79,18 +125,32 @@ class _Factory:
         except Exception as e:
             self.failed[key] = e
             raise
-        self.current = (key, bed)
+        self.running.append((key, bed))
         return bed
 
-    def stop_current(self, remove: bool = True) -> None:
-        if self.current is None:
-            return
-        _, bed = self.current
-        self.current = None
+    def _stop(self, bed: SlurmTestbed) -> None:
         bed.stop()
-        if remove and not self.keep_dirs:
+        if self.session.testsfailed == 0 and not self.keep_dirs:
             # MariaDB's data directory is ~100 MB per cluster.
             shutil.rmtree(bed.workdir, ignore_errors=True)
+
+    def stop_all(self) -> None:
+        while self.running:
+            self._stop(self.running.pop()[1])
+
+    def hooks_off(self) -> None:
+        """Every running cluster's hooks off, and idle: a module's health check must not go on
+        running (and draining) on an idle cluster after its module, nor its scripts outlive their
+        files."""
+        for _, bed in self.running:
+            bed.use_hooks()
+            bed.wait_hooks_idle()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _shared_cluster_hooks_off_after_each_module():
+    yield
+    hooks_off_everywhere()
 
 
 @pytest.fixture(scope="session")
@@ -102,9 +162,11 @@ def slurm_testbed_factory(request: pytest.FixtureRequest) -> Callable[..., Slurm
     base = Path(tempfile.mkdtemp(prefix="slurm-gpu-testbed-", dir="/tmp"))
     os.chmod(base, 0o755)
     factory = _Factory(base, request.session)
+    FACTORIES.append(factory)
     yield factory
+    FACTORIES.remove(factory)
     failed = request.session.testsfailed > 0
-    factory.stop_current(remove=not failed)
+    factory.stop_all()
     if failed or factory.keep_dirs:
         print(f"\nSlurm testbed work directories kept in {base}")
     else:
@@ -137,3 +199,44 @@ def slurmd_munge():
         _unavailable(e.reason)
     yield m
     m.stop()
+
+
+# --------------------------------------------------------------------------- the hooks' shared site
+
+site = site_fixture(Site, "hooks")
+
+
+@pytest.fixture
+def cluster(site: Site, slurm_testbed_factory: Callable[..., SlurmTestbed]) -> SlurmTestbed:
+    """The two-node cluster with slurm-gpu's prolog and epilog on the module's `site`."""
+    return hooked_cluster(site, slurm_testbed_factory)
+
+
+NVIDIA_MAJOR = 195
+CAPS_MAJOR = 511  # any char major works: slurmd only stat()s the files
+
+
+@pytest.fixture
+def device_files():
+    """mknod the device files a test names; remove exactly those it created."""
+    created: List[str] = []
+
+    def make(paths):
+        for p in paths:
+            if os.path.exists(p):
+                continue
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            m = re.search(r"(\d+)$", p)
+            major = CAPS_MAJOR if "nvidia-caps" in p else NVIDIA_MAJOR
+            try:
+                os.mknod(p, 0o666 | stat.S_IFCHR, os.makedev(major, int(m.group(1))))
+            except OSError as e:
+                unavailable(f"cannot create {p}: {e.strerror} (needs mknod)")
+            created.append(p)
+
+    yield make
+    for p in reversed(created):
+        try:
+            os.unlink(p)
+        except OSError:
+            pass

@@ -17,7 +17,8 @@ import pytest
 import simgpu
 
 from slurm_gpu.errors import SlurmError
-from tests.integration.test_hooks_slurm import healthcheck_wrapper
+
+from .sites import healthcheck_wrapper
 
 pytestmark = pytest.mark.slurm
 
@@ -317,11 +318,48 @@ def test_healthcheck_with_a_hung_gpu_overruns_nothing_and_changes_nothing(tb, si
     assert "DRAIN" not in tb.node_info("gpu01")["State"]
 
 
+def _cli_proc(tb, cfg: Path, *args: str, env: Dict[str, str]) -> "subprocess.Popen[str]":
+    e = dict(env, SLURM_GPU_CONFIG=str(cfg), PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
+    return subprocess.Popen([sys.executable, "-m", "slurm_gpu.cli", *args], env=e, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+
+
+def test_two_healthchecks_of_one_node_at_once_never_let_a_stale_healthy_reading_resume_a_faulty_gpu(tb, sim):
+    """slurmd starts a HealthCheckProgram every HealthCheckInterval whether or not the last one has
+    ended (seen on 22.05: two of gpu01's runs 1 s apart, the slower one's line written last).  Run
+    A reads the node healthy but is slow (a GPU that answers late); the fault comes back; run B
+    reads it and keeps the node drained; then A ends and would resume a node with a faulty GPU on
+    its old reading.  The runs of one node take turns: B acts after A, on what it read after A."""
+    sim.write_config(slurm_backend="cli", slurm_timeout_s=5.0, nvml_timeout_s=10.0)  # slow, not hung
+    simgpu.set_gpu(sim.state, 1, ecc_volatile_uncorrected=2)
+    cp = run_cli(tb, sim.config, "healthcheck", "--node", "gpu01", env=sim.cli_env)
+    assert cp.returncode == 1 and "DRAIN" in tb.node_info("gpu01")["State"], (cp.stdout, cp.stderr)
+
+    simgpu.set_gpu(sim.state, 1, ecc_volatile_uncorrected=0)
+    simgpu.inject_hang(sim.state, 3, "nvmlDeviceGetTemperature", 6)
+    a = _cli_proc(tb, sim.config, "healthcheck", "--node", "gpu01", env=sim.cli_env)
+    time.sleep(3)  # A has read GPU 1 (healthy) and waits on GPU 3
+    simgpu.inject_hang(sim.state, 3, "nvmlDeviceGetTemperature", 0)
+    simgpu.set_gpu(sim.state, 1, ecc_volatile_uncorrected=3)
+    b = _cli_proc(tb, sim.config, "healthcheck", "--node", "gpu01", env=sim.cli_env)
+    out_a, out_b = a.communicate(timeout=90), b.communicate(timeout=90)
+    assert "resumed" in out_a[0], out_a
+    assert b.returncode == 1 and "drained" in out_b[0], out_b
+    assert "DRAIN" in tb.node_info("gpu01")["State"], (out_a, out_b)
+    events = [line.split()[4] for line in sim.log_text().splitlines() if " healthcheck " in line]
+    assert events[-2:] == ["resumed", "drained"], sim.log_text()
+
+
 # ------------------------------------------------------------------ slurmd runs it: HealthCheckProgram=
 
 def test_slurmd_healthcheckprogram_drains_the_faulty_node_and_resumes_it(slurm_testbed_factory, sim_lib, tmp_path):
     """The real chain: slurmd runs HealthCheckProgram with no arguments, no PATH and no
-    SLURM_CONF (only SLURMD_NODENAME), through the documented wrapper script."""
+    SLURM_CONF (only SLURMD_NODENAME), through the documented wrapper script.
+
+    The decision log holds every run's line in the order the runs acted.  It once held only the
+    last 2 s (issue 34): slurmd had started gpu01's next run while the draining one still ran; the
+    next run found the GPU healthy again and resumed, and this test read the log before the slower
+    run wrote its "drained" line, after the resume.  Runs of one node now take turns."""
     states = tmp_path / "states"
     states.mkdir()
     for n in ("gpu01", "gpu02"):
@@ -330,11 +368,10 @@ def test_slurmd_healthcheckprogram_drains_the_faulty_node_and_resumes_it(slurm_t
     cfg = tmp_path / "slurm-gpu.toml"
     cfg.write_text(f'nvml_library = "{sim_lib}"\nnvml_timeout_s = 2.0\nslurm_backend = "cli"\nslurm_timeout_s = 5.0\n'
                    f'[xid]\nsource = "none"\n[log]\nsyslog = false\nfile = "{tmp_path / "hc.log"}"\n'
+                   f'[hooks]\nhealthcheck_lock_file = "{tmp_path}/healthcheck-%n.lock"\n'
                    f'[store]\ndatabase = "{tmp_path}/usage.db"\nspool_dir = "{tmp_path}/spool"\n')
-    conf_path = tmp_path / "slurm_conf_path"  # written once the cluster exists (its path is not known before)
-    wrapper = healthcheck_wrapper(tmp_path, cfg, states, conf_path)
-    tb = slurm_testbed_factory(health_check_program=str(wrapper), extra_slurm_conf="HealthCheckInterval=3")
-    conf_path.write_text(tb.env["SLURM_CONF"])
+    tb = slurm_testbed_factory()
+    tb.use_hooks(health_check_program=str(healthcheck_wrapper(tmp_path, cfg, states, tb.slurm_conf)))
 
     tb.wait_node_state("gpu01", "DRAIN", timeout=30)
     r = reason_of(tb, "gpu01")
@@ -350,7 +387,9 @@ def test_slurmd_healthcheckprogram_drains_the_faulty_node_and_resumes_it(slurm_t
     while "resumed" not in log_file.read_text() and time.monotonic() < deadline:
         time.sleep(0.1)
     log = log_file.read_text()
-    assert "drained" in log and "resumed" in log, log
+    events = [line.split()[4] for line in log.splitlines() if " node=gpu01 " in line]
+    assert "drained" in events and "resumed" in events, log
+    assert events.index("drained") < events.index("resumed"), log
 
 
 # ------------------------------------------------------------------ job facts
@@ -379,6 +418,13 @@ def test_job_facts_agree_between_slurmctld_sacct_json_and_sacct_parsable(tb):
     from_p = b._sacct_job(jid)
     assert live["final"] and from_p["final"]
     keys = ("user", "account", "partition", "state", "nodes", "gres", "start_time", "end_time")
-    assert [live[k] for k in keys] == [from_json[k] for k in keys] == [from_p[k] for k in keys]
+    # Both parsers read one accounting record: they agree on every field.
+    assert [from_json[k] for k in keys] == [from_p[k] for k in keys]
+    # slurmdbd's record may lack the partition (observed on 22.05 for a job started right after its
+    # node came back from a drain, on a cluster that ran other tests: sacct -P and --json both show
+    # it empty, for good); every other fact is slurmctld's.
+    if from_json["partition"] == "":
+        keys = tuple(k for k in keys if k != "partition")
+    assert [live[k] for k in keys] == [from_json[k] for k in keys]
     assert (live["user"], live["account"], live["gres"]) == ("sgtest", "physics", "gpu:2")
     assert (live["source"], from_json["source"]) == ("slurmctld", "slurmdbd")

@@ -28,7 +28,7 @@ import simgpu
 from checkout import copy_checkout
 from testbed import unavailable
 
-from integration.test_hooks_slurm import Site, play_work, wait_running
+from .sites import Site, play_work, wait_running
 
 pytestmark = pytest.mark.slurm
 

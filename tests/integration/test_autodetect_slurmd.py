@@ -35,7 +35,7 @@ from slurm_gpu.hooks import flows as hooks
 from slurm_gpu.slurm import hostlist
 from slurm_gpu.slurm.jobenv import from_env
 
-from .test_gres_slurmd import _need_slurmd, device_files  # noqa: F401  (fixture)
+from .sites import need_slurmd
 
 pytestmark = pytest.mark.slurm
 GOLDEN_MIG_MINORS = Path(__file__).resolve().parents[1] / "golden" / "gres" / "mig-minors"
@@ -118,13 +118,13 @@ def _device_files(make, kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", sorted(NODES))
-def test_autodetect_equals_our_gres_conf_and_our_index_mapping(kind, sim_node, slurmd_munge, tmp_path, device_files):  # noqa: F811
+def test_autodetect_equals_our_gres_conf_and_our_index_mapping(kind, sim_node, slurmd_munge, tmp_path, device_files):
     version = "%d.%02d.%d" % slurm_version()
     node = sim_node(NODES[kind]())
     node.write_config(f'[gres]\nmig_minors_path = "{GOLDEN_MIG_MINORS}"\n')
     _device_files(device_files, kind)
     ours = _ours(node, version)
-    _need_slurmd()
+    need_slurmd()
     munge = slurmd_munge
     if not _has_nvml_plugin():
         _autodetect_is_unavailable(node, munge, tmp_path, ours["node_gres"])

@@ -19,7 +19,8 @@ from prometheus import NodeExporter, Prometheus, PrometheusUnavailable, require
 from testbed import unavailable
 
 from slurm_gpu.metrics import textfile
-from tests.integration.test_hooks_slurm import healthcheck_wrapper
+
+from .sites import healthcheck_wrapper
 
 pytestmark = pytest.mark.slurm
 
@@ -37,6 +38,7 @@ def _config(tmp: Path, lib: Path) -> Path:
     p.write_text(f'slurm_backend = "cli"\nslurm_timeout_s = 10.0\nnvml_library = "{lib}"\nnvml_timeout_s = 2.0\n'
                  f'[store]\ndatabase = "{tmp}/%n/usage.db"\nspool_dir = "{tmp}/%n/spool"\n'
                  f'[log]\nsyslog = false\nfile = "{tmp}/%n/hooks.log"\n[xid]\nsource = "none"\n'
+                 f'[hooks]\nhealthcheck_lock_file = "{tmp}/%n/healthcheck.lock"\n'
                  f'[metrics]\ntextfile_dir = "{tmp}/%n/prom"\n[breaker]\nmax_drained_pct = 50\nwindow_s = 3600\n')
     os.chmod(p, 0o644)
     return p
@@ -145,9 +147,7 @@ def test_slurmd_healthchecks_failing_on_three_of_four_nodes_at_once_drain_the_sh
         simgpu.write_state(states / f"{n}.state", simgpu.h100_sxm(4, seed=n))
     cfg = _config(tmp_path, sim_lib)
     cfg.write_text(f'slurm_bin_dir = "{_slow_drains(tmp_path)}"\n' + cfg.read_text())
-    conf_path = tmp_path / "slurm_conf_path"  # the wrapper waits for it: the cluster's path is not known before
-    bed = slurm_testbed_factory(nodes=NODES, health_check_program=str(healthcheck_wrapper(tmp_path, cfg, states, conf_path)),
-                                extra_slurm_conf="HealthCheckInterval=2")
+    bed = slurm_testbed_factory(nodes=NODES)
     exporters = []
     for n in NODES:
         (tmp_path / n / "prom").mkdir(parents=True, exist_ok=True)
@@ -156,7 +156,7 @@ def test_slurmd_healthchecks_failing_on_three_of_four_nodes_at_once_drain_the_sh
     prom = Prometheus({"node": [(e.address, {"instance": n}) for n, e in zip(NODES, exporters)]},
                       rule_files=[_rules_firing_at_once(tmp_path)], workdir=tmp_path / "prometheus").start()
     try:
-        conf_path.write_text(bed.env["SLURM_CONF"])
+        bed.use_hooks(health_check_program=str(healthcheck_wrapper(tmp_path, cfg, states, bed.slurm_conf)))
         # Every node healthy first: each has had a healthcheck (its log says so) and none is drained.
         deadline = time.monotonic() + 30
         while not all((tmp_path / n / "hooks.log").exists() for n in NODES):

@@ -11,8 +11,6 @@ import sys
 
 import pytest
 
-from .test_hooks_slurm import cluster, site  # noqa: F401  (fixtures)
-
 pytestmark = pytest.mark.slurm
 
 
@@ -35,7 +33,7 @@ def _account(bed, tmp_path, db, user, grants):
     return cfg
 
 
-def test_jobs_on_both_nodes_pushed_from_each_node_report_once_from_the_server(cluster, site, tmp_path):  # noqa: F811
+def test_jobs_on_both_nodes_pushed_from_each_node_report_once_from_the_server(cluster, site, tmp_path):
     jobs = {cluster.sbatch("sleep 2", args=["-p", "gpu", "-w", node, "-A", acct, f"--gres=gpu:{n}"]): node
             for node, acct, n in (("gpu01", "physics", 2), ("gpu02", "chem", 1), ("gpu02", "physics", 2),
                                   ("gpu01", "chem", 1))}

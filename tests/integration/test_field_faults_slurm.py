@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import simgpu
 
-from tests.integration.test_hooks_slurm import Site, _reasons, hooked_cluster, site_fixture
+from .sites import Site, hooked_cluster, node_reasons, site_fixture
 
 pytestmark = pytest.mark.slurm
 
@@ -44,7 +44,7 @@ def cluster(site, slurm_testbed_factory):
 def _drained_with(cluster, site, job, words):
     assert cluster.wait_job(job, timeout=90) == "COMPLETED"
     assert cluster.job_info(job)["NodeList"] == "gpu02"
-    reasons = {r["node"]: r["reason"] for r in _reasons(cluster)}
+    reasons = {r["node"]: r["reason"] for r in node_reasons(cluster)}
     assert "gpu02" not in reasons, reasons
     assert reasons.get("gpu01", "").startswith("slurm-gpu: ") and f"[prolog job {job}; check " in reasons["gpu01"], reasons
     for w in words:

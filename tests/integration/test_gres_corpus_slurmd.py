@@ -16,30 +16,29 @@ import pytest
 from slurm_gpu.slurm import conf as slurmconf
 from slurm_gpu.slurm import hostlist
 
-from .test_gres_slurmd import _need_slurmd, device_files  # noqa: F401  (fixture)
-from .test_gresmap_slurmd import _slurmd_order
+from .sites import need_slurmd, slurmd_order
 
 pytestmark = pytest.mark.slurm
 
 
 @pytest.mark.parametrize("name, node", corpus.cases())
-def test_corpus_gpu_order_equals_slurmds(tmp_path, device_files, slurmd_munge, name, node):  # noqa: F811
-    _need_slurmd()
+def test_corpus_gpu_order_equals_slurmds(tmp_path, device_files, slurmd_munge, name, node):
+    need_slurmd()
     conf = corpus.write_node_config(tmp_path / "etc", name, node)
     ours, autodetect = slurmconf.node_gres_records(str(conf), node)
     assert not autodetect
     needed = [f for r in ours for f in r.files]
     device_files(sorted(set(needed), key=hostlist.sort_key))
-    assert [",".join(r.files) for r in ours] == _slurmd_order(conf.parent, node, slurmd_munge)
+    assert [",".join(r.files) for r in ours] == slurmd_order(conf.parent, node, slurmd_munge)
 
 
-def test_continuation_inside_a_value_is_joined_as_slurmd_joins_it(tmp_path, device_files, slurmd_munge):  # noqa: F811
+def test_continuation_inside_a_value_is_joined_as_slurmd_joins_it(tmp_path, device_files, slurmd_munge):
     # parse_config.c joins a '\' continuation where the backslash was, without a space, and
     # '\#' is a literal '#': slurmd reads File=/dev/nvidia[0-1] here, and so must we.
-    _need_slurmd()
+    need_slurmd()
     device_files(["/dev/nvidia0", "/dev/nvidia1"])
     (tmp_path / "gres.conf").write_text("Name=gpu Type=t4 File=/dev/nvi\\\ndia[0-1] # comment \\#1\n")
     (tmp_path / "slurm.conf").write_text("ClusterName=t\nSlurmctldHost=localhost\nGresTypes=gpu\nDebugFlags=Gres\n"
                                          "NodeName=n1 CPUs=2 Gres=gpu:t4:2\nPartitionName=p Nodes=n1\n")
     ours, _ = slurmconf.node_gres_records(str(tmp_path / "slurm.conf"), "n1")
-    assert [",".join(r.files) for r in ours] == _slurmd_order(tmp_path, "n1", slurmd_munge) == ["/dev/nvidia0", "/dev/nvidia1"]
+    assert [",".join(r.files) for r in ours] == slurmd_order(tmp_path, "n1", slurmd_munge) == ["/dev/nvidia0", "/dev/nvidia1"]

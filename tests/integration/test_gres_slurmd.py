@@ -17,8 +17,6 @@ import copy
 import json
 import os
 import re
-import shutil
-import stat
 from pathlib import Path
 from typing import List
 
@@ -28,56 +26,16 @@ from testbed import parse_gres_records, slurmd_gres, unavailable
 from slurm_gpu.gres import generate as gres
 from slurm_gpu.gres import inventory
 
+from .sites import need_slurmd
+
 HERE = Path(__file__).resolve().parent.parent
 INV = HERE / "golden" / "gres" / "inventory"
-NVIDIA_MAJOR = 195
-CAPS_MAJOR = 511  # any char major works: slurmd only stat()s the files
 
 pytestmark = pytest.mark.slurm
 
 
-def _need_slurmd() -> str:
-    if os.geteuid() != 0:
-        unavailable("needs root (device files, slurmd)")
-    exe = shutil.which("slurmd", path="/usr/sbin:/usr/bin:/sbin:/bin:" + os.environ.get("PATH", ""))
-    if not exe:
-        unavailable("slurmd is not installed (apt-get install slurmd)")
-    return exe
-
-
 def _host_cores() -> List[int]:
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-
-
-@pytest.fixture
-def device_files():
-    """mknod the device files a test names; remove exactly those it created."""
-    created: List[str] = []
-
-    def make(paths):
-        for p in paths:
-            if os.path.exists(p):
-                continue
-            os.makedirs(os.path.dirname(p), exist_ok=True)
-            m = re.search(r"(\d+)$", p)
-            major = CAPS_MAJOR if "nvidia-caps" in p else NVIDIA_MAJOR
-            try:
-                os.mknod(p, 0o666 | stat.S_IFCHR, os.makedev(major, int(m.group(1))))
-            except OSError as e:
-                unavailable(f"cannot create {p}: {e.strerror} (needs mknod)")
-            created.append(p)
-
-    yield make
-    for p in reversed(created):
-        try:
-            os.unlink(p)
-        except OSError:
-            pass
-    if os.path.isdir("/dev/nvidia-caps") and not os.listdir("/dev/nvidia-caps"):
-        try:
-            os.rmdir("/dev/nvidia-caps")
-        except OSError:
-            pass
 
 
 def _host_inventory(fixture: str, host: str, minors: List[int] = None) -> dict:
@@ -106,7 +64,7 @@ def _files(text: str) -> List[str]:
 
 
 def _slurmd_G(tmp_path: Path, munge, node: str, gres_conf: str, slurm_gres: str) -> str:
-    _need_slurmd()
+    need_slurmd()
     gres = slurm_gres[len("Gres="):] if slurm_gres.startswith("Gres=") else slurm_gres
     return slurmd_gres(tmp_path, munge, node, gres, gres_conf, cpus=len(_host_cores()))[1]
 
@@ -147,7 +105,7 @@ def _problems(out: str) -> List[str]:
                              ("nvidia_a100_2g.10gb", 1, None), ("nvidia_a100_1g.5gb", 1, None)]),
 ])
 def test_slurmd_parses_generated_gres_conf_cleanly(tmp_path, device_files, slurmd_munge, fixture, naming, expect):
-    _need_slurmd()
+    need_slurmd()
     node = "gresnode1"
     text, gres_part = _generate([_host_inventory(fixture, node)], tmp_path, naming)
     device_files(_files(text))
@@ -163,7 +121,7 @@ def test_slurmd_parses_generated_gres_conf_cleanly(tmp_path, device_files, slurm
 
 def test_slurmd_flags_cores_the_node_does_not_have(tmp_path, device_files, slurmd_munge):
     # Negative control: the acceptance check above would catch a bad Cores= (wrong topology).
-    _need_slurmd()
+    need_slurmd()
     node = "gresnode1"
     doc = _host_inventory("pcie01", node)
     doc["gpus"][0]["cores"] = "0-4095"
@@ -174,7 +132,7 @@ def test_slurmd_flags_cores_the_node_does_not_have(tmp_path, device_files, slurm
 
 
 def test_slurmd_flags_a_gres_count_slurm_conf_does_not_expect(tmp_path, device_files, slurmd_munge):
-    _need_slurmd()
+    need_slurmd()
     node = "gresnode1"
     text, _ = _generate([_host_inventory("pcie01", node)], tmp_path, "short")
     device_files(_files(text))
@@ -185,7 +143,7 @@ def test_slurmd_flags_a_gres_count_slurm_conf_does_not_expect(tmp_path, device_f
 # --- the two-node testbed --------------------------------------------------------------------
 
 def test_testbed_slurmd_accepts_generated_gres_conf(tmp_path, device_files):
-    _need_slurmd()
+    need_slurmd()
     import testbed as tb
 
     # Both nodes share this machine and its /dev/nvidia0-3: identical inventories, one hostlist line.

@@ -14,35 +14,17 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import List
 
 import pytest
 import simgpu
-from testbed import parse_gres_records, run_slurmd_G
 
 from slurm_gpu.slurm import conf as slurmconf
-from slurm_gpu.slurm import hostlist
 
-from .test_gres_slurmd import _need_slurmd, device_files  # noqa: F401  (fixture)
-from .test_hooks_slurm import Site, _script, wait_running
+from .sites import Site, hook_script, slurmd_order, wait_running
 
 pytestmark = pytest.mark.slurm
 GOLDEN_MIG_MINORS = Path(__file__).resolve().parents[1] / "golden" / "gres" / "mig-minors"
 CAPS = {1: (12, 13), 5: (48, 49), 13: (120, 121)}  # gpu0 gi -> (gi cap, ci0 cap) in the golden mig-minors
-
-
-def _slurmd_order(conf_dir: Path, node: str, munge) -> List[str]:
-    """Device files of the node's GPU GRES records in slurmd's index order (`slurmd -G`)."""
-    _need_slurmd()
-    output = run_slurmd_G(conf_dir / "slurm.conf", node, munge)
-    out = []
-    for rec in parse_gres_records(output):
-        if "nvidia-caps" in rec.files:
-            out.append(rec.files)  # one MIG record: its files as one entry
-        else:
-            out.extend(hostlist.expand(rec.files))
-    assert out, f"slurmd -G printed no GPU records:\n{output}"
-    return out
 
 
 CASES = {
@@ -68,7 +50,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_our_gpu_numbering_equals_slurmds(case, tmp_path, device_files, slurmd_munge):  # noqa: F811
+def test_our_gpu_numbering_equals_slurmds(case, tmp_path, device_files, slurmd_munge):
     gres_line, gres_conf = CASES[case]
     device_files([f"/dev/nvidia{i}" for i in range(8)] +
                  [f"/dev/nvidia-caps/nvidia-cap{c}" for pair in CAPS.values() for c in pair])
@@ -76,7 +58,7 @@ def test_our_gpu_numbering_equals_slurmds(case, tmp_path, device_files, slurmd_m
                                          f"NodeName=n1 CPUs=2 Gres={gres_line}\nPartitionName=p Nodes=n1\n")
     (tmp_path / "gres.conf").write_text(gres_conf)
     ours, _ = slurmconf.node_gres_records(str(tmp_path / "slurm.conf"), "n1")
-    assert [",".join(r.files) for r in ours] == _slurmd_order(tmp_path, "n1", slurmd_munge)
+    assert [",".join(r.files) for r in ours] == slurmd_order(tmp_path, "n1", slurmd_munge)
 
 
 # --------------------------------------------------------------------------- the real cluster
@@ -112,7 +94,7 @@ def mixed_site(tmp_path_factory):
 
 
 @pytest.fixture
-def mixed_cluster(mixed_site, slurm_testbed_factory, device_files):  # noqa: F811
+def mixed_cluster(mixed_site, slurm_testbed_factory, device_files):
     device_files([f"/dev/nvidia-caps/nvidia-cap{c}" for pair in _mig_caps().values() for c in pair])
     site = mixed_site
     shutil.rmtree(site.root / "gpu01", ignore_errors=True)
@@ -125,7 +107,7 @@ def mixed_cluster(mixed_site, slurm_testbed_factory, device_files):  # noqa: F81
     for node in ("gpu01", "gpu02"):
         (site.root / f"{node}.kmsg").write_text("")
     config = site.config() + f'[gres]\nmig_minors_path = "{GOLDEN_MIG_MINORS}"\n'
-    bed = slurm_testbed_factory(prolog=_script("slurm-gpu-prolog"), epilog=_script("slurm-gpu-epilog"),
+    bed = slurm_testbed_factory(prolog=hook_script("slurm-gpu-prolog"), epilog=hook_script("slurm-gpu-epilog"),
                                 slurm_gpu_config=config, prolog_epilog_timeout=60, gpus_per_node=3,
                                 node_gres={"gpu01": "gpu:a100:1,gpu:v100:2",
                                            "gpu02": "gpu:a100_3g.20gb:1,gpu:a100_2g.10gb:1,gpu:a100_1g.5gb:1"},

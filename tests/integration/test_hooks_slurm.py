@@ -5,132 +5,15 @@ path containing %n, which it fills from SLURMD_NODENAME (slurmd gives hooks no o
 """
 from __future__ import annotations
 
-import os
-import shutil
 import sqlite3
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import simgpu
 
+from .sites import node_reasons, wait_running
+
 pytestmark = pytest.mark.slurm
-
-
-def _script(name: str) -> str:
-    path = os.path.join(os.path.dirname(sys.executable), name)
-    return path if os.path.exists(path) else shutil.which(name) or pytest.fail(f"{name} is not installed (pip install -e .)")
-
-
-def healthcheck_wrapper(tmp: Path, cfg: Path, states: Path, conf_path: Path) -> Path:
-    """docs/admin-guide.md's HealthCheckProgram wrapper: slurmd passes no arguments, no PATH and no
-    SLURM_CONF (only SLURMD_NODENAME), so the wrapper sets what is site-specific.  It does nothing until
-    conf_path holds the cluster's slurm.conf path (written once the cluster exists)."""
-    repo = Path(__file__).resolve().parents[2]
-    wrapper = tmp / "slurm-gpu-healthcheck"
-    wrapper.write_text(f"""#!/bin/sh
-[ -r {conf_path} ] || exit 0
-export SLURM_CONF="$(cat {conf_path})"
-export SLURM_GPU_CONFIG={cfg}
-export SIMNVML_STATE={states}/"$SLURMD_NODENAME".state
-export PYTHONPATH={repo}
-exec {sys.executable} -m slurm_gpu.cli healthcheck
-""")
-    wrapper.chmod(0o755)
-    return wrapper
-
-
-class Site:
-    """Per-node simulated GPUs, databases and logs for the two-node cluster."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        root.mkdir(parents=True, exist_ok=True)
-        os.chmod(root, 0o755)
-        self.lib = simgpu.build(root / "lib", default_state=str(root / "%n.state"))
-        self.minors = {"gpu01": [0, 1, 2, 3], "gpu02": [4, 5, 6, 7]}
-        self.reset()
-
-    def reset(self) -> None:
-        for node, minors in self.minors.items():
-            shutil.rmtree(self.root / node, ignore_errors=True)  # database, spool and log of the last test
-            prof = simgpu.h100_sxm(4, seed=node)
-            for g, m in zip(prof["gpus"], minors):
-                g["minor"] = m
-            simgpu.write_state(self.state(node), prof)
-            (self.root / f"{node}.kmsg").write_text("")
-
-    def state(self, node: str) -> Path:
-        return self.root / f"{node}.state"
-
-    def db(self, node: str) -> Path:
-        return self.root / node / "usage.db"
-
-    def log(self, node: str) -> str:
-        p = self.root / node / "hooks.log"
-        return p.read_text() if p.exists() else ""
-
-    def rows(self, node: str, sql: str, *args):
-        if not self.db(node).exists():
-            return []
-        conn = sqlite3.connect(str(self.db(node)))
-        conn.row_factory = sqlite3.Row
-        try:
-            return [dict(r) for r in conn.execute(sql, args)]
-        finally:
-            conn.close()
-
-    def config(self) -> str:
-        r = self.root
-        return (f'nvml_library = "{self.lib}"\nnvml_timeout_s = 2.0\nslurm_timeout_s = 10.0\n'
-                f'[store]\ndatabase = "{r}/%n/usage.db"\nspool_dir = "{r}/%n/spool"\nbusy_timeout_s = 1.0\n'
-                f'[log]\nsyslog = false\nfile = "{r}/%n/hooks.log"\n'
-                f'[xid]\nsource = "file:{r}/%n.kmsg"\n'
-                '[hooks]\nprolog_deadline_s = 20\nepilog_deadline_s = 30\nkill_grace_s = 1.0\n')
-
-
-def site_fixture(cls: type, name: str):
-    """A module's `site` fixture: a `cls` (a Site) under /tmp/slurm-gpu-<name>-<pid>, removed after."""
-    @pytest.fixture(scope="module")
-    def site(tmp_path_factory):
-        s = cls(Path("/tmp") / f"slurm-gpu-{name}-{os.getpid()}")
-        yield s
-        shutil.rmtree(s.root, ignore_errors=True)
-    return site
-
-
-def hooked_cluster(site: Site, factory, **extra):
-    """The two-node cluster with slurm-gpu's prolog and epilog on `site`'s config (testbed kwargs in extra)."""
-    site.reset()
-    return factory(prolog=_script("slurm-gpu-prolog"), epilog=_script("slurm-gpu-epilog"),
-                   slurm_gpu_config=site.config(), prolog_epilog_timeout=60, **extra)
-
-
-site = site_fixture(Site, "hooks")
-
-
-@pytest.fixture
-def cluster(site, slurm_testbed_factory):
-    return hooked_cluster(site, slurm_testbed_factory)
-
-
-def play_work(site: Site, node: str, gpu: int, *, energy_j: float, pid: int, util: int, mem_util: int,
-              peak_bytes: int, busy_ms: int) -> None:
-    """The simulated driver plays a job's work on one GPU: energy counted, one process accounted."""
-    simgpu.set_gpu(site.state(node), gpu, energy_mj=1_000_000_000 + int(energy_j * 1000),
-                   acct=[dict(pid=pid, gpu_util=util, mem_util=mem_util, max_mem_bytes=peak_bytes, time_ms=busy_ms,
-                              start_time_us=int(time.time() * 1e6), is_running=0)])
-
-
-def wait_running(bed, site: Site, node: str, job_id: int, timeout: float = 30) -> None:
-    """Until the job's prolog has passed: with PrologFlags=Alloc a job is RUNNING while its prolog runs."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if f"prolog pass job={job_id} " in site.log(node) and bed.job_info(job_id).get("JobState") == "RUNNING":
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"job {job_id} did not start: {bed.job_info(job_id)}\n{site.log(node)}")
 
 
 def test_healthy_job_records_usage_per_gpu_from_driver_counters(cluster, site):
@@ -165,7 +48,7 @@ def test_job_on_gpu_with_uncorrectable_ecc_drains_node_and_finishes_elsewhere(cl
     job = cluster.sbatch("sleep 1", args=["-p", "gpu", "--gres=gpu:2"])
     assert cluster.wait_job(job, timeout=90) == "COMPLETED"
     assert cluster.job_info(job)["NodeList"] == "gpu02"
-    reasons = {r["node"]: r["reason"] for r in _reasons(cluster)}
+    reasons = {r["node"]: r["reason"] for r in node_reasons(cluster)}
     assert "gpu01" in reasons and "gpu02" not in reasons
     ours = site.rows("gpu01", "SELECT reason FROM drains")
     assert ours and ours[0]["reason"].startswith("slurm-gpu: GPU 0 (GPU-")
@@ -217,7 +100,7 @@ def test_process_of_another_user_on_the_jobs_gpu_is_not_killed_and_drains_node(c
     simgpu.set_gpu(site.state("gpu01"), 0, procs=[(2, 1 << 30)])
     cluster.wait_job(job, timeout=60)
     cluster.wait_node_state("gpu01", "DRAIN", timeout=30)
-    reason = {r["node"]: r["reason"] for r in _reasons(cluster)}["gpu01"]
+    reason = {r["node"]: r["reason"] for r in node_reasons(cluster)}["gpu01"]
     assert reason.startswith("slurm-gpu:") and "still on the GPU (pid 2)" in reason and f"[epilog job {job}; check " in reason
     assert "leftover-processes-not-ours" in site.log("gpu01") and "SIGKILL" not in reason
 
@@ -252,14 +135,6 @@ def test_unwritable_database_spools_record_then_ingests(cluster, site):
     assert len(site.rows("gpu01", "SELECT * FROM job_gpus WHERE job_id=?", job)) == 1
     assert list((site.root / "gpu01" / "spool").glob("*.json")) == []
     assert cluster.node_info("gpu01")["State"] == "IDLE"
-
-
-def _reasons(bed):
-    out = []
-    for line in bed.run("sinfo", "-h", "-N", "-R", "-o", "%N|%E").stdout.splitlines():
-        node, _, reason = line.partition("|")
-        out.append({"node": node.strip(), "reason": reason.strip()})
-    return out
 
 
 def _wait_gone(pid: int, timeout: float = 10) -> None:

@@ -1,8 +1,8 @@
 """The controller epilog on the real testbed: every job's GPU summary in its AdminComment.
 
 Nodes run the real prolog/epilog; a background loop plays the push timer (`db push` of both
-node databases every second) into a central MariaDB of its own (tests/mariadb.py), so that it
-can be stopped without stopping slurmdbd; slurmctld runs `slurm-gpu-epilog-ctld` (through a
+node databases every second) into the session's MariaDB (tests/conftest.py `mariadb_server`), not
+the testbed's, so that it can be stopped without stopping slurmdbd; slurmctld runs `slurm-gpu-epilog-ctld` (through a
 wrapper that names the config: slurmctld gives EpilogSlurmctld no SLURM_CONF).
 """
 from __future__ import annotations
@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
-from mariadb import MariaDB, MariaDBUnavailable
+from mariadb import MariaDB
 from testbed import unavailable
 
 from slurm_gpu.store import summary as S
 
-from .test_hooks_slurm import _script, play_work, site, wait_running  # noqa: F401  (fixtures)
+from .sites import hook_script, play_work, wait_running
 
 pytestmark = pytest.mark.slurm
 
@@ -59,14 +59,10 @@ class Central:
 
 
 @pytest.fixture(scope="module")
-def central_server(tmp_path_factory):
-    try:
-        server = MariaDB(tmp_path_factory.mktemp("jobsum") / "central")
-    except MariaDBUnavailable as e:
-        unavailable(str(e))
-    server.start()
-    yield server
-    server.cleanup()
+def central_server(mariadb_server):
+    """The session's MariaDB (tests/conftest.py), not the testbed's: stopping it leaves slurmdbd be.
+    The "central down" test starts it again itself (and tests/conftest.py after every test)."""
+    return mariadb_server
 
 
 @pytest.fixture
@@ -74,21 +70,21 @@ def central(central_server, tmp_path):
     return Central(central_server, tmp_path)
 
 
-def _ctld_testbed(site, central, factory, tmp_path, users_config="", slurmdbd_conf="", before=""):  # noqa: F811
+def _ctld_testbed(site, central, factory, tmp_path, users_config="", before=""):
     """A testbed whose slurmctld runs `slurm-gpu-epilog-ctld`, through a wrapper naming its config
     (reporter account, the testbed's slurm.conf, a 15 s wait): slurmctld passes it neither.
     `before`: a shell line the wrapper runs first (another tool's controller epilog; SLURM_CONF set)."""
     site.reset()
     ctld_cfg = tmp_path / "ctld.toml"
     wrapper = tmp_path / "epilog-ctld.sh"
-    wrapper.write_text(f"#!/bin/sh\nSLURM_GPU_CONFIG={ctld_cfg} exec {_script('slurm-gpu-epilog-ctld')}\n")
+    wrapper.write_text(f"#!/bin/sh\nSLURM_GPU_CONFIG={ctld_cfg} exec {hook_script('slurm-gpu-epilog-ctld')}\n")
     os.chmod(wrapper, 0o755)
-    b = factory(prolog=_script("slurm-gpu-prolog"), epilog=_script("slurm-gpu-epilog"),
+    b = factory(prolog=hook_script("slurm-gpu-prolog"), epilog=hook_script("slurm-gpu-epilog"),
                 slurm_gpu_config=site.config() + users_config, prolog_epilog_timeout=60,
-                epilog_slurmctld=str(wrapper), extra_slurmdbd_conf=slurmdbd_conf)
+                epilog_slurmctld=str(wrapper))
     if before:
         wrapper.write_text(f"#!/bin/sh\nexport SLURM_CONF={b.slurm_conf}\n{before}\n"
-                           f"SLURM_GPU_CONFIG={ctld_cfg} exec {_script('slurm-gpu-epilog-ctld')}\n")
+                           f"SLURM_GPU_CONFIG={ctld_cfg} exec {hook_script('slurm-gpu-epilog-ctld')}\n")
     ctld_cfg.write_text(central.reporter.read_text().replace(
         "[central]", f'slurm_conf = "{b.slurm_conf}"\n[job_summary]\nwait_s = 15\n'
                      f'[log]\nsyslog = false\nfile = "{tmp_path}/ctld.log"\n[central]'))
@@ -98,14 +94,14 @@ def _ctld_testbed(site, central, factory, tmp_path, users_config="", slurmdbd_co
 
 
 @pytest.fixture
-def bed(site, central, slurm_testbed_factory, tmp_path):  # noqa: F811
+def bed(site, central, slurm_testbed_factory, tmp_path):
     return _ctld_testbed(site, central, slurm_testbed_factory, tmp_path)
 
 
 class PushTimer:
     """`db push` of both node databases every second, like the systemd timer (faster)."""
 
-    def __init__(self, central: Central, site, bed):  # noqa: F811
+    def __init__(self, central: Central, site, bed):
         self.stop_flag = threading.Event()
         self.central, self.site, self.env = central, site, dict(bed.env)
         self.thread = threading.Thread(target=self._loop, daemon=True)
@@ -145,7 +141,7 @@ def wait_comment(bed, job, timeout=60, raw=None):
                          f"{bed.ctld_log.read_text() if bed.ctld_log.exists() else '(no ctld log)'}")
 
 
-def test_every_job_gets_a_summary_in_its_admin_comment_with_the_node_records_numbers(bed, site, central):  # noqa: F811
+def test_every_job_gets_a_summary_in_its_admin_comment_with_the_node_records_numbers(bed, site, central):
     with PushTimer(central, site, bed):
         busy = bed.sbatch("sleep 4", args=["-p", "gpu", "-w", "gpu01", "--gres=gpu:1"])
         idle = bed.sbatch("sleep 4", args=["-p", "gpu", "-w", "gpu02", "-A", "chem", "--gres=gpu:1"])
@@ -180,7 +176,7 @@ def test_every_job_gets_a_summary_in_its_admin_comment_with_the_node_records_num
     assert wait_comment(bed, busy) == wait_comment(bed, busy).lower()
 
 
-def test_an_admin_comment_set_before_the_job_ends_is_left_as_it_was(bed, site, central):  # noqa: F811
+def test_an_admin_comment_set_before_the_job_ends_is_left_as_it_was(bed, site, central):
     with PushTimer(central, site, bed):
         job = bed.sbatch("sleep 3", args=["-p", "gpu", "--gres=gpu:1"])
         bed.run("scontrol", "update", f"job={job}", "AdminComment=JS1:Keep-This")
@@ -190,7 +186,7 @@ def test_an_admin_comment_set_before_the_job_ends_is_left_as_it_was(bed, site, c
     assert "AdminComment belongs to another tool" in bed.ctld_log.read_text()
 
 
-def test_central_down_at_job_end_gives_a_partial_summary_that_annotate_completes(bed, site, central):  # noqa: F811
+def test_central_down_at_job_end_gives_a_partial_summary_that_annotate_completes(bed, site, central):
     job = bed.sbatch("sleep 3", args=["-p", "gpu", "-w", "gpu02", "--gres=gpu:2"])
     wait_running(bed, site, "gpu02", job)
     central.server.stop()
@@ -213,14 +209,13 @@ def test_central_down_at_job_end_gives_a_partial_summary_that_annotate_completes
 
 
 @pytest.fixture
-def private_bed(site, central, slurm_testbed_factory, tmp_path):  # noqa: F811
-    """PrivateData=jobs in slurmdbd.conf (what hides other users' jobs from sacct), and the users'
-    config (slurm-gpu.toml beside slurm.conf) judging seconds-long jobs too."""
-    return _ctld_testbed(site, central, slurm_testbed_factory, tmp_path, users_config="[job]\nmin_runtime_s = 1\n",
-                         slurmdbd_conf="PrivateData=jobs")
+def private_bed(site, central, slurm_testbed_factory, tmp_path):
+    """The users' config (slurm-gpu.toml beside slurm.conf) judging seconds-long jobs too; the
+    testbed's slurmdbd.conf has PrivateData=jobs (what hides other users' jobs from sacct)."""
+    return _ctld_testbed(site, central, slurm_testbed_factory, tmp_path, users_config="[job]\nmin_runtime_s = 1\n")
 
 
-def test_users_see_their_own_jobs_gpu_use_and_advice_and_not_other_users_jobs(private_bed, site, central):  # noqa: F811
+def test_users_see_their_own_jobs_gpu_use_and_advice_and_not_other_users_jobs(private_bed, site, central):
     import json
     import pwd
 
@@ -263,13 +258,13 @@ JOBSTATS = ("{sacctmgr} -i modify job where jobid=$SLURM_JOB_ID set "
 
 
 @pytest.fixture
-def jobstats_bed(site, central, slurm_testbed_factory, tmp_path):  # noqa: F811
+def jobstats_bed(site, central, slurm_testbed_factory, tmp_path):
     import shutil
     return _ctld_testbed(site, central, slurm_testbed_factory, tmp_path,
                          before=JOBSTATS.format(sacctmgr=shutil.which("sacctmgr")))
 
 
-def test_a_jobstats_admin_comment_set_through_sacctmgr_is_not_overwritten(jobstats_bed, site, central):  # noqa: F811
+def test_a_jobstats_admin_comment_set_through_sacctmgr_is_not_overwritten(jobstats_bed, site, central):
     bed = jobstats_bed
     with PushTimer(central, site, bed):
         job = bed.sbatch("sleep 2", args=["-p", "gpu", "-w", "gpu01", "--gres=gpu:1"])
@@ -284,7 +279,7 @@ def test_a_jobstats_admin_comment_set_through_sacctmgr_is_not_overwritten(jobsta
     assert "AdminComment belongs to another tool (in accounting)" in bed.ctld_log.read_text()
 
 
-def test_a_summary_of_3000_gpus_fits_slurmdbds_column_and_slurm_gpu_job_decodes_it(bed, site, central):  # noqa: F811
+def test_a_summary_of_3000_gpus_fits_slurmdbds_column_and_slurm_gpu_job_decodes_it(bed, site, central):
     import json
     import random
 

@@ -11,7 +11,7 @@ import simgpu
 from prometheus import NodeExporter, Prometheus, PrometheusUnavailable, require
 from testbed import unavailable
 
-from .test_hooks_slurm import _script, play_work, site, wait_running  # noqa: F401  (fixtures)
+from .sites import hook_script, play_work, wait_running
 
 pytestmark = pytest.mark.slurm
 
@@ -19,7 +19,7 @@ RULES = Path(__file__).resolve().parents[2] / "monitoring" / "alerts" / "slurm-g
 
 
 @pytest.fixture
-def stack(site, slurm_testbed_factory, tmp_path):  # noqa: F811
+def stack(site, slurm_testbed_factory, tmp_path):
     try:
         require("prometheus", "prometheus-node-exporter")
     except PrometheusUnavailable as e:
@@ -27,7 +27,7 @@ def stack(site, slurm_testbed_factory, tmp_path):  # noqa: F811
     site.reset()
     textfiles = tmp_path / "textfile"
     config = site.config() + f'[metrics]\ntextfile_dir = "{textfiles}/%n"\n'
-    bed = slurm_testbed_factory(prolog=_script("slurm-gpu-prolog"), epilog=_script("slurm-gpu-epilog"),
+    bed = slurm_testbed_factory(prolog=hook_script("slurm-gpu-prolog"), epilog=hook_script("slurm-gpu-epilog"),
                                 slurm_gpu_config=config, prolog_epilog_timeout=60)
     exporters = {}
     for node in ("gpu01", "gpu02"):
@@ -45,7 +45,7 @@ def _values(result):
     return {tuple(sorted(r["metric"].items())): float(r["value"][1]) for r in result}
 
 
-def test_job_info_check_status_drain_and_usage_reach_prometheus(stack, site):  # noqa: F811
+def test_job_info_check_status_drain_and_usage_reach_prometheus(stack, site):
     bed, prom = stack
     busy = bed.sbatch("sleep 6", args=["-p", "gpu", "-w", "gpu01", "-A", "physics", "--gres=gpu:1"])
     idle = bed.sbatch("sleep 6", args=["-p", "gpu", "-w", "gpu02", "-A", "chem", "--gres=gpu:1"])

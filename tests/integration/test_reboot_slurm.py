@@ -16,8 +16,7 @@ import time
 import pytest
 import simgpu
 
-from tests.integration.test_hooks_slurm import _reasons, hooked_cluster, site_fixture
-from tests.integration.test_remediation_slurm import RemediationSite, _drained_by_prolog, _jobs_on, _remediate
+from .sites import RemediationSite, drained_by_prolog, hooked_cluster, jobs_on, node_reasons, remediate, site_fixture
 
 pytestmark = pytest.mark.slurm
 
@@ -41,8 +40,8 @@ def cluster(site, slurm_testbed_factory):
 
 def test_a_reset_that_does_not_cure_reboots_through_slurm_and_the_booted_node_is_verified_and_resumed(cluster, site):
     simgpu.set_gpu(site.state("gpu01"), 2, remapped_pending=1, reset_sticky=1)
-    drained_at = _drained_by_prolog(cluster, site)
-    r = _remediate(cluster, "gpu01")
+    drained_at = drained_by_prolog(cluster, site)
+    r = remediate(cluster, "gpu01")
     assert "reboot requested through Slurm" in r.stdout, r.stdout + r.stderr
     # Slurm, not we, reboots it: REBOOT_REQUESTED (drained ASAP), REBOOT_ISSUED, RebootProgram, the boot.
     seen = set()
@@ -51,16 +50,16 @@ def test_a_reset_that_does_not_cure_reboots_through_slurm_and_the_booted_node_is
     assert [n for n, _ in cluster.reboots] == ["gpu01"], sorted(seen)
     # slurmctld appends its own words to our reason (set_node_reason): the reason is still ours,
     # still remediate's, still names its check (the reboot breaker counts by it).
-    reason = {r["node"]: r["reason"] for r in _reasons(cluster)}["gpu01"]  # sinfo -R: no [user@time]
+    reason = {r["node"]: r["reason"] for r in node_reasons(cluster)}["gpu01"]  # sinfo -R: no [user@time]
     assert reason.startswith("slurm-gpu: ") and reason.endswith(
         "[remediate: reboot; check reboot] : reboot issued : reboot complete"), reason
-    r = _remediate(cluster, "gpu01")
+    r = remediate(cluster, "gpu01")
     resumed_at = time.time()
     assert r.returncode == 0 and "rebooted; verified; resumed" in r.stdout, r.stdout + r.stderr
     assert "DOWN" not in cluster.node_info("gpu01")["State"]
     assert site.rows("gpu01", "SELECT action, outcome FROM remediations ORDER BY id") == [
         {"action": "reset", "outcome": "escalated"}, {"action": "reboot", "outcome": "resumed"}]
-    assert _jobs_on(cluster, "gpu01", drained_at, resumed_at) == []
+    assert jobs_on(cluster, "gpu01", drained_at, resumed_at) == []
     print(f"\ndrain-to-resume (reboot path: reset, reboot through Slurm, verify): {resumed_at - drained_at:.1f} s")
     job = cluster.sbatch("sleep 1", args=["-p", "gpu", "--gres=gpu:4", "-w", "gpu01"])
     assert cluster.wait_job(job, timeout=90) == "COMPLETED"

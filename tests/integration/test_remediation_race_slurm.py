@@ -13,8 +13,7 @@ import time
 import pytest
 import simgpu
 
-from tests.integration.test_hooks_slurm import Site, _reasons, _script, hooked_cluster, site_fixture
-from tests.integration.test_remediation_slurm import _drained_by_prolog
+from .sites import Site, drained_by_prolog, hook_script, hooked_cluster, node_reasons, site_fixture
 
 pytestmark = pytest.mark.slurm
 
@@ -53,7 +52,7 @@ def cluster(site, slurm_testbed_factory):
 
 def _slurm_gpu(cluster, node: str, *args: str) -> "subprocess.Popen[str]":
     env = dict(cluster.env, SLURMD_NODENAME=node)
-    return subprocess.Popen([_script("slurm-gpu"), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    return subprocess.Popen([hook_script("slurm-gpu"), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 
 
@@ -75,7 +74,7 @@ def _start(cluster, job: int) -> float:
 
 def test_second_remediate_a_pinned_job_and_a_healthcheck_during_a_reset_change_nothing(cluster, site):
     simgpu.set_gpu(site.state("gpu01"), 2, remapped_pending=1)
-    _drained_by_prolog(cluster, site)
+    drained_by_prolog(cluster, site)
     first = _slurm_gpu(cluster, "gpu01", "remediate", "--node", "gpu01")
     _wait(lambda: "begin gpu01" in site.reset_log(), f"no reset began: {site.log('gpu01')}")
 
@@ -87,7 +86,7 @@ def test_second_remediate_a_pinned_job_and_a_healthcheck_during_a_reset_change_n
     check = _slurm_gpu(cluster, "gpu01", "healthcheck", "--node", "gpu01")
     out3, err3 = check.communicate(timeout=60)
     assert check.returncode == 0 and "healthy, but the drain is held by remediate, left in place" in out3, out3 + err3
-    reason = {r["node"]: r["reason"] for r in _reasons(cluster)}.get("gpu01", "")
+    reason = {r["node"]: r["reason"] for r in node_reasons(cluster)}.get("gpu01", "")
     assert "[remediate: reset" in reason, reason
     assert "end gpu01" not in site.reset_log(), "the reset ended before the others came: lengthen reset.sh's sleep"
     assert cluster.job_info(job)["JobState"] == "PENDING", cluster.job_info(job)

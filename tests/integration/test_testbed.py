@@ -12,40 +12,15 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Dict
 
 import pytest
 from testbed import CRED_EXPIRE_S, REGISTRY, SlurmTestbed, reap_crashed_runs
 
+from .sites import PROBE, parse_env_file, parse_probe, wait_for_file
+
 pytestmark = pytest.mark.slurm
 
 TESTS = Path(__file__).resolve().parents[1]
-
-PROBE = textwrap.dedent("""\
-    echo "user=$(id -un)"
-    echo "node=$SLURMD_NODENAME"
-    echo "gpus=$SLURM_JOB_GPUS"
-    echo "cvd=$CUDA_VISIBLE_DEVICES"
-    echo "account=$SLURM_JOB_ACCOUNT"
-""")
-
-
-def parse_probe(text: str) -> Dict[str, str]:
-    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-
-
-def parse_env_file(path: Path) -> Dict[str, str]:
-    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
-
-
-def wait_for_file(path: Path, timeout: float = 20) -> Path:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.1)
-    time.sleep(0.1)  # let the writer finish
-    return path
-
 
 # ------------------------------------------------------------------ plain cluster
 
@@ -179,7 +154,6 @@ def test_failing_prolog_drains_node_and_requeued_job_completes_on_the_other_node
 def test_workdir_the_job_user_cannot_enter_still_runs_jobs(slurm_testbed_factory, tmp_path):
     """pytest's tmp_path is under /tmp/pytest-of-root (0700): sgtest must still reach slurm.conf,
     the munge socket, its script and slurmd's spool (slurmstepd execs the script as sgtest)."""
-    slurm_testbed_factory.stop_current()  # one cluster at a time on a 2-core runner
     assert not os.stat(tmp_path.parent.parent).st_mode & 0o001
     with SlurmTestbed(tmp_path / "bed", nodes=("gpu01",)) as bed:
         assert bed.public_dir != bed.workdir and bed.conf_dir.parent == bed.public_dir

@@ -8,7 +8,6 @@ this machine's Slurm (22.05 on Debian 12, 24.11 and 26.05 in the root filesystem
 from __future__ import annotations
 
 import os
-import shutil
 import textwrap
 import time
 from pathlib import Path
@@ -18,8 +17,7 @@ import pytest
 import simgpu
 from testbed import SlurmTestbed, run_slurmd_G, slurm_version
 
-from .test_hooks_slurm import Site, _script
-from .test_testbed import parse_env_file, wait_for_file
+from .sites import Site, hook_script, parse_env_file, site_fixture, wait_for_file
 
 pytestmark = pytest.mark.slurm
 
@@ -114,12 +112,7 @@ def _wait_state(tb: SlurmTestbed, job: int, state: str, timeout: float = 60) -> 
 
 # --------------------------------------------------------------------------- GPU variables
 
-@pytest.fixture(scope="module")
-def site():
-    root = Path("/tmp") / f"slurm-gpu-facts-{os.getpid()}"
-    s = Site(root)
-    yield s
-    shutil.rmtree(root, ignore_errors=True)
+site = site_fixture(Site, "facts")
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +124,7 @@ def dumps(tmp_path_factory) -> Path:
         (d / hook).write_text(textwrap.dedent(f"""\
             #!/bin/bash
             /usr/bin/env > {d}/{hook}-$SLURM_JOB_ID-$SLURMD_NODENAME
-            exec {_script(f"slurm-gpu-{hook}")}
+            exec {hook_script(f"slurm-gpu-{hook}")}
             """))
         os.chmod(d / hook, 0o755)
     return d
