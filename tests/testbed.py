@@ -1042,8 +1042,25 @@ class SlurmTestbed:
                 self._stop_daemon(f"slurmd-{node}")
                 assert self.on_reboot is not None
                 self.on_reboot(node)
+                self._boot_after_the_request(node)
                 self._start_slurmd(node, booted=True)
                 self.reboots.append((node, time.time()))
+
+    def _boot_after_the_request(self, node: str, timeout: float = 20) -> None:
+        """A real boot takes minutes; ours must still come after slurmctld has marked the reboot
+        issued, in a later second (it compares whole-second times): seen under load on 22.05, the
+        slurmd started 15 ms after RebootProgram registered before slurmctld had taken the reboot
+        as issued, and slurmctld waited for a boot that had happened until ResumeTimeout ('reboot
+        timed out')."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self._boot_stop.is_set():
+            try:
+                if "REBOOT_ISSUED" in self.node_info(node).get("State", ""):
+                    break
+            except TestbedError:
+                pass
+            time.sleep(0.2)
+        time.sleep(1.1)
 
     # ----------------------------------------------------------------- diagnostics
     def _failure_report(self, headline: str) -> str:
