@@ -106,7 +106,7 @@ def test_reason_names_the_check_so_the_breaker_can_count_it_from_slurm():
     assert r == "slurm-gpu: GPU 1 uncorrectable ECC errors: 2 [prolog job 7; check ecc_uncorrectable]"
     assert reason_check(r) == "ecc_uncorrectable" and reason_context(r).startswith("prolog job 7")
     assert reason_check(format_reason("x", "manual by alice")) == "" and reason_check("maintenance") == ""
-    assert reason_check(format_reason("x", "", check="xid; rm -rf")) == "xidrm-rf"  # only name characters
+    assert reason_check(format_reason("x", "healthcheck", check="xid; rm -rf")) == "xidrm-rf"  # only name characters
 
 
 # ------------------------------------------------------------------ the one decision

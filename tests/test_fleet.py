@@ -542,7 +542,7 @@ def test_capacity_puts_every_gpu_in_exactly_one_state():
 
 def test_capacity_rows_per_partition_and_cluster_against_the_reserve():
     nodes = [node("IDLE", name="n1", parts="a,b"), node("ALLOCATED", used="gpu:h100:4(IDX:0-3)", name="n2", parts="a"),
-             node("IDLE+DRAIN", "slurm-gpu: GPU 1 xid 79", name="n3", parts="a"), node("IDLE", name="n4", parts="b",
+             node("IDLE+DRAIN", "slurm-gpu: GPU 1 xid 79 [healthcheck]", name="n3", parts="a"), node("IDLE", name="n4", parts="b",
                                                                                     gres="gpu:a100:8")]
     rows = {(r["partition"], r["model"]): r for r in capacity.capacity_view(nodes, 20.0)}
     a = rows[("a", "h100")]

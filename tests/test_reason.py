@@ -81,7 +81,9 @@ def test_non_string_input_never_raises():
 
 def test_brackets_in_context_cannot_forge_another_context():
     r = format_reason("fault", "manual] [x")
-    assert reason_context(r) == "manual) (x"
+    assert r.endswith("[manual) (x]") and not is_ours(r) and reason_context(r) == ""
+    forged = format_reason("fault", "healthcheck] [prolog job 7")
+    assert not is_ours(forged) and not auto_resumable(forged)
 
 
 @settings(max_examples=300, deadline=None)
@@ -90,13 +92,41 @@ def test_format_reason_is_bounded_single_line_and_ours(fault, context, max_len):
     r = format_reason(fault, context, max_len)
     assert len(r) <= max_len
     assert "\n" not in r and "\r" not in r
-    assert is_ours(r)
+    assert r.startswith(PREFIX)
     r.encode("utf-8")
+    if max_len >= 64:  # room for the context: a reason with one of our contexts is ours, whatever the fault says
+        assert is_ours(format_reason(fault, "healthcheck", max_len, check="xid"))
+
+
+@pytest.mark.parametrize("reason", [
+    "slurm-gpu: hold for vendor ticket 4711, do not resume",
+    "slurm-gpu: hold for vendor ticket 4711 [do not resume]",
+    "slurm-gpu: GPU 0 lost [healthcheck by bob]",
+    "slurm-gpu: GPU 0 lost [prolog job]",
+    "slurm-gpu: GPU 0 lost [remediate: Reset now]",
+    "slurm-gpu: GPU 0 lost [healthcheck] please keep",
+    "slurm-gpu: GPU 0 lost [healthcheck; check xid; really]",
+])
+def test_an_admins_look_alike_reason_is_never_ours(reason):
+    """Issue 35 row 5: ownership comes from our exact contexts, never from the prefix."""
+    assert not is_ours(reason) and not auto_resumable(reason) and not is_manual(reason)
+
+
+@pytest.mark.parametrize("reason", [
+    "slurm-gpu: GPU 0 lost [healthcheck]", "slurm-gpu: GPU 0 lost [healthcheck; check xid]",
+    "slurm-gpu: x [prolog job 4711; check ecc_uncorrectable]", "slurm-gpu: x [epilog job 12]",
+    "slurm-gpu: x [drain --unhealthy; check responsive]", "slurm-gpu: x [remediate: reset]",
+    "slurm-gpu: RMA: GPU 1654 x [remediate]", "slurm-gpu: x [remediate: reboot; check reboot] : reboot issued",
+    "slurm-gpu: x [remediate: verify after reboot]",
+])
+def test_every_context_we_write_is_ours(reason):
+    assert is_ours(reason) and not is_manual(reason)
 
 
 def test_is_ours_recognises_only_our_prefix():
     assert is_ours("slurm-gpu: GPU 0 lost [healthcheck]")
-    assert is_ours("  slurm-gpu: leading space")
+    assert is_ours("  slurm-gpu: leading space [healthcheck]")
+    assert not is_ours("slurm-gpu: no context")
     assert not is_ours("maintenance")
     assert not is_ours("Prolog error")
     assert not is_ours("Not responding")

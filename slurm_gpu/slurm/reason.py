@@ -1,9 +1,18 @@
 """Drain reasons: the one-line, namespaced text slurm-gpu puts on a node it drains.
 
-``slurm-gpu: <fault> [<context>]`` — what went wrong, and who/what noticed it
-(``healthcheck``, ``prolog job 4711``, ``manual by alice``).  The ``slurm-gpu:`` prefix is how
-we recognise our own drains later: we only ever resume a node whose reason starts with it,
-so an admin's "maintenance" drain or Slurm's own "Prolog error" is never undone by us.
+``slurm-gpu: <fault> [<context>]`` — what went wrong, and who/what noticed it.  The one grammar
+of our reasons (docs/remediation.md, "Whose drain is it"): a reason is ours only when it starts
+with ``slurm-gpu:`` AND ends in one of our exact contexts, optionally followed by the suffixes
+slurmctld appends itself (`` : reboot issued``, `` : reboot complete``, `` : Not responding``):
+
+  automatic  ``[healthcheck]``, ``[drain --unhealthy]``, ``[prolog job N]``, ``[epilog job N]``,
+             ``[remediate]``, ``[remediate: <step>]``, each optionally ``; check <name>``
+  manual     ``[manual by <admin>]`` (``slurm-gpu drain``: an admin's, never lifted automatically)
+
+Anything else that says ``slurm-gpu:`` (an admin typing ``slurm-gpu: hold for vendor ticket 4711``,
+a context we never write) is an admin's, and no flow of ours resumes it: ownership is never read
+from the prefix alone.  An admin's "maintenance" drain or Slurm's own "Prolog error" is never
+undone by us either.
 
 Reasons are sanitised whatever the fault text contains (it may quote an NVML error string,
 a process name or an admin's free text): no control characters or line breaks (they would
@@ -33,6 +42,11 @@ _CHECK_AT_END = re.compile(r"(?:^|;\s*)check ([A-Za-z0-9_.-]+)$")
 # The trailing [context], then whatever slurmctld appended (set_node_reason adds " : reboot issued",
 # " : reboot complete", " : Not responding", ...: texts of its own without brackets or colons).
 _CONTEXT_AT_END = re.compile(r"\[([^\[\]]*)\](?:\s+:\s+[^\[\]:]+?)*\s*$")
+_CHECK_SUFFIX = r"(?:; check [A-Za-z0-9_.-]+)?"
+# The contexts the hooks and remediate write (format_reason's callers); nothing else is automatic.
+_AUTOMATIC = re.compile(r"(?:healthcheck|drain --unhealthy|(?:prolog|epilog) job \d+|"
+                        r"remediate(?:: [a-z][a-z -]*[a-z])?)" + _CHECK_SUFFIX)
+_MANUAL_CONTEXT = re.compile(MANUAL + r" by [^\[\];]+")
 # Smallest sensible fault budget before we start shortening the context as well.
 _MIN_FAULT = 24
 
@@ -115,30 +129,39 @@ def format_reason(fault: str, context: str = "", max_len: int = 256, check: str 
         return PREFIX + " unspecified fault"
 
 
+def _context(reason: Optional[str]) -> str:
+    """The trailing ``[context]`` of a text that starts with our prefix ('' when none), unvalidated."""
+    if not reason or not isinstance(reason, str) or not reason.lstrip().startswith(PREFIX):
+        return ""
+    m = _CONTEXT_AT_END.search(reason)
+    return m.group(1).strip() if m else ""
+
+
+def is_automatic(reason: Optional[str]) -> bool:
+    """A drain the hooks or remediate set: our prefix and one of our exact automatic contexts."""
+    return bool(_AUTOMATIC.fullmatch(_context(reason)))
+
+
+def is_manual(reason: Optional[str]) -> bool:
+    """Our reason, set by an admin through ``slurm-gpu drain`` (context ``manual by <admin>``)."""
+    return bool(_MANUAL_CONTEXT.fullmatch(_context(reason)))
+
+
 def is_ours(reason: Optional[str]) -> bool:
-    """True when the reason was set by slurm-gpu (starts with ``slurm-gpu:``)."""
-    if not reason or not isinstance(reason, str):
-        return False
-    return reason.lstrip().startswith(PREFIX)
+    """A reason slurm-gpu wrote: an automatic one or a ``slurm-gpu drain`` (manual).  A text that merely
+    starts with ``slurm-gpu:`` is not (an admin may type that prefix): the context decides."""
+    return is_automatic(reason) or is_manual(reason)
 
 
 def reason_context(reason: Optional[str]) -> str:
-    """The trailing ``[context]`` of one of our reasons ('' when there is none)."""
-    if not is_ours(reason):
-        return ""
-    m = _CONTEXT_AT_END.search(reason or "")
-    return m.group(1).strip() if m else ""
+    """The trailing ``[context]`` of one of our reasons ('' when the reason is not ours)."""
+    return _context(reason) if is_ours(reason) else ""
 
 
 def reason_check(reason: Optional[str]) -> str:
     """The check one of our reasons names (``[... ; check xid]``), '' when none (older reasons, manual drains)."""
     m = _CHECK_AT_END.search(reason_context(reason))
     return m.group(1) if m else ""
-
-
-def is_manual(reason: Optional[str]) -> bool:
-    """Our reason, set by an admin through ``slurm-gpu drain`` (context ``manual ...``)."""
-    return is_ours(reason) and reason_context(reason).startswith(MANUAL)
 
 
 def owner(reason: Optional[str]) -> str:
@@ -160,7 +183,7 @@ def auto_resumable(reason: Optional[str]) -> bool:
     ``slurm-gpu drain --reason ...`` stays until the admin runs ``slurm-gpu resume``, and
     so do remediate's own (a step under way, an RMA).
     """
-    if not is_ours(reason) or is_manual(reason):
+    if not is_automatic(reason):
         return False
     # `slurm-gpu remediate` owns these: mid-step (context "remediate: reset") only its verification may
     # resume the node, and an RMA (fault "RMA: ...") waits for the board's replacement.
