@@ -18,7 +18,7 @@ SGTEST_UID=2501
 # runs against this machine and is linted (tests/integration/test_ansible_slurm.py); the release
 # wheel installs into fresh virtual environments (tests/test_release.py).
 APT_PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server build-essential procps make chromium systemd
-              prometheus prometheus-node-exporter ansible-core ansible-lint python3-venv debootstrap)
+              prometheus prometheus-node-exporter ansible-core ansible-lint python3-venv debootstrap faketime)
 
 cd "$(dirname "$0")/.."
 

@@ -21,7 +21,7 @@ cache=${ROOTFS_CACHE:-/var/cache/slurm-gpu/rootfs}
 # munge, a C compiler for the simulated driver, Python with venv, the Ansible role's tools.
 PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server mariadb-client
           build-essential procps make python3 python3-venv python3-dev ca-certificates git
-          ansible-core ansible-lint systemd util-linux iproute2 less)
+          ansible-core ansible-lint systemd util-linux iproute2 less faketime)
 # Slurm's NVML GPU plugin (gpu_nvml.so) is Debian contrib's slurm-wlm-nvml-plugin (source package
 # slurm-wlm-contrib): with it, real slurmd AutoDetect=nvml runs against the simulated
 # libnvidia-ml.so.1 (tests/simnvml). prometheus and node_exporter: the metrics testbed test.

@@ -88,7 +88,13 @@ def main() -> int:
               # (production: the real `nvidia-smi --gpu-reset -i <bus id>`, the default).
               f'[remediation]\nreset_command = ["{sys.executable}", "{simgpu.STAND_IN_NVIDIA_SMI}", '
               f'"--state", "{site}/%n.state", "--gpu-reset", "-i", "{{pci_bus_id}}"]\n'
-              f'verify_passes = 2\nverify_interval_s = 1\nlock_file = "{site}/%n/remediate.lock"\n')
+              f'verify_passes = 2\nverify_interval_s = 1\nlock_file = "{site}/%n/remediate.lock"\n'
+              # ... and before it resumes a node, verifies it with a job of its own in a reservation of that
+              # node: the stand-in dcgmi and all_reduce_perf read the simulated GPUs (production: DCGM and
+              # nccl-tests; docs/remediation.md, "Verification job").
+              f'[verify]\nenabled = true\ndcgmi = "{simgpu.STAND_IN_DCGMI}"\n'
+              f'nccl_command = ["{simgpu.STAND_IN_ALL_REDUCE_PERF}", "-b", "8M", "-e", "256M", "-f", "2", "-g", "{{gpus}}"]\n'
+              'start_timeout_s = 60\ntimeout_s = 120\n')
     bed = SlurmTestbed(work / "cluster", prolog=prolog, epilog=epilog, slurm_gpu_config=config)
     try:
         say("Starting a 2-node Slurm 22.05 cluster (munge, MariaDB, slurmdbd, slurmctld, 2x slurmd) on 127.0.0.1")
@@ -178,7 +184,7 @@ def _remediation(bed, site: Path, env: dict) -> None:
     """Issue 26's loop with nobody touching it: gpu01's drain is cured by a GPU reset and verified;
     a pending row remap is drained by the prolog and cured the same way; a failed remap is an RMA."""
     import simgpu
-    node_env = dict(env, SLURMD_NODENAME="gpu01", SIMNVML_STATE=str(site / "gpu01.state"))
+    node_env = dict(env, SLURMD_NODENAME="gpu01", SIMNVML_STATE=str(site / "%n.state"))
 
     def remediate() -> None:
         print(f"{DIM}$ slurm-gpu remediate --node gpu01{RESET}")
@@ -198,10 +204,20 @@ def _remediation(bed, site: Path, env: dict) -> None:
         print(bed.run("sinfo", "-R", "-h", "-o", "%15N %E").stdout, end="")
         return job
 
-    say("Closing the loop: `slurm-gpu remediate` resets gpu01's GPUs, verifies them twice and resumes the node")
+    say("Closing the loop: `slurm-gpu remediate` resets gpu01's GPUs, verifies them and resumes the node")
     print(f"{DIM}only our own drain, only while Slurm says idle and no process holds a GPU; the reset is the "
-          f"stand-in nvidia-smi of the simulated driver{RESET}")
+          f"stand-in nvidia-smi of the simulated driver; two passive checks, then a verification job (DCGM diag "
+          f"and NCCL all-reduce, stand-ins here) in a reservation of gpu01 alone{RESET}")
     remediate()
+    print(f"{DIM}$ sacct -X --name=slurm-gpu-verify -o JobID,NodeList,Reservation,State,Elapsed{RESET}")
+    end = time.monotonic() + 15  # slurmdbd has the job's end a moment after slurmctld
+    while True:
+        out = bed.run("sacct", "-X", "-a", "--name=slurm-gpu-verify", "-S", "now-1hour", "-o",
+                      "JobID,NodeList,Reservation%24,State,Elapsed").stdout
+        if "COMPLETED" in out or time.monotonic() > end:
+            break
+        time.sleep(0.5)
+    print(out, end="")
 
     say("GPU 2 of gpu01 has a row remap pending (it takes effect at a reset): drained by the prolog, reset, back to work")
     simgpu.set_gpu(site / "gpu01.state", 2, remapped_pending=1)

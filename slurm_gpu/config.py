@@ -219,12 +219,27 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "max_reboots_per_node_per_day": Key(int, 1, "Reboots `remediate` may ask Slurm for per node in 24 hours; past it the node stays drained for a human.", _rng(0, 100)),
         "lemon_window_days": Key(float, 30.0, "A GPU (by serial) that faults again within this many days after lemon_remedies remedies is an RMA case (a lemon).", _rng(0, 3650)),
         "lemon_remedies": Key(int, 3, "Remedies (resets and reboots that were verified) within lemon_window_days after which the next fault of the GPU is an RMA.", _rng(1, 100)),
+        "clock_slack_s": Key(float, 60.0, "How far this node's clock may differ from slurmctld's (sdiag's time) before `remediate` refuses to reboot or resume the node (one log line, the slurm_gpu_clock_skew_seconds gauge): drain ages, budget windows and attempt times are all taken on slurmctld's clock, so moving a node's clock cannot reset a budget.", _rng(1, 86400)),
         "lock_file": Key(str, "/run/slurm-gpu/remediate-%n.lock", "Per-node lock held while `remediate` acts (%n: node name): a second run on the node finds it held and leaves."),
     },
     "breaker": {
         "max_drained_pct": Key(float, 10.0, "Circuit breaker (docs/remediation.md): the prolog (except its hardware gate), epilog, healthcheck and `remediate` stop draining a node for a check (and `remediate` stops asking for reboots) once this share of the node's partition is drained by slurm-gpu for that check within window_s; one node per partition and window may always go; 100: off. Why 10: independent GPU faults hit well under 1 % of nodes a day (Llama 3: about 8 interruptions a day on 2,048 nodes), so 10 % failing one check within the window is a common cause (driver rollout, kernel-log storm, our bug), and it is about the spare capacity sites keep (NCSA Delta: 5-20 %).", _rng(1, 100)),
         "window_s": Key(float, 3600.0, "Seconds a drain for a check counts against the breaker (by Slurm's ReasonTime). Why an hour: a rollout or a log storm reaches many nodes within minutes, and a window much longer than the time an admin needs to look would keep a real second fault waiting; past it at most max_drained_pct more nodes per window may go.", _rng(60, 7 * 86400)),
         "settle_s": Key(float, 2.0, "Seconds a node waits after its drain for a check before it counts again and withdraws the drain when nodes drained before it (by Slurm's ReasonTime, then name) already fill the share: nodes that decide at the same moment (slurmctld runs every HealthCheckProgram at once) cannot all see each other's drains first. At least 1 s makes it exact (ReasonTime has whole seconds); 0: no second count (the share may then be passed by nodes deciding together).", _rng(0, 60)),
+    },
+    "verify": {
+        "enabled": Key(bool, False, "After a reset or a reboot, `remediate` runs a verification job through Slurm before it resumes the node: the node is held in a maintenance reservation of its own (slurm-gpu-verify-NODE), resumed, and a batch job holding all its GPUs runs `slurm-gpu battery` (DCGM diag, nccl-tests, the site's commands); a failure or a timeout drains it again (docs/remediation.md, \"Verification job\"). Off: the healthcheck passes alone decide."),
+        "dcgm_level": Key(int, 2, "`dcgmi diag -r LEVEL`: 1 takes seconds, 2 about two minutes, 3 about a quarter of an hour, 4 longer (DCGM's documentation); keep timeout_s above it.", _rng(1, 4)),
+        "dcgmi": Key(str, "dcgmi", "DCGM's command-line tool, a name looked up in PATH or an absolute path; not found: the DCGM part of the battery is skipped (one line in the result)."),
+        "nccl_command": Key(list, ["all_reduce_perf", "-b", "8M", "-e", "256M", "-f", "2", "-g", "{gpus}"], "nccl-tests' all_reduce_perf as an argument list run without a shell ({gpus}: the node's GPU count); the bus bandwidth of its largest message size is compared with nccl_min_busbw_gbps, and any #wrong value fails. Not found, or a node with one GPU: skipped; []: off.",
+                          lambda v: None if all(isinstance(x, str) and x for x in v) else "must be a list of non-empty strings (the program first), or [] for off"),
+        "nccl_min_busbw_gbps": Key(dict, {}, "Floor of all_reduce_perf's bus bandwidth (GB/s, out-of-place, largest message) per GPU model name as NVML reports it, e.g. {\"NVIDIA H100 80GB HBM3\" = 350.0}; a model not listed: the run must only succeed.",
+                                    lambda v: None if all(isinstance(k, str) and k and isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 1e6 for k, x in v.items()) else "must map GPU model names to a bus bandwidth in GB/s (a positive number)"),
+        "commands": Key(list, [], "The site's own checks, each an argument list run without a shell inside the verification job (e.g. [[\"/opt/site/gpu-burn\", \"60\"]]); exit 0 passes. A battery with nothing to run (no dcgmi, no all_reduce_perf, no commands) fails closed.",
+                       lambda v: None if all(isinstance(c, list) and c and all(isinstance(x, str) and x for x in c) for c in v) else "must be a list of commands, each a non-empty list of non-empty strings (the program first)"),
+        "start_timeout_s": Key(float, 120.0, "The verification job must start within this many seconds after it was submitted; otherwise it is cancelled and the node drained again (the node refuses jobs).", _rng(5, 3600)),
+        "timeout_s": Key(float, 1800.0, "Deadline of the whole battery once the job runs (each tool gets what is left); a job that overruns is cancelled and the node drained again.", _rng(10, 7 * 86400)),
+        "partition": Key(str, "", "Partition of the verification job; empty: the partitions the node is in."),
     },
     "fleet": {
         "reserve_pct": Key(float, 20.0, "`fleet capacity`: share of each partition's GPUs (per GPU model) that should stay healthy and idle to absorb failures; the reserve holds when at least ceil(total x reserve_pct / 100) GPUs are idle and not drained or down.", _rng(0, 100)),
@@ -251,16 +266,22 @@ def metrics_enabled(cfg: Any) -> bool:
 class Config:
     """Validated configuration: ``cfg.get("health", "max_temperature_c")`` or ``cfg.health.max_temperature_c``."""
 
-    def __init__(self, values: Mapping[str, Mapping[str, Any]], path: Optional[str] = None):
+    def __init__(self, values: Mapping[str, Mapping[str, Any]], path: Optional[str] = None,
+                 node: Optional[str] = None):
         self._values = {s: dict(v) for s, v in values.items()}
         self.path = path
+        self.node = node  # the node %n names; None: node_name() (SLURMD_NODENAME, else the host name)
+
+    def for_node(self, node: str) -> "Config":
+        """The same values with %n naming `node` (a command's --node-name: its lock, its database, its log)."""
+        return Config(self._values, self.path, node)
 
     def get(self, section: str, key: str) -> Any:
         return self._values[section][key]
 
     def path_value(self, section: str, key: str) -> str:
         """A path value with %n expanded to the node name."""
-        return str(self.get(section, key)).replace("%n", node_name())
+        return str(self.get(section, key)).replace("%n", self.node or node_name())
 
     def __getattr__(self, name: str) -> Any:
         values = self.__dict__.get("_values", {})
@@ -273,7 +294,7 @@ class Config:
     def replace(self, section: str, **kw: Any) -> "Config":
         vals = {s: dict(v) for s, v in self._values.items()}
         vals[section].update(kw)
-        return Config(vals, self.path)
+        return Config(vals, self.path, self.node)
 
     def as_dict(self) -> Dict[str, Dict[str, Any]]:
         return {s: dict(v) for s, v in self._values.items()}

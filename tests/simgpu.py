@@ -610,3 +610,30 @@ def reset_gpu(path: Union[str, os.PathLike], index: int) -> Optional[str]:
     with open(log, "a") as f:
         f.write(f"{time.time():.6f} gpu={index} uuid={state.get(key + 'uuid', '-')} nvidia-smi--gpu-reset\n")
     return None
+
+
+# --- the verification battery's tools (tests/simnvml/dcgmi, tests/simnvml/all_reduce_perf) -------
+
+STAND_IN_DCGMI = pathlib.Path(__file__).resolve().parent / "simnvml" / "dcgmi"
+STAND_IN_ALL_REDUCE_PERF = pathlib.Path(__file__).resolve().parent / "simnvml" / "all_reduce_perf"
+DEFAULT_BUSBW_GBPS = 360.0  # all_reduce_perf's bus bandwidth at large sizes when no GPU lowers it
+
+
+def state_from_env(env: Optional[Mapping[str, str]] = None) -> str:
+    """$SIMNVML_STATE for a stand-in tool, '%n' in it the node (SLURMD_NODENAME in a job, else the short
+    host name): one setting serves every node of a cluster whose jobs inherit the submitter's environment."""
+    env = os.environ if env is None else env
+    node = env.get("SLURMD_NODENAME") or platform.node().split(".")[0]
+    return env.get("SIMNVML_STATE", "").replace("%n", node)
+
+
+def diag_failures(state: Mapping[str, str], index: int) -> List[str]:
+    """The DCGM tests `gpu.<i>.diag_fail` makes fail on GPU i (comma-separated names, lowercase)."""
+    return [t.strip().lower() for t in state.get(f"gpu.{index}.diag_fail", "").split(",") if t.strip()]
+
+
+def nccl_busbw_gbps(state: Mapping[str, str], indices: Sequence[int]) -> float:
+    """The bus bandwidth all_reduce_perf reaches at large sizes over these GPUs: the slowest one's
+    `gpu.<i>.nvlink_busbw_gbps`, DEFAULT_BUSBW_GBPS when none sets it."""
+    values = [float(state[f"gpu.{i}.nvlink_busbw_gbps"]) for i in indices if f"gpu.{i}.nvlink_busbw_gbps" in state]
+    return min(values) if values else DEFAULT_BUSBW_GBPS

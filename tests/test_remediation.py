@@ -151,6 +151,11 @@ class MemSlurm(slurm.SlurmBackend):
     def job(self, job_id):
         raise SlurmError("no jobs here", "")
 
+    ctld_offset = 0.0  # slurmctld's clock minus this node's (faketime on the node: negative)
+
+    def ctld_time(self):
+        return time.time() + self.ctld_offset
+
 
 def _node(sim_node, tmp_path, extra=""):
     node = sim_node(simgpu.h100_sxm(2))
@@ -324,11 +329,11 @@ def test_a_reset_fault_that_names_no_gpu_runs_no_reset_command_and_escalates():
     """A node-wide reset fault (an XID whose bus id matches no GPU) has nothing to reset: the
     reset step must say so (so remediate escalates) instead of running nothing and verifying."""
     ran = []
-    env = type("E", (), {"run": lambda self, *a, **k: ran.append(a), "say": lambda self, *a, **k: None,
+    env = type("E", (), {"spawn": lambda self, *a, **k: ran.append(a), "say": lambda self, *a, **k: None,
                          "get": lambda self, k: 10.0, "node": "gpu01"})()
     node_wide = R.Remedy("xid", None, "", R.RESET, "NVIDIA XID catalog", "XID 48 on an unknown GPU")
-    assert "names no GPU" in REM._reset_gpus(env, None, [node_wide])
-    assert "names no GPU" in REM._reset_gpus(env, None, [])
+    assert REM._reset_gpus(env, None, [node_wide], [0])[0].endswith("names no GPU to reset")
+    assert REM._reset_gpus(env, None, [], []) == ("the fault names no GPU to reset", False)
     assert ran == []
 
 
@@ -469,3 +474,160 @@ def test_a_healthcheck_lock_that_cannot_be_opened_is_logged_and_the_check_still_
         assert left_s == 45.0
     assert [e for e, _ in log.lines] == ["healthcheck-lock-unavailable"]
     assert log.lines[0][1]["path"].endswith("/file/hc-gpu01.lock") and log.lines[0][1]["hint"]
+
+
+# ------------------------------------------------------------------ issue 35: crash, clock, look-alike, busy, bad input
+
+def test_a_killed_runs_started_reset_is_closed_interrupted_and_the_resumed_gpu_is_not_pending(sim_node, tmp_path):
+    """Row 2: the intent row of a killed run stayed `started` forever and `fleet remediation` showed the
+    healthy, resumed GPU as pending."""
+    from slurm_gpu.fleet.remediation import state_of
+    node = _node(sim_node, tmp_path)
+    backend = MemSlurm(reason="slurm-gpu: GPU 1 pending row remap [remediate: reset]")
+    conn = sqlite3.connect(str(node.db)) if node.db.exists() else None
+    if conn is None:
+        from slurm_gpu.store.node import Store
+        Store(str(node.db), str(tmp_path / "spool")).connect().close()
+        conn = sqlite3.connect(str(node.db))
+    serial = simgpu.read_state(node.state)["gpu.1.serial"]
+    conn.execute("INSERT INTO remediations (time, node, gpu_index, gpu_uuid, serial, action, outcome, pid, pid_start) "
+                 "VALUES (?, 'gpu01', 1, '', ?, 'reset', 'started', 999999999, 1)", (time.time() - 5, serial))
+    conn.commit()
+    conn.close()
+    out = _run(node, backend)
+    assert (out.outcome, backend.actions[-1]) == ("resumed", ("resume",)), out
+    (row,) = [r for r in _rows(node)]
+    assert row["outcome"] == "resumed" and state_of(row) == "resumed"
+
+
+def test_a_reset_started_moments_ago_by_a_run_that_died_before_its_pid_was_written_keeps_the_node(sim_node, tmp_path):
+    node = _node(sim_node, tmp_path)
+    backend = MemSlurm(reason="slurm-gpu: GPU 1 pending row remap [remediate: reset]")
+    from slurm_gpu.store.node import Store
+    s = Store(str(node.db), str(tmp_path / "spool"))
+    s.record_remediation({"time": time.time(), "node": "gpu01", "gpu_index": 1, "gpu_uuid": "", "action": "reset",
+                          "outcome": "started"})
+    s.close()
+    out = _run(node, backend)
+    assert out.outcome == "busy" and "reset_timeout_s" in out.message and backend.actions == [], out
+
+
+@pytest.mark.parametrize("offset_s", [-7200.0, -90000.0, 3 * 3600.0])
+def test_a_node_clock_off_slurmctlds_neither_resets_reboots_nor_resumes(sim_node, tmp_path, offset_s):
+    """Row 4 (the testbed test runs it under faketime): budgets and breaker compared this node's clock with
+    slurmctld's ReasonTime."""
+    node = _node(sim_node, tmp_path)
+    simgpu.set_gpu(node.state, 1, remapped_pending=1)
+    backend = MemSlurm(reason=PROLOG_REASON)
+    backend.ctld_offset = offset_s
+    out = _run(node, backend)
+    assert out.outcome == "refused" and "off slurmctld's" in out.message and backend.actions == [], out
+    assert "gpu.1.resets" not in simgpu.read_state(node.state) and _rows(node) == []
+    prom = (tmp_path / "prom" / "slurm_gpu_remediation.prom").read_text()
+    (value,) = [float(x.split()[1]) for x in prom.splitlines() if x.startswith("slurm_gpu_clock_skew_seconds ")]
+    assert abs(value + offset_s) < 1, prom
+    backend.ctld_offset = 30.0  # within remediation.clock_slack_s
+    assert _run(node, backend).outcome == "resumed"
+
+
+def test_attempt_times_are_slurmctlds_so_a_clock_moved_later_cannot_reset_a_budget(sim_node, tmp_path):
+    node = _node(sim_node, tmp_path, "max_resets_per_gpu_per_day = 1\n")
+    simgpu.set_gpu(node.state, 1, remapped_pending=1)
+    backend = MemSlurm(reason=PROLOG_REASON)
+    backend.ctld_offset = 40.0
+    assert _run(node, backend).outcome == "resumed"
+    conn = sqlite3.connect(str(node.db))
+    (t,) = conn.execute("SELECT time FROM remediations").fetchone()
+    conn.close()
+    assert abs(t - (time.time() + 40.0)) < 5, "the attempt's time is slurmctld's, not this node's"
+
+
+def test_an_admins_look_alike_reason_is_left_alone_by_remediate_and_healthcheck(sim_node, tmp_path):
+    """Row 5: ownership was read from the `slurm-gpu:` prefix."""
+    node = _node(sim_node, tmp_path)
+    text = "slurm-gpu: hold for vendor ticket 4711, do not resume"
+    backend = MemSlurm(reason=text)
+    out = _run(node, backend)
+    assert out.outcome == "left-alone" and backend.actions == [], out
+    hc = node_health_cycle(backend, "gpu01", lambda info: [CheckResult("pending_reset", "PASS", 1, "u", "ok")])
+    assert hc.action == "left-alone" and backend.actions == [] and backend.reason == text
+
+
+def test_a_process_that_appears_after_the_check_makes_the_reset_busy_never_a_reboot(sim_node, tmp_path):
+    """Row 6: the reset refused "in use" and that refusal was escalated to a reboot."""
+    from slurm_gpu.hooks.healthcheck import default_checker
+    node = _node(sim_node, tmp_path)
+    simgpu.set_gpu(node.state, 1, remapped_pending=1)
+    backend = MemSlurm(reason=PROLOG_REASON)
+    cfg = config.load(str(node.config))
+    check = default_checker(cfg)
+
+    def checker_then_a_process_appears(info):
+        run = check(info)
+        simgpu.set_gpu(node.state, 1, procs=[(os.getpid(), 1 << 30)])
+        return run
+    out = REM.run_on_node(cfg, backend, "gpu01", checker_then_a_process_appears)
+    assert (out.action, out.outcome) == ("reset", "busy") and "no reset" in out.message, out
+    assert all(a[0] != "reboot" for a in backend.actions) and "DRAIN" in backend.flags
+    assert "gpu.1.resets" not in simgpu.read_state(node.state)
+
+
+def test_a_reset_refused_in_use_is_busy_and_costs_no_budget(sim_node, tmp_path, monkeypatch):
+    node = _node(sim_node, tmp_path, "max_resets_per_gpu_per_day = 1\n")
+    simgpu.set_gpu(node.state, 1, remapped_pending=1)
+    backend = MemSlurm(reason=PROLOG_REASON)
+    from slurm_gpu.hooks import check as CHECK
+    from slurm_gpu.hooks.healthcheck import default_checker
+    real = CHECK.make_reader
+
+    class NoLister:  # the listing before the reset finds nothing: only the command's refusal tells
+        def __init__(self, cfg):
+            self.r = real(cfg)
+
+        def processes_many(self, indices):
+            simgpu.set_gpu(node.state, 1, procs=[(os.getpid(), 1 << 30)])  # it appears right after
+            return {i: () for i in indices}
+
+        def __getattr__(self, name):
+            return getattr(self.r, name)
+    monkeypatch.setattr(CHECK, "make_reader", lambda cfg, library=None: NoLister(cfg))
+    cfg = config.load(str(node.config))
+    out = REM.run_on_node(cfg, backend, "gpu01", default_checker(cfg))
+    assert (out.action, out.outcome) == ("reset", "busy") and "in use, not broken" in out.message, out
+    assert [r["outcome"] for r in _rows(node)] == ["busy"]
+    simgpu.set_gpu(node.state, 1, procs=[])
+    monkeypatch.setattr(CHECK, "make_reader", real)
+    again = _run(node, backend)  # the budget of one reset a day is still there
+    assert (again.action, again.outcome) == ("reset", "resumed"), again
+
+
+def test_a_corrupt_node_database_is_one_line_and_exit_2_for_remediate_and_healthcheck(sim_node, tmp_path, monkeypatch):
+    """Row 7: a sqlite3.DatabaseError traceback, and remediation silently never ran."""
+    node = _node(sim_node, tmp_path, "enabled = true\n")
+    simgpu.set_gpu(node.state, 1, remapped_pending=1)
+    node.db.parent.mkdir(parents=True, exist_ok=True)
+    node.db.write_bytes(b"this is not a database" * 100)
+    backend = MemSlurm(reason=PROLOG_REASON)
+    r = _cli(monkeypatch, node, backend, "remediate")
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    lines = [x for x in r.output.splitlines() if x.startswith("slurm-gpu: error:")]
+    assert len(lines) == 1 and str(node.db) in lines[0] and "nothing done" in lines[0], r.output
+    assert backend.actions == []
+    hc = _cli(monkeypatch, node, backend, "healthcheck")
+    assert "Traceback" not in hc.output and "remediation did not run" in hc.output, hc.output
+    assert hc.exit_code == 1  # the healthcheck's own verdict (FAIL) still reaches Slurm
+
+
+def test_remediate_run_as_a_user_is_one_line_and_exit_2(sim_node, tmp_path):
+    node = _node(sim_node, tmp_path)
+    env = dict(os.environ, SLURM_GPU_CONFIG=str(node.config))
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+                        "slurm_gpu.cli", "remediate", "--node-name", "gpu01"], env=env, capture_output=True, text=True,
+                       cwd="/")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "must run as root" in r.stderr, r.stdout + r.stderr
+
+
+def test_node_name_names_every_percent_n_path():
+    cfg = config.defaults().for_node("gpu04")
+    assert cfg.path_value("remediation", "lock_file") == "/run/slurm-gpu/remediate-gpu04.lock"
+    assert cfg.replace("store", database="/x/%n.db").path_value("store", "database") == "/x/gpu04.db"

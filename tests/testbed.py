@@ -1014,6 +1014,19 @@ class SlurmTestbed:
         """Stop the controller (TERM: it saves state), e.g. to test 'slurmctld unreachable' paths."""
         self._stop_daemon("slurmctld")
 
+    def stop_slurmd(self, node: str) -> None:
+        """Stop one node's slurmd (TERM), e.g. a node that cannot start jobs; start_slurmd(node) brings it back."""
+        self._stop_daemon(f"slurmd-{node}")
+
+    def start_slurmd(self, node: str, timeout: float = 30) -> None:
+        """Start a node's slurmd stopped by stop_slurmd; returns once slurmctld hears from it again (the
+        node's State no longer NOT_RESPONDING; a drain or a DOWN state is left for the test)."""
+        if f"slurmd-{node}" in self._daemons:
+            return
+        self._start_slurmd(node)
+        self._wait(f"slurmd of {node} to register", lambda: "NOT_RESPONDING" not in self.node_info(node).get("State", "")
+                   and "*" not in self.node_info(node).get("State", ""), timeout, f"slurmd-{node}")
+
     def _start_slurmd(self, node: str, booted: bool = False) -> None:
         env = {k: v for k, v in self.extra_node_env.items() if not isinstance(v, dict)}
         env.update(self.extra_node_env.get(node, {}) if isinstance(self.extra_node_env.get(node), dict) else {})

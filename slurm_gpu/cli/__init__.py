@@ -34,6 +34,7 @@ COMMANDS: Dict[str, str] = {
     "status": "slurm_gpu.cli.admin:status",
     "healthcheck": "slurm_gpu.cli.admin:healthcheck",
     "remediate": "slurm_gpu.cli.remediate:remediate",
+    "battery": "slurm_gpu.cli.battery:battery",
     "breaker": "slurm_gpu.cli.breaker:breaker",
     "job": "slurm_gpu.cli.job:job",
     "exporter": "slurm_gpu.cli.metrics:exporter",

@@ -105,10 +105,11 @@ def _max_nodes(app: Any, override: Optional[int]) -> int:
     return int(getattr(app.config, "slurm_max_nodes", DEFAULT_MAX_NODES))
 
 
-def _log(app: Any, what: str):
+def _log(app: Any, what: str, node: Optional[str] = None):
+    """The command's log (log.file's %n: `node` when given, a --node-name)."""
     from slurm_gpu.hooks.log import HookLog
     try:
-        return HookLog.from_config(what, app.config)
+        return HookLog.from_config(what, app.config.for_node(node) if node else app.config)
     except Exception:  # logging must never stop an admin action
         return HookLog(what, syslog_on=False)
 
@@ -429,11 +430,11 @@ def _run_health(app, node_name: Optional[str], *, allow_resume: bool, dry_run: b
     from slurm_gpu.hooks import healthcheck as H
     name = this_node(node_name)
     try:
-        cfg = app.config
+        cfg = app.config.for_node(name)
     except ConfigError as e:
         _config_broken(app, e, name, dry_run=dry_run, deadline_s=deadline_s, context=context)
     backend = _backend(app)
-    log = _log(app, "healthcheck")
+    log = _log(app, "healthcheck", name)
     with H.taking_turns(cfg, name, deadline_s, log) as left_s:
         if left_s is None:
             _say_health(H.busy_outcome(name), log, name)
@@ -446,13 +447,51 @@ def _run_health(app, node_name: Optional[str], *, allow_resume: bool, dry_run: b
             # A check thread may still sit inside the driver: do not let it hold up (or crash) the exit.
             os._exit(outcome.exit_code)
         if allow_resume and H.remediates(cfg, outcome, dry_run, checker):
-            from slurm_gpu.hooks.remediate import run_on_node
-            done = run_on_node(cfg, backend, name, H.default_checker(cfg), log=log)
-            log.info("remediate", node=name, action=done.action, outcome=done.outcome, message=done.message)
-            click.echo(done.message)
-            if done.outcome == "resumed":
+            done = _remediate_after_check(cfg, backend, name, log)
+            if done is not None and done.outcome == "resumed":
                 sys.exit(0)
     sys.exit(outcome.exit_code)
+
+
+def _remediate_after_check(cfg: Any, backend: Any, name: str, log: Any) -> Any:
+    """healthcheck's remediation (remediation.enabled): its outcome, or None when it could not run (one line,
+    logged; the healthcheck's own verdict, already given to Slurm, is the exit code).  With verify.enabled
+    it runs as a `slurm-gpu remediate` of its own, in a session of its own: a verification job outlasts
+    what slurmd allows a HealthCheckProgram, and slurmd must not kill it half-way."""
+    from slurm_gpu.errors import SlurmGpuError
+    from slurm_gpu.hooks import healthcheck as H
+    from slurm_gpu.hooks.remediate import run_on_node, verify_enabled
+    if verify_enabled(cfg):
+        return _remediate_detached(cfg, name, log)
+    try:
+        done = run_on_node(cfg, backend, name, H.default_checker(cfg), log=log)
+    except SlurmGpuError as e:
+        log.error("remediate-failed", node=name, error=e.message)
+        click.echo(f"slurm-gpu: error: remediation did not run: {e.message} (hint: {e.hint})", err=True)
+        return None
+    except Exception as e:  # the healthcheck's verdict must reach Slurm whatever remediation does
+        log.error("remediate-failed", node=name, error=f"{type(e).__name__}: {e}")
+        click.echo(f"slurm-gpu: error: remediation did not run: {type(e).__name__}: {e}", err=True)
+        return None
+    log.info("remediate", node=name, action=done.action, outcome=done.outcome, message=done.message)
+    click.echo(done.message)
+    return done
+
+
+def _remediate_detached(cfg: Any, name: str, log: Any) -> None:
+    import subprocess
+    argv = [sys.executable, "-m", "slurm_gpu.cli"] + (["--config", cfg.path] if cfg.path else []) + \
+        ["remediate", "--node-name", name]
+    try:
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 start_new_session=True, close_fds=True)
+    except OSError as e:
+        log.error("remediate-failed", node=name, error=str(e))
+        click.echo(f"slurm-gpu: error: remediation did not start: {e}", err=True)
+        return None
+    log.info("remediate-detached", node=name, pid=child.pid)
+    click.echo(f"{name}: remediation (with a verification job) handed to `slurm-gpu remediate` (pid {child.pid})")
+    return None
 
 
 def _config_broken(app: Any, e: Any, name: str, *, dry_run: bool, deadline_s: float, context: str) -> None:

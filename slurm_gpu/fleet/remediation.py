@@ -36,7 +36,8 @@ NO_SERIAL = "(no serial)"  # a node-wide step (a reboot for a fault that names n
 
 # The state of a GPU is its latest attempt's: what an admin does next.
 _STATE = {"resumed": "resumed", "started": "pending", "escalated": "pending", "requested": "reboot pending",
-          "failed": "failed: drained", "refused": "refused: drained for a human"}
+          "failed": "failed: drained", "refused": "refused: drained for a human",
+          "busy": "busy: drained, retried", "interrupted": "interrupted: drained"}
 
 
 def _iso(t: Optional[float]) -> Optional[str]:
@@ -61,6 +62,12 @@ def dedupe(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return sorted(best.values(), key=lambda r: (float(r.get("time") or 0.0), str(r.get("node")), r.get("id") or 0))
 
 
+def attempts(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """dedupe()'s rows without the node-wide steps of verification jobs (action verify, no GPU): those are
+    how an episode ended, not a GPU's attempt; a verification that failed on a GPU has a row of that GPU."""
+    return [r for r in dedupe(rows) if not (r.get("action") == "verify" and r.get("gpu_index") is None)]
+
+
 def _counts(rows: Sequence[Dict[str, Any]]) -> str:
     seen: Dict[str, int] = {}
     for r in rows:
@@ -71,7 +78,7 @@ def _counts(rows: Sequence[Dict[str, Any]]) -> str:
 def by_serial(rows: Iterable[Dict[str, Any]], budget: B.Budget, now: float) -> List[Dict[str, Any]]:
     """One row per GPU serial: where it was, its faults, remedies, outcomes, current state, lemon."""
     groups: Dict[str, List[Dict[str, Any]]] = {}
-    for r in dedupe(rows):
+    for r in attempts(rows):
         groups.setdefault(str(r.get("serial") or NO_SERIAL), []).append(r)
     out = []
     for serial, rs in groups.items():
@@ -97,7 +104,7 @@ def by_fault(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """One row per fault class (check): attempts and outcomes, and the mean and median time from the
     drain to the verified resume over the episodes (node, drain time) that resumed."""
     groups: Dict[str, List[Dict[str, Any]]] = {}
-    for r in dedupe(rows):
+    for r in attempts(rows):
         groups.setdefault(str(r.get("fault_check") or "(none)"), []).append(r)
     out = []
     for check, rs in sorted(groups.items()):

@@ -26,7 +26,7 @@ def make_reader(cfg: Config, library: Optional[str] = None) -> "NvmlReader":
 
 
 def read_xids(cfg: Config, now: Optional[float] = None) -> xid.XidReading:
-    source = cfg.get("xid", "source").replace("%n", node_name())
+    source = cfg.get("xid", "source").replace("%n", getattr(cfg, "node", None) or node_name())
     return xid.read(source, cfg.get("xid", "window_s"), timeout_s=cfg.get("", "nvml_timeout_s"), now=now)
 
 

@@ -103,9 +103,15 @@ FAMILIES: Tuple[Family, ...] = (
            "1 when slurm-gpu drained this node (reason: the failing check's name, or other), else 0 with reason=\"\".",
            "prolog and epilog when they drain, healthcheck always (node file)"),
     Family("slurm_gpu_remediation_total", "counter", ("action", "outcome"),
-           "Remediation attempts on this node by action (reset, reboot, rma) and outcome (resumed, failed, escalated, "
-           "requested, refused, rma, started), counted from the node database's remediations table.",
+           "Remediation attempts on this node by action (reset, reboot, rma, verify) and outcome (resumed, "
+           "failed, escalated, requested, refused, rma, busy, started, interrupted), counted from the node "
+           "database's remediations table.",
            "remediate and healthcheck with remediation.enabled (`slurm_gpu_remediation.prom`)"),
+    Family("slurm_gpu_clock_skew_seconds", "gauge", (),
+           "This node's clock minus slurmctld's (sdiag's report time), as remediate last measured it; past "
+           "remediation.clock_slack_s either way remediate neither reboots nor resumes the node.",
+           "remediate and healthcheck with remediation.enabled, when they act on a drained node "
+           "(`slurm_gpu_remediation.prom`)"),
     Family("slurm_gpu_breaker_open", "gauge", ("check",),
            "1 while the circuit breaker holds drains (or, for check reboot, remediate's reboots) for this check: the "
            "share of the node's partition drained by slurm-gpu for it within breaker.window_s reached "

@@ -141,7 +141,12 @@ def write_remediation(directory: str, conn: Any) -> None:
     deleted, so the sums only grow)."""
     counts: Dict[Labels, float] = {(("action", str(a)), ("outcome", str(o))): float(n)
               for a, o, n in conn.execute("SELECT action, outcome, COUNT(*) FROM remediations GROUP BY 1, 2")}
-    merge(directory, REMEDIATION_FILE, lambda old: {"slurm_gpu_remediation_total": counts})
+    merge(directory, REMEDIATION_FILE, lambda old: dict(old, slurm_gpu_remediation_total=counts))
+
+
+def write_clock_skew(directory: str, skew_s: float) -> None:
+    """slurm_gpu_clock_skew_seconds: this node's clock minus slurmctld's, as remediate measured it."""
+    merge(directory, REMEDIATION_FILE, lambda old: dict(old, slurm_gpu_clock_skew_seconds={(): float(skew_s)}))
 
 
 def cleanup(w: _Writer, live: J.Liveness) -> None:

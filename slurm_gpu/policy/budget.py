@@ -8,8 +8,12 @@ and before acting on a GPU at all (a lemon goes to RMA).  Pure and standard libr
   successes: a reset that keeps failing must not be retried all day).  One more is escalated.
 - Reboots: at most remediation.max_reboots_per_node_per_day per node in 24 h; past it the node
   stays drained for a human (a reboot loop helps nobody).
-- Lemons: a GPU with remediation.lemon_remedies verified remedies (outcome resumed) within
-  remediation.lemon_window_days that faults again is an RMA case, whatever the fault.
+- Lemons: a GPU with remediation.lemon_remedies verified remedies (outcome resumed) or failed
+  verification jobs (action verify, outcome failed) within remediation.lemon_window_days that faults
+  again is an RMA case, whatever the fault.
+
+A step refused as `busy` (a process held the GPU) was never carried out: it costs nothing.  One a
+killed run left (`interrupted`) did run: it counts.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Tuple
 
 DAY_S = 86400.0
 # Outcomes that mean the step was really issued (a refusal before acting costs nothing).
-ISSUED = ("started", "resumed", "failed", "escalated", "requested")
+ISSUED = ("started", "resumed", "failed", "escalated", "requested", "interrupted")
 
 
 class Budget(NamedTuple):
@@ -56,7 +60,8 @@ def may_reboot(b: Budget, node_rows: Iterable[Mapping[str, Any]], now: float) ->
 def is_lemon(b: Budget, serial_rows: Iterable[Mapping[str, Any]], now: float) -> Tuple[bool, str]:
     rows = list(serial_rows)
     cured = _count(rows, "reset", now - b.lemon_window_s, ("resumed",)) + \
-        _count(rows, "reboot", now - b.lemon_window_s, ("resumed",))
+        _count(rows, "reboot", now - b.lemon_window_s, ("resumed",)) + \
+        _count(rows, "verify", now - b.lemon_window_s, ("failed",))
     if cured >= b.lemon_remedies:
         days = b.lemon_window_s / DAY_S
         return True, f"lemon: faulted again after {cured} remedies in {days:g} days (lemon_remedies {b.lemon_remedies})"

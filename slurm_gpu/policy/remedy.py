@@ -50,6 +50,11 @@ CHECK_REMEDY = {
     "sram_threshold": (RMA, "NVIDIA memory error management: SRAM uncorrectable events over the bank threshold"),
     "responsive": (REBOOT, "NVIDIA XID catalog (79, RESTART_BM): a GPU off the bus needs a node reboot"),
     "gpu_count": (REBOOT, "NVIDIA XID catalog (79, RESTART_BM): a GPU off the bus needs a node reboot"),
+    # The verification job's battery (hooks/battery.py): a test that failed on a GPU after a reset or a
+    # reboot.  Reset first; remediate's ladder (ESCALATION) makes a repeat a reboot, then an RMA.
+    "verify_dcgm": (RESET, "verification job: DCGM diagnostic failed (dcgmi diag)"),
+    "verify_nccl": (RESET, "verification job: nccl-tests all_reduce_perf failed or under its bus bandwidth floor"),
+    "verify_command": (RESET, "verification job: a site command (verify.commands) failed"),
 }
 
 

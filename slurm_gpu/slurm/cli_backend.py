@@ -9,6 +9,9 @@
   ``scontrol update NodeName=<hostlist> ...`` changes them all (see SlurmBackend.drain_many).
 * Jobs: ``scontrol -o show job`` while slurmctld knows the job, then ``sacct --json``,
   falling back to ``sacct -P`` where ``--json`` is missing or its schema is not understood.
+* The verification job (hooks/verifyjob.py): ``scontrol create|delete|show reservation``,
+  ``sbatch --parsable``, ``scancel JOB`` / ``scancel --reservation=NAME``, the job's state from
+  ``scontrol -o show job``, then ``sacct -X -P``.
 
 Binaries are looked up in ``slurm_bin_dir``, then PATH, then /usr/bin, /usr/local/bin,
 /opt/slurm/bin (slurmd runs hooks without PATH).  The environment is passed through —
@@ -266,6 +269,18 @@ class CliBackend(SlurmBackend):
         if rc != 0:
             self._raise(rc, out, err, f"resume {name}", node=name)
 
+    def ctld_time(self) -> float:
+        """slurmctld's clock: the time `sdiag` says its report was made at (`sdiag output at ... (EPOCH)`,
+        stamped by slurmctld, not by this node's clock)."""
+        rc, out, err = self.run("sdiag", [])
+        if rc != 0:
+            self._raise(rc, out, err, "sdiag")
+        m = _SDIAG_TIME.search(out)
+        if not m:
+            raise SlurmError("sdiag printed no report time (`sdiag output at ... (EPOCH)`)",
+                             "check that sdiag of this Slurm release runs on this node")
+        return float(m.group(1))
+
     def reboot(self, name: str, reason: str) -> None:
         self._check_name(name)
         if not reason or not reason.strip():
@@ -273,6 +288,95 @@ class CliBackend(SlurmBackend):
         rc, out, err = self.run("scontrol", ["reboot", "ASAP", "nextstate=DOWN", f"reason={reason}", name])
         if rc != 0:
             self._raise(rc, out, err, f"reboot {name}", node=name)
+
+    # ------------------------------------------------------------ the verification job's reservation and job
+    @staticmethod
+    def _check_word(kind: str, value: str) -> None:
+        # One argv element each, but a value with '=' or a space would still read as another key to scontrol.
+        if not isinstance(value, str) or not _NODE_NAME.match(value):
+            raise SlurmError(f"invalid {kind} {value!r}", f"{kind}s are letters, digits, '.', '_' and '-'")
+
+    def create_reservation(self, name: str, node: str, duration_min: int, users: Sequence[str],
+                           flags: Sequence[str] = ("MAINT", "IGNORE_JOBS")) -> None:
+        """``scontrol create reservation ReservationName=NAME Nodes=NODE StartTime=now Duration=MIN Users=U
+        Flags=MAINT,IGNORE_JOBS``: MAINT and IGNORE_JOBS exist from 22.05 to 26.05 (scontrol man pages)."""
+        self._check_word("reservation name", name)
+        self._check_name(node)
+        for u in users:
+            self._check_word("user name", u)
+        args = ["create", "reservation", f"ReservationName={name}", f"Nodes={node}", "StartTime=now",
+                f"Duration={max(1, int(duration_min))}", f"Users={','.join(users)}"]
+        if flags:
+            args.append(f"Flags={','.join(flags)}")
+        rc, out, err = self.run("scontrol", args)
+        if rc != 0:
+            self._raise(rc, out, err, f"create reservation {name}", node=node)
+
+    def delete_reservation(self, name: str) -> bool:
+        self._check_word("reservation name", name)
+        rc, out, err = self.run("scontrol", ["delete", f"Reservation={name}"])
+        if rc == 0:
+            return True
+        if "reservation is invalid" in (err + out).lower() or "not found" in (err + out).lower():
+            return False
+        if "in use" in (err + out).lower():
+            raise SlurmError(f"reservation {name} still has jobs: {' '.join((err + out).split())}",
+                             f"cancel them (scancel --reservation={name}), then delete it")
+        self._raise(rc, out, err, f"delete reservation {name}")
+        return False
+
+    def reservation(self, name: str) -> Optional[Dict[str, str]]:
+        self._check_word("reservation name", name)
+        rc, out, err = self.run("scontrol", ["-o", "show", "reservation", name])
+        if rc != 0 or not out.strip():
+            if "not found" in (err + out).lower() or "invalid" in (err + out).lower() or not (err + out).strip():
+                return None
+            self._raise(rc, out, err, f"scontrol show reservation {name}")
+        for line in out.splitlines():
+            fields = _kv(line)
+            if fields.get("ReservationName") == name:
+                return fields
+        return None
+
+    def submit_batch(self, options: Sequence[str], script: str) -> int:
+        if any(not str(o).startswith("--") for o in options):
+            raise SlurmError(f"sbatch options must be --name=value arguments: {list(options)!r}",
+                             "this is a bug in slurm-gpu")
+        rc, out, err = self.run("sbatch", ["--parsable", *options, script])
+        first = out.strip().split(";")[0] if out.strip() else ""
+        if rc != 0 or not first.isdigit():
+            self._raise(rc, out, err, "sbatch")
+        return int(first)
+
+    def job_state(self, job_id: int) -> Tuple[str, str, str]:
+        job_id = int(job_id)
+        rc, out, err = self.run("scontrol", ["-o", "show", "job", str(job_id)])
+        if rc == 0 and out.strip():
+            recs = [_kv(r) for r in split_records(out)]
+            f = next((r for r in recs if r.get("JobId") == str(job_id)), recs[0])
+            return f.get("JobState", ""), _none(f.get("NodeList")), _none(f.get("Reason"))
+        if rc != 0 and "invalid job id" not in (err + out).lower():
+            self._raise(rc, out, err, f"scontrol show job {job_id}", job=job_id)
+        rc, out, err = self.run("sacct", ["-X", "-n", "-P", "-j", str(job_id), "--format=JobIDRaw,State,NodeList,Reason"])
+        if rc != 0:
+            self._raise(rc, out, err, f"sacct -j {job_id}", job=job_id)
+        for line in out.splitlines():
+            vals = line.split("|")
+            if len(vals) >= 4 and vals[0].strip() == str(job_id):
+                return (vals[1].split() or [""])[0], _none(vals[2]), _none(vals[3])
+        raise SlurmError(f"unknown job {job_id}: not in slurmctld nor in accounting (sacct)",
+                         "the job id may be mistyped, or accounting (slurmdbd) is not enabled")
+
+    def cancel_job(self, job_id: int) -> None:
+        rc, out, err = self.run("scancel", [str(int(job_id))])
+        if rc != 0 and "invalid job id" not in (err + out).lower() and "already completed" not in (err + out).lower():
+            self._raise(rc, out, err, f"scancel {job_id}", job=int(job_id))
+
+    def cancel_reservation_jobs(self, name: str) -> None:
+        self._check_word("reservation name", name)
+        rc, out, err = self.run("scancel", [f"--reservation={name}"])
+        if rc != 0 and "invalid" not in (err + out).lower():
+            self._raise(rc, out, err, f"scancel --reservation={name}")
 
     def lookup_nodes(self, names: Sequence[str]) -> NodeLookup:
         """One ``scontrol -d -o show node <hostlist>`` per hostlist batch (one for up to 64k
@@ -440,6 +544,9 @@ class CliBackend(SlurmBackend):
                                "end_time": slurm_to_unix(d["End"]), "source": "slurmdbd"})
         raise SlurmError(f"unknown job {job_id}: not in slurmctld nor in accounting (sacct)",
                          "the job id may be mistyped, or accounting (slurmdbd) is not enabled")
+
+
+_SDIAG_TIME = re.compile(r"^sdiag output at .*\((\d+)\)\s*$", re.M)
 
 
 def _gres_from_tres(tres: str) -> str:

@@ -285,6 +285,45 @@ class SlurmBackend(abc.ABC):
         the node is idle and brings it back DOWN with the reason (remediation verifies, then resumes)."""
         raise SlurmError(f"the {self.name} backend cannot ask Slurm for a reboot", "set slurm_backend = \"cli\"")
 
+    # ------------------------------------------------------------ the verification job (hooks/verifyjob.py)
+    def _no_verify(self, what: str) -> SlurmError:
+        return SlurmError(f"the {self.name} backend cannot {what}", "set slurm_backend = \"cli\"")
+
+    def create_reservation(self, name: str, node: str, duration_min: int, users: Sequence[str],
+                           flags: Sequence[str] = ("MAINT", "IGNORE_JOBS")) -> None:
+        """A reservation of one node from now on for `duration_min` minutes that only `users` may use."""
+        raise self._no_verify("create a reservation")
+
+    def delete_reservation(self, name: str) -> bool:
+        """Delete it; False when Slurm does not know it (any other refusal raises)."""
+        raise self._no_verify("delete a reservation")
+
+    def reservation(self, name: str) -> Optional[Dict[str, str]]:
+        """The reservation's fields as Slurm shows them (ReservationName, Nodes, Flags, ...), None when unknown."""
+        raise self._no_verify("read a reservation")
+
+    def submit_batch(self, options: Sequence[str], script: str) -> int:
+        """`sbatch --parsable OPTIONS SCRIPT` (each option one argument): the job id."""
+        raise self._no_verify("submit a batch job")
+
+    def job_state(self, job_id: int) -> Tuple[str, str, str]:
+        """(state, nodes, reason) of a job, from slurmctld while it knows the job, then from accounting."""
+        raise self._no_verify("read a job's state")
+
+    def cancel_job(self, job_id: int) -> None:
+        """scancel JOB (a job that has ended already is no error)."""
+        raise self._no_verify("cancel a job")
+
+    def cancel_reservation_jobs(self, name: str) -> None:
+        """scancel every job in the reservation (none is no error)."""
+        raise self._no_verify("cancel a reservation's jobs")
+
+    def ctld_time(self) -> float:
+        """slurmctld's clock now (unix time), as slurmctld reports it: remediate's drain ages and budget
+        windows are taken on it.  This default asks `sdiag` through the command-line tools."""
+        from slurm_gpu.slurm.cli_backend import CliBackend
+        return CliBackend(None, timeout_s=float(getattr(self, "timeout_s", 10.0))).ctld_time()
+
     @abc.abstractmethod
     def job(self, job_id: int) -> Dict[str, Any]:
         """Job facts: job_id, user, account, partition, state, nodes, gres, tres,

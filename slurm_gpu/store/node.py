@@ -564,6 +564,21 @@ class Store:
         self.connect().execute("UPDATE remediations SET outcome = ?, detail = ?, finished = ? WHERE id = ?",
                                (outcome, detail, now, row_id))
 
+    def set_step_process(self, row_id: int, *, pid: Optional[int] = None, pid_start: Optional[int] = None,
+                         job_id: Optional[int] = None) -> None:
+        """The process (or Slurm job) that carries out attempt row_id (schema v9; local, never shipped)."""
+        self.connect().execute("UPDATE remediations SET pid = COALESCE(?, pid), pid_start = COALESCE(?, pid_start), "
+                               "job_id = COALESCE(?, job_id) WHERE id = ?", (pid, pid_start, job_id, row_id))
+
+    def open_steps(self, node: str) -> List[Dict[str, Any]]:
+        """The node's attempts still `started` (a step under way, or one a killed run left), oldest first,
+        with their process columns."""
+        cur = self.connect().execute(
+            "SELECT id, " + ", ".join(REMEDIATION_COLUMNS) + ", pid, pid_start, job_id FROM remediations "
+            "WHERE node = ? AND outcome = 'started' ORDER BY time, id", (node,))
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, r)) for r in cur.fetchall()]
+
     def drain_time(self, node: str, reason: str) -> Optional[float]:
         """When the node was last drained with this reason (the drains table), else when it was last
         drained by us at all; None when the node database has no such drain."""

@@ -10,7 +10,7 @@ from typing import List, Tuple
 
 from slurm_gpu.store import record
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 # Group-by columns of `slurm-gpu report` with a covering index (v2), and the columns the index
 # carries after the key: everything report.summary reads, so the table itself is never touched.
@@ -320,6 +320,15 @@ MIGRATIONS: List[Tuple[str, ...]] = [
         "ALTER TABLE remediations ADD COLUMN push_version INTEGER NOT NULL DEFAULT 1",
         "ALTER TABLE remediations ADD COLUMN pushed_version INTEGER NOT NULL DEFAULT 0",
         *_outbox("remediations", "time"),
+    ),
+    # v9: the episode is the state (docs/remediation.md, "Episodes"): a step's own process, kept on this
+    # node only (never shipped, never part of a row's version): the reset command's pid and its start
+    # time in clock ticks since boot (/proc/PID/stat; a pid reused by another process does not match),
+    # and the verification job's id.  A run that finds a step `started` reads them before anything else.
+    (
+        "ALTER TABLE remediations ADD COLUMN pid INTEGER",
+        "ALTER TABLE remediations ADD COLUMN pid_start INTEGER",
+        "ALTER TABLE remediations ADD COLUMN job_id INTEGER",
     ),
 ]
 

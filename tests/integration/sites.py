@@ -155,6 +155,15 @@ def node_reasons(bed: Any) -> List[Dict[str, str]]:
 
 # --------------------------------------------------------------------------- remediation on real Slurm
 
+def power_cycle(site: Site, node: str) -> None:
+    """What a power cycle does to the simulated GPUs (a testbed on_reboot=): a pending remap is applied;
+    anything else (a fault only a diagnostic sees) stays."""
+    state = simgpu.read_state(site.state(node))
+    for i in range(4):
+        if state.get(f"gpu.{i}.remapped_pending", "0") != "0":
+            simgpu.set_gpu(site.state(node), i, remapped_pending=0, reset_sticky=0)
+
+
 class RemediationSite(Site):
     """The stand-in nvidia-smi resets GPUs of the simulated driver; verification is quick."""
 
@@ -163,6 +172,64 @@ class RemediationSite(Site):
                "-i", "{pci_bus_id}"]
         return super().config() + ("[remediation]\nreset_command = [%s]\nverify_passes = 2\nverify_interval_s = 1\n"
                                    'lock_file = "%s/%%n/remediate.lock"\n' % (", ".join(f'"{a}"' for a in cmd), self.root))
+
+
+class VerifySite(Site):
+    """The verification job's battery: the stand-in dcgmi and all_reduce_perf on the simulated GPUs (their
+    state through SIMNVML_STATE with %n, which the job inherits from sbatch), short deadlines."""
+
+    START_TIMEOUT_S = 5
+    TIMEOUT_S = 20
+
+    def config(self) -> str:
+        nccl = [str(simgpu.STAND_IN_ALL_REDUCE_PERF), "-b", "8M", "-e", "256M", "-f", "2", "-g", "{gpus}"]
+        return super().config() + (
+            '[verify]\nenabled = true\ndcgm_level = 2\ndcgmi = "%s"\nnccl_command = [%s]\n'
+            'nccl_min_busbw_gbps = {"NVIDIA H100 80GB HBM3" = 300.0}\nstart_timeout_s = %d\ntimeout_s = %d\n'
+            % (simgpu.STAND_IN_DCGMI, ", ".join(f'"{a}"' for a in nccl), self.START_TIMEOUT_S, self.TIMEOUT_S))
+
+    def job_env(self) -> Dict[str, str]:
+        """What the submitter adds to its environment for the stand-ins (sbatch exports it to the job)."""
+        return {"SIMNVML_STATE": f"{self.root}/%n.state"}
+
+
+class CrashSite(Site):
+    """Resets go through reset.sh: `begin` and `end` lines in resets.log, sleeps from pre_s and post_s,
+    and, when appear.pid exists, a process that shows up on the GPU right before the reset."""
+
+    def reset(self) -> None:
+        super().reset()
+        for name in ("resets.log", "appear.pid"):
+            (self.root / name).unlink(missing_ok=True)
+        self.slow(0, 0)
+
+    def slow(self, pre: float, post: float) -> None:
+        (self.root / "pre_s").write_text(f"{pre}\n")
+        (self.root / "post_s").write_text(f"{post}\n")
+
+    def reset_log(self) -> str:
+        p = self.root / "resets.log"
+        return p.read_text() if p.exists() else ""
+
+    def config(self) -> str:
+        script = self.root / "reset.sh"
+        r = self.root
+        script.write_text(f"""#!/bin/sh
+echo "begin $SLURMD_NODENAME $1 $$ $(date +%s.%N)" >> {r}/resets.log
+sleep "$(cat {r}/pre_s)"
+if [ -f {r}/appear.pid ]; then
+  {sys.executable} -c 'import sys; sys.path.insert(0, "{simgpu.HERE}"); import simgpu; \
+simgpu.set_gpu(sys.argv[1], 2, procs=[(int(open(sys.argv[2]).read()), 1 << 30)])' {r}/"$SLURMD_NODENAME".state {r}/appear.pid
+fi
+{sys.executable} {simgpu.STAND_IN_NVIDIA_SMI} --state {r}/"$SLURMD_NODENAME".state --gpu-reset -i "$1" || rc=$?
+sleep "$(cat {r}/post_s)"
+echo "end $SLURMD_NODENAME $1 $$ $(date +%s.%N)" >> {r}/resets.log
+exit ${{rc:-0}}
+""")
+        script.chmod(0o755)
+        return super().config() + ("[remediation]\nreset_command = [\"%s\", \"{pci_bus_id}\"]\nverify_passes = 2\n"
+                                   'verify_interval_s = 0.5\nreset_timeout_s = 30\nlock_file = "%s/%%n/remediate.lock"\n'
+                                   % (script, r))
 
 
 def remediate(cluster: Any, node: str) -> "subprocess.CompletedProcess[str]":

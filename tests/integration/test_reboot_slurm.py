@@ -16,26 +16,18 @@ import time
 import pytest
 import simgpu
 
-from .sites import RemediationSite, drained_by_prolog, hooked_cluster, jobs_on, node_reasons, remediate, site_fixture
+from .sites import RemediationSite, drained_by_prolog, hooked_cluster, jobs_on, node_reasons, power_cycle, remediate, site_fixture
 
 pytestmark = pytest.mark.slurm
 
 
-class RebootSite(RemediationSite):
-    def boot(self, node: str) -> None:
-        """What a power cycle does to the simulated GPUs: a pending remap is applied."""
-        state = simgpu.read_state(self.state(node))
-        for i in range(4):
-            if state.get(f"gpu.{i}.remapped_pending", "0") != "0":
-                simgpu.set_gpu(self.state(node), i, remapped_pending=0, reset_sticky=0)
-
-
-site = site_fixture(RebootSite, "reboot")
+site = site_fixture(RemediationSite, "reboot")
 
 
 @pytest.fixture
 def cluster(site, slurm_testbed_factory):
-    return hooked_cluster(site, slurm_testbed_factory, on_reboot=site.boot, extra_slurm_conf="ReturnToService=1")
+    return hooked_cluster(site, slurm_testbed_factory, on_reboot=lambda node: power_cycle(site, node),
+                          extra_slurm_conf="ReturnToService=1")
 
 
 def test_a_reset_that_does_not_cure_reboots_through_slurm_and_the_booted_node_is_verified_and_resumed(cluster, site):
@@ -63,3 +55,34 @@ def test_a_reset_that_does_not_cure_reboots_through_slurm_and_the_booted_node_is
     print(f"\ndrain-to-resume (reboot path: reset, reboot through Slurm, verify): {resumed_at - drained_at:.1f} s")
     job = cluster.sbatch("sleep 1", args=["-p", "gpu", "--gres=gpu:4", "-w", "gpu01"])
     assert cluster.wait_job(job, timeout=90) == "COMPLETED"
+
+
+def test_reboot_only_healthcheck_is_the_after_boot_hook_that_verifies_and_resumes(site, slurm_testbed_factory, tmp_path):
+    """Slurm 26.05's HealthCheckNodeState=REBOOT_ONLY runs HealthCheckProgram only when slurmd reports
+    back after a reboot: with our healthcheck there and [remediation] enabled, the node Slurm rebooted for
+    us is verified and resumed by its own first healthcheck, no timer and no admin needed; and no
+    healthcheck runs before the boot.  Older releases ignore the value (test_version_facts)."""
+    from testbed import slurm_version
+
+    from .sites import healthcheck_wrapper, hook_script
+    if slurm_version()[:2] < (26, 5):
+        pytest.skip("HealthCheckNodeState=REBOOT_ONLY is Slurm 26.05's (test_version_facts: older slurmd ignore it)")
+    cluster = hooked_cluster(site, slurm_testbed_factory, on_reboot=lambda node: power_cycle(site, node),
+                             extra_slurm_conf="ReturnToService=1\nHealthCheckNodeState=REBOOT_ONLY")
+    cfg = cluster.conf_dir / "slurm-gpu.toml"
+    cluster.use_hooks(prolog=hook_script("slurm-gpu-prolog"), epilog=hook_script("slurm-gpu-epilog"),
+                      health_check_program=str(healthcheck_wrapper(tmp_path, cfg, site.root, cluster.slurm_conf)),
+                      slurm_gpu_config=site.config() + "enabled = true\n")
+    simgpu.set_gpu(site.state("gpu01"), 2, remapped_pending=1, reset_sticky=1)
+    drained_by_prolog(cluster, site)
+    time.sleep(3)  # longer than the testbed's HealthCheckInterval: a periodic healthcheck would have run
+    assert "healthcheck" not in site.log("gpu01"), site.log("gpu01")
+    r = remediate(cluster, "gpu01")
+    assert "reboot requested through Slurm" in r.stdout, r.stdout + r.stderr
+    seen = set()
+    cluster.wait_node_state("gpu01", lambda i: seen.add(i["State"]) or ("DRAIN" not in i["State"] and "DOWN" not in
+                                                                        i["State"] and "REBOOT" not in i["State"]),
+                            timeout=120)
+    assert site.rows("gpu01", "SELECT action, outcome FROM remediations ORDER BY id") == [
+        {"action": "reset", "outcome": "escalated"}, {"action": "reboot", "outcome": "resumed"}], sorted(seen)
+    assert "rebooted; verified; resumed" in site.log("gpu01"), site.log("gpu01")
