@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import simgpu
 
+from slurm_gpu.slurm.reason import format_reason
+
 from .sites import CrashSite, drained_by_prolog, hook_script, hooked_cluster, jobs_on, node_reasons, site_fixture
 
 pytestmark = pytest.mark.slurm
@@ -53,6 +55,15 @@ def _wait(predicate, what: str, timeout: float = 60):
         time.sleep(0.05)
 
 
+def _drained_like_the_prolog(cluster, site, gpu: int = 2) -> None:
+    """The prolog's drain for a pending row remap on `gpu`, set directly (drained_by_prolog runs a job for it:
+    the rows below that need no job save those seconds)."""
+    simgpu.set_gpu(site.state("gpu01"), gpu, remapped_pending=1)
+    reason = format_reason(f"GPU {gpu} pending row remap: needs a GPU reset", "prolog job 1", check="pending_reset")
+    cluster.run("scontrol", "update", "NodeName=gpu01", "State=DRAIN", f"Reason={reason}")
+    cluster.wait_node_state("gpu01", lambda i: "DRAIN" in i.get("State", ""))
+
+
 def _reason(cluster, node: str = "gpu01") -> str:
     return {r["node"]: r["reason"] for r in node_reasons(cluster)}.get(node, "")
 
@@ -76,7 +87,7 @@ def assert_no_overlapping_resets(log: str) -> None:
 def test_remediate_killed_during_a_reset_keeps_the_node_drained_until_the_reset_ends(cluster, site, moment):
     simgpu.set_gpu(site.state("gpu01"), 2, remapped_pending=1)
     drained_at = drained_by_prolog(cluster, site)
-    site.slow(3, 0.5) if moment.startswith("before") else site.slow(0, 4)
+    site.slow(2, 0.3) if moment.startswith("before") else site.slow(0, 2.5)
     first = _cli(cluster, "gpu01", "remediate", "--node-name", "gpu01")
     _wait(lambda: "begin gpu01" in site.reset_log(), f"no reset began: {site.log('gpu01')}")
     if moment.startswith("after"):
@@ -115,8 +126,7 @@ def test_remediate_killed_during_a_reset_keeps_the_node_drained_until_the_reset_
 def test_node_name_names_the_lock_and_the_database_not_the_host(cluster, site):
     """With gpu01's lock held, `remediate --node-name gpu01` run where SLURMD_NODENAME says gpu02 must see
     gpu01's lock, and read gpu01's database (an open reset there, whose process still lives)."""
-    simgpu.set_gpu(site.state("gpu01"), 2, remapped_pending=1)
-    drained_by_prolog(cluster, site)
+    _drained_like_the_prolog(cluster, site)
     lock = site.root / "gpu01" / "remediate.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "w") as f:
@@ -141,12 +151,11 @@ def test_node_name_names_the_lock_and_the_database_not_the_host(cluster, site):
 
 # ------------------------------------------------------------------ row 4: whose clock
 
-@pytest.mark.parametrize("shift", ["+2h", "+25h", "-3h"])
+@pytest.mark.parametrize("shift", ["+2h", "-25h"])
 def test_a_node_clock_off_slurmctlds_neither_resets_reboots_nor_resumes(cluster, site, shift):
     if not os.path.exists("/usr/bin/faketime"):
         pytest.fail("faketime is not installed (apt-get install faketime; .ci/run installs it)")
-    simgpu.set_gpu(site.state("gpu01"), 2, remapped_pending=1)
-    drained_by_prolog(cluster, site)
+    _drained_like_the_prolog(cluster, site)
     before = _reason(cluster)
     r = _remediate(cluster, prefix=("faketime", "-f", shift))
     assert r.returncode == 1 and "off slurmctld's" in r.stdout and "left drained" in r.stdout, r.stdout + r.stderr
@@ -175,8 +184,7 @@ def test_an_admins_reason_that_starts_with_slurm_gpu_is_never_lifted(cluster, si
 # ------------------------------------------------------------------ row 6: in use means busy, never worse
 
 def test_a_process_that_appears_before_the_reset_makes_it_busy_not_a_reboot(cluster, site):
-    simgpu.set_gpu(site.state("gpu01"), 2, remapped_pending=1)
-    drained_by_prolog(cluster, site)
+    _drained_like_the_prolog(cluster, site)
     holder = subprocess.Popen(["sleep", "120"])
     try:
         (site.root / "appear.pid").write_text(str(holder.pid))

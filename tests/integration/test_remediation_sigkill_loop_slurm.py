@@ -77,17 +77,17 @@ def test_remediate_killed_at_random_moments_of_resets_and_reboot_claims_never_le
     for n in range(10):
         reboot = n % 2 == 1
         simgpu.set_gpu(site.state("gpu01"), 2, remapped_pending=1, reset_sticky=1 if reboot else 0)
-        site.slow(rng.uniform(0, 1.0), rng.uniform(0.5, 2.0))
+        site.slow(rng.uniform(0, 0.6), rng.uniform(0.3, 1.2))
         (site.root / "resets.log").unlink(missing_ok=True)
         reason = format_reason("GPU 2 pending row remap: needs a GPU reset", f"prolog job {9000 + n}",
                                check="pending_reset")
         cluster.run("scontrol", "update", "NodeName=gpu01", "State=DRAIN", f"Reason={reason}")
         cluster.wait_node_state("gpu01", lambda i: "DRAIN" in i.get("State", ""))
         drained_at = time.time()
-        job = cluster.sbatch("sleep 1", args=["-p", "gpu", "--gres=gpu:4", "-w", "gpu01"])
+        job = cluster.sbatch("true", args=["-p", "gpu", "--gres=gpu:4", "-w", "gpu01"])
 
         first = _remediate(cluster)
-        moment = rng.uniform(0.2, 6.0 if reboot else 2.5)
+        moment = rng.uniform(0.2, 4.0 if reboot else 2.2)
         time.sleep(moment)
         first.send_signal(signal.SIGKILL)
         first.communicate(timeout=30)

@@ -20,7 +20,10 @@ pytestmark = pytest.mark.slurm
 
 
 class VerifyRemediateSite(VerifySite):
-    """The stand-in nvidia-smi resets, one passive pass, then the verification job."""
+    """The stand-in nvidia-smi resets, one passive pass, then the verification job.  A node just back from
+    its reboot takes a while before slurmctld starts jobs on it (26.05 under load: over 5 s)."""
+
+    START_TIMEOUT_S = 60
 
     def config(self) -> str:
         cmd = [sys.executable, str(simgpu.STAND_IN_NVIDIA_SMI), "--state", f"{self.root}/%n.state", "--gpu-reset",
@@ -48,11 +51,18 @@ def _remediate(cluster, site) -> "subprocess.CompletedProcess[str]":
                           capture_output=True, text=True, timeout=180)
 
 
-def _verify_jobs(cluster) -> list:
-    """(job id, node, reservation, state) of every slurm-gpu-verify job in Slurm's accounting."""
-    r = cluster.run("sacct", "-n", "-P", "-X", "-a", "--name=slurm-gpu-verify", "-S", "now-1hour",
-                    "-o", "JobID,NodeList,Reservation,State")
-    return [tuple(line.split("|")[:4]) for line in r.stdout.splitlines() if line.strip()]
+def _verify_jobs(cluster, before=(), want: int = 0) -> list:
+    """(job id, node, reservation, state) of the slurm-gpu-verify jobs in Slurm's accounting not in `before`,
+    waiting up to 20 s for `want` of them to have ended there (slurmdbd hears of an end a moment later)."""
+    end = time.monotonic() + 20
+    while True:
+        r = cluster.run("sacct", "-n", "-P", "-X", "-a", "--name=slurm-gpu-verify", "-S", "now-1hour",
+                        "-o", "JobID,NodeList,Reservation,State")
+        jobs = [tuple(line.split("|")[:4]) for line in r.stdout.splitlines() if line.strip()]
+        jobs = [j for j in jobs if j not in before]
+        if len([j for j in jobs if j[3] not in ("PENDING", "RUNNING")]) >= want or time.monotonic() > end:
+            return jobs
+        time.sleep(0.5)
 
 
 def _no_reservation(cluster) -> None:
@@ -69,7 +79,7 @@ def test_a_reset_gpu_is_resumed_only_after_a_verification_job_in_its_own_reserva
     took = time.monotonic() - t0
     resumed_at = time.time()
     assert r.returncode == 0 and "reset and verified; resumed" in r.stdout, r.stdout + r.stderr + site.log("gpu01")
-    jobs = [j for j in _verify_jobs(cluster) if j not in before]
+    jobs = _verify_jobs(cluster, before, want=1)
     assert len(jobs) == 1 and jobs[0][1:] == ("gpu01", "slurm-gpu-verify-gpu01", "COMPLETED"), jobs
     _no_reservation(cluster)
     others = [j for j in jobs_on(cluster, "gpu01", drained_at, resumed_at - 1) if j[0] != jobs[0][0]]
@@ -97,7 +107,7 @@ def test_a_gpu_whose_fault_shows_only_under_diag_is_never_resumed_and_ends_as_rm
     assert r.returncode == 1 and f"RMA: GPU {serial}" in r.stdout, r.stdout + r.stderr + site.log("gpu01")
     reason = {x["node"]: x["reason"] for x in node_reasons(cluster)}["gpu01"]
     assert reason.startswith(f"slurm-gpu: RMA: GPU {serial} ") and reason.endswith("[remediate]"), reason
-    jobs = [j for j in _verify_jobs(cluster) if j not in before]
+    jobs = _verify_jobs(cluster, before, want=2)
     assert len(jobs) == 2 and all(j[1:3] == ("gpu01", "slurm-gpu-verify-gpu01") for j in jobs), jobs
     _no_reservation(cluster)
     others = [j for j in jobs_on(cluster, "gpu01", drained_at, time.time()) if j[0] not in {x[0] for x in jobs}]

@@ -1,21 +1,21 @@
 """Issue 35 items 6 and 7 on real Slurm: verify_node() holds a node drained by slurm-gpu in a reservation
 of its own, resumes it, runs `slurm-gpu battery --json` as a batch job there (the stand-in dcgmi and
 all_reduce_perf on the simulated GPUs, the cluster's prolog and epilog around it), and leaves it resumed
-only when the battery passed.  Slurm's own records say where the job ran and in which reservation.
+only when the battery passed.  Slurm's own records say where the job ran and in which reservation.  A GPU
+that fails the battery, through remediate to its RMA: test_verify_remediate_slurm.py.
 Only testbed APIs: the same test runs on every Slurm the testbed has."""
 from __future__ import annotations
 
 import time
 
 import pytest
-import simgpu
 
 from slurm_gpu import config
 from slurm_gpu.hooks import verifyjob as V
 from slurm_gpu.slurm import reason as _reason
 from slurm_gpu.slurm.cli_backend import CliBackend
 
-from .sites import VerifySite, hooked_cluster, node_reasons, site_fixture
+from .sites import VerifySite, hooked_cluster, site_fixture
 
 pytestmark = pytest.mark.slurm
 
@@ -67,7 +67,8 @@ def accounting(cluster, job_id: int, since: float, timeout: float = 15) -> list:
         out = cluster.run("sacct", "-n", "-P", "-X", "-j", str(job_id), "-S", start, "-E", "now",
                           "--format=JobID,State,NodeList,Reservation,JobName,User,Submit").stdout
         rows = [line.split("|") for line in out.splitlines() if line.split("|")[0] == str(job_id)]
-        rows = [r for r in rows if r[6][:1].isdigit() and time.mktime(time.strptime(r[6], "%Y-%m-%dT%H:%M:%S")) >= since - 1]
+        rows = [r for r in rows if r[6][:1].isdigit() and time.mktime(time.strptime(r[6], "%Y-%m-%dT%H:%M:%S")) >= since - 1
+                and r[4] == "slurm-gpu-verify"]  # another cluster's job of that id, submitted meanwhile (seen once)
         if rows and rows[-1][1].split()[0] in ("COMPLETED", "FAILED", "CANCELLED"):
             return [rows[-1][1].split()[0]] + rows[-1][2:6]
         assert time.monotonic() < deadline, f"no final accounting record of job {job_id}: {out}"
@@ -92,17 +93,6 @@ def test_healthy_gpus_pass_and_the_node_is_resumed_after_a_job_in_its_own_reserv
     assert f"job={result.job_id}" in prolog  # the cluster's hooks ran around the verification job
 
 
-def test_a_gpu_failing_its_dcgm_test_is_named_and_the_node_drained_again(cluster, site, run):
-    simgpu.set_gpu(site.state("gpu01"), 1, diag_fail="memory")
-    result, drained, _ = run("gpu01")
-    assert not result.ok and [(f.gpu_index, f.tool, f.test) for f in result.failures] == [(1, "dcgm", "memory")], result
-    assert V.failure_checks(result)[0][:2] == (1, "verify_dcgm")
-    reason = {r["node"]: r["reason"] for r in node_reasons(cluster)}["gpu01"]
-    assert reason.startswith("slurm-gpu: ") and "GPU 1 dcgm memory" in reason and "[remediate: verify]" in reason, reason
-    assert "DRAIN" in cluster.node_info("gpu01")["State"]
-    assert "slurm-gpu-verify" not in reservations(cluster)
-
-
 def test_a_node_whose_slurmd_is_down_never_starts_the_job_and_is_drained(cluster, site, run):
     cluster.stop_slurmd("gpu02")
     try:
@@ -112,7 +102,9 @@ def test_a_node_whose_slurmd_is_down_never_starts_the_job_and_is_drained(cluster
     finally:
         cluster.start_slurmd("gpu02")
     assert not result.ok and result.failures == [] and "did not start the verification job" in result.detail, result
-    assert VerifySite.START_TIMEOUT_S <= took <= VerifySite.START_TIMEOUT_S + 10
+    # Not before the start timeout; the upper bound only catches a hang (a loaded CI machine took 51 s once).
+    print(f"\nverification of a node that cannot start jobs: given up after {took:.1f} s")
+    assert VerifySite.START_TIMEOUT_S <= took <= VerifySite.START_TIMEOUT_S + 90
     assert "DRAIN" in cluster.node_info("gpu02")["State"] and drained
     assert backend.job_state(result.job_id)[0].startswith("CANCELLED")
     assert "slurm-gpu-verify" not in reservations(cluster)
