@@ -37,7 +37,7 @@ def remediate(app, node_name, dry_run):
     Crash-safe: every run reads the node's open steps first (the node database); a reset
     outlives a killed run while holding the node's lock, and a step nobody carries out any more
     is closed `interrupted`. Times are slurmctld's: a node whose clock is more than
-    remediation.clock_slack_s off neither reboots nor resumes. A drain is ours only by its exact
+    remediation.clock_slack_s off neither resets, reboots nor resumes. A drain is ours only by its exact
     context (`[prolog job N]`, `[healthcheck]`, `[remediate: ...]`), never by the `slurm-gpu:`
     prefix. With verify.enabled a verification job through Slurm precedes every resume.
     --node-name names the node for every %n (lock, database, log).
