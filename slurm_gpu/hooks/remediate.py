@@ -365,11 +365,16 @@ def _pending_reboot(env: Env) -> Optional[Dict[str, Any]]:
     return last[-1] if last and last[-1]["outcome"] == "requested" else None
 
 
-def _serial(run: Any, index: Optional[int]) -> str:
+def _gpu_reading(run: Any, index: Optional[int], field: str) -> str:
+    """One identity reading (serial, uuid) of GPU `index` in the run's snapshot; '' when unknown."""
     for g in getattr(getattr(run, "snapshot", None), "gpus", ()):
         if g.index == index:
-            return str(g.serial.get("") or "")
+            return str(getattr(g, field).get("") or "")
     return ""
+
+
+def _serial(run: Any, index: Optional[int]) -> str:
+    return _gpu_reading(run, index, "serial")
 
 
 def _act(env: Env, info: Any, run: Any, found: List[R.Remedy]) -> Outcome:
@@ -626,10 +631,7 @@ def _verify_actively(env: Env, run: Any, info: Any, fault: str) -> str:
 
 
 def _uuid(run: Any, index: Optional[int]) -> str:
-    for g in getattr(getattr(run, "snapshot", None), "gpus", ()):
-        if g.index == index:
-            return str(g.uuid.get("") or "")
-    return ""
+    return _gpu_reading(run, index, "uuid")
 
 
 def _escalate_after_verify(env: Env, run: Any, action: str, what: str, why: str) -> Outcome:
