@@ -2,9 +2,10 @@
 # Runs inside a test root filesystem (.ci/rootfs.sh run SUITE ...), in the checkout at /src:
 # installs this checkout into the root filesystem's own venv, then runs what depends on Slurm's or
 # Python's version against that Debian's Slurm and Python: every test but those marked host_only
-# (docs/testbed.md, "Markers": the central server and its rollups, the release artifact, the HTML
-# report in Chromium, the alert rules against Prometheus, mypy, ruff and the import contracts,
-# which run once, on the host). Extra arguments go to pytest.
+# (docs/testbed.md, "Markers": the release artifact, the HTML report in Chromium, the alert rules
+# against Prometheus, mypy, ruff and the import contracts, which run once, on the host); a module
+# marked once_on(SUITE) runs in SUITE's root filesystem only (tests/conftest.py). Extra arguments go
+# to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -n "${SLURM_GPU_ROOTFS:-}" ] || { echo "rootfs-tests.sh: run me through .ci/rootfs.sh run SUITE" >&2; exit 2; }

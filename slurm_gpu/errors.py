@@ -87,6 +87,10 @@ class SlurmError(SlurmGpuError):
     exit_code = ExitCode.SLURM_ERROR
 
 
+class NotInAccounting(SlurmError):
+    """slurmdbd does not hold the job yet (slurmctld sends a job's records to it asynchronously)."""
+
+
 class StoreError(SlurmGpuError):
     exit_code = ExitCode.STORE_ERROR
 

@@ -147,6 +147,30 @@ def pytest_configure(config: pytest.Config) -> None:
         config._slurm_gpu_starts_file = path  # type: ignore[attr-defined]
 
 
+# --------------------------------------------------------------------------- once per CI: once_on(SUITE)
+# A module that depends on neither Slurm's version nor Python's but needs only what every root
+# filesystem has (MariaDB, Slurm) runs once: inside SUITE's root filesystem on the version axis, and on
+# the host unless the axis runs beside it (.ci/run exports SLURM_GPU_AXIS_BESIDE=1), where the host's
+# run is the one CI waits for (docs/testbed.md, "Markers and the version axis").
+AXIS_BESIDE_ENV = "SLURM_GPU_AXIS_BESIDE"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    here = os.environ.get("SLURM_GPU_ROOTFS") or ""
+    beside = os.environ.get(AXIS_BESIDE_ENV) == "1"
+    keep, drop = [], []
+    for item in items:
+        mark = item.get_closest_marker("once_on")
+        if mark is None:
+            keep.append(item)
+            continue
+        suite = mark.args[0]
+        (keep if (here == suite if here else not beside) else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     module = report.nodeid.split("::", 1)[0]
     _MODULE_S[module] = _MODULE_S.get(module, 0.0) + report.duration

@@ -23,7 +23,7 @@ from slurm_gpu.errors import ExitCode
 from slurm_gpu.store import central as C
 from slurm_gpu.store.node import Store
 
-pytestmark = [pytest.mark.central, pytest.mark.host_only]
+pytestmark = [pytest.mark.central, pytest.mark.once_on("trixie")]
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from slurm_gpu.store import central as C
 from slurm_gpu.store import rollups as R
 from slurm_gpu.store.node import Store
 
-pytestmark = [pytest.mark.central, pytest.mark.host_only]
+pytestmark = [pytest.mark.central, pytest.mark.once_on("trixie")]
 
 BERLIN = {"TZ": "Europe/Berlin"}
 T0 = 1_767_225_600  # 2026-01-01T00:00:00Z

@@ -408,6 +408,19 @@ def test_verify_node_passes_resumes_and_removes_its_reservation(tmp_path, site):
     assert (tmp_path / "gpu01" / "verify" / "gpu01-101.json").exists()
 
 
+def test_verify_job_is_not_submitted_in_the_reservations_first_second(tmp_path, site):
+    """sacct showed Reservation empty for a verification job that started in the second its reservation
+    began (slurmdbd joins on resv.time_start < job.time_start): the submission waits out that second."""
+    clock = Clock()
+    b = FakeSlurm(hold=True)
+    stamps = {}
+    create, submit = b.create_reservation, b.submit_batch
+    b.create_reservation = lambda *a, **k: (stamps.setdefault("created", clock.t), create(*a, **k))[1]
+    b.submit_batch = lambda *a, **k: (stamps.setdefault("submitted", clock.t), submit(*a, **k))[1]
+    verify(write_cfg(tmp_path, start_timeout_s=5), b, sleep=clock.sleep, monotonic=clock.monotonic)
+    assert stamps["submitted"] - stamps["created"] >= 1.0, stamps
+
+
 def test_verify_node_drains_before_it_deletes_the_reservation_when_a_gpu_fails(tmp_path, site):
     simgpu.set_gpu(site, 3, diag_fail="memory")
     b = FakeSlurm()

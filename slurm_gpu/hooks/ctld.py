@@ -23,6 +23,8 @@ from slurm_gpu.errors import CentralError, SlurmGpuError
 from slurm_gpu.hooks.main import _describe, _exit, _Run
 
 NAME = "epilog_ctld"
+WRITE_RETRY_S = 1.0  # between tries of a write slurmdbd is not ready for (_write)
+WRITE_MARGIN_S = 5.0  # of the hook's deadline left when the write gives up
 
 
 def _int(env: Mapping[str, str], key: str) -> Optional[int]:
@@ -106,11 +108,30 @@ def _summarise(run: _Run, cfg: Any, job_id: int, sleep) -> str:
     if now and not S.is_ours(now):
         run.log.info("summary-skipped", job=job_id, why="AdminComment belongs to another tool (in accounting)")
         return "foreign"
-    backend.set_admin_comment(job_id, cluster, text, named=_named(run.env))
-    run.log.info("summary", job=job_id, gpus=len(summary.gpus), bytes=len(text), partial=int(summary.partial),
+    tries = _write(run, backend, job_id, cluster, text, sleep)
+    run.log.info("summary", job=job_id, tries=tries if tries > 1 else None, gpus=len(summary.gpus), bytes=len(text),
+                 partial=int(summary.partial),
                  detail=S.decode(text).detail,
                  missing=",".join(summary.missing) or None)
     return "partial" if summary.partial else "written"
+
+
+def _write(run: _Run, backend: Any, job_id: int, cluster: str, text: str, sleep) -> int:
+    """Write the summary; how many tries it took.  slurmctld hands a job's records to slurmdbd
+    asynchronously: under load the EpilogSlurmctld can run before slurmdbd holds the job, and sacctmgr
+    then modifies nothing.  Tried again every second until WRITE_MARGIN_S before the hook's deadline."""
+    from slurm_gpu.errors import NotInAccounting
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            backend.set_admin_comment(job_id, cluster, text, named=_named(run.env))
+            return tries
+        except NotInAccounting:
+            left = run.deadline_s - (time.monotonic() - run.started) - WRITE_MARGIN_S
+            if left < WRITE_RETRY_S:
+                raise
+            sleep(WRITE_RETRY_S)
 
 
 def _named(env: Mapping[str, str]) -> str:

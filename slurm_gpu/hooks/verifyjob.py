@@ -48,6 +48,7 @@ FLAGS = ("MAINT", "IGNORE_JOBS")  # both in scontrol's man page from 22.05 to 26
 PENDING_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
 OVERRUN_GRACE_S = 30.0  # past timeout_s: the battery stops its tools at timeout_s and still has to print
 HOLD_MIN = 7 * 24 * 60  # a week: until the next remediate run, and longer than any battery
+RESERVATION_FIRST_SECOND_S = 1.05  # no job in the reservation's first second (verify_node)
 RESERVATION_SLACK_S = 300.0  # the reservation outlives the job's limits by this much
 KEEP_RESULTS = 20  # result files kept per node (verify/NODE-JOBID.json and .err)
 CHECKS = {B.DCGM: "verify_dcgm", B.NCCL: "verify_nccl", B.COMMAND: "verify_command"}  # policy/remedy.py CHECK_REMEDY
@@ -247,6 +248,7 @@ def verify_node(cfg: Any, backend: Any, node: str, gpu_count: int, *, resume: Ca
     minutes = max(HOLD_MIN, _minutes(float(_get(cfg, "start_timeout_s")) + float(_get(cfg, "timeout_s"))
                                      + OVERRUN_GRACE_S + RESERVATION_SLACK_S))
     backend.create_reservation(run.name, node, minutes, [_user()], FLAGS)
+    created = monotonic()
     _say(log, "info", "verify-reservation", node=node, reservation=run.name, minutes=minutes)
     try:
         resumed = resume()
@@ -256,6 +258,11 @@ def verify_node(cfg: Any, backend: Any, node: str, gpu_count: int, *, resume: Ca
     if not resumed:
         _empty_and_delete(backend, run.name, sleep)
         return run.result(False, None, [], "not verified: the drain reason changed meanwhile; left as it is")
+    # slurmdbd names a job's reservation only when the reservation began strictly before the job (its
+    # join is `resv.time_start < job.time_start`, whole seconds): a job started in the reservation's
+    # first second shows Reservation empty in sacct.  Submitting a full second after the reservation was
+    # made puts the start in a later second of slurmctld's clock, whatever this node's clock says.
+    sleep(max(0.0, RESERVATION_FIRST_SECOND_S - (monotonic() - created)))
     try:
         verdict = _job(run, gpu_count)
     except (SlurmError, OSError) as e:  # slurmctld gone, sbatch refused, the result directory unwritable

@@ -27,7 +27,7 @@ import shutil
 import subprocess
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from slurm_gpu.errors import SlurmError
+from slurm_gpu.errors import NotInAccounting, SlurmError
 from slurm_gpu.slurm import hostlist
 from slurm_gpu.slurm.hostlist import compress
 from slurm_gpu.slurm.model import (
@@ -473,7 +473,7 @@ class CliBackend(SlurmBackend):
         where = ["where", f"jobid={which}"] + ([f"cluster={cluster}"] if cluster else [])
         rc, out, err = self.run("sacctmgr", ["-i", "modify", "job", *where, "set", f"AdminComment={text}"])
         if "nothing modified" in (out + err).lower() or "didn't affect anything" in (out + err).lower():
-            raise SlurmError(f"sacctmgr modified nothing for job {job_id}: not in accounting (yet), or this user "
+            raise NotInAccounting(f"sacctmgr modified nothing for job {job_id}: not in accounting (yet), or this user "
                              "may not modify jobs", "the user running this must be SlurmUser, root or have "
                              "AdminLevel=Operator in slurmdbd (sacctmgr modify user NAME set adminlevel=operator)")
         if rc != 0:
