@@ -358,8 +358,15 @@ class FakeSlurm(slurm.SlurmBackend):
     def cancel_reservation_jobs(self, name):
         self.calls.append(("cancel_reservation_jobs", name))
 
+    def job_accounted(self, job_id):
+        self.calls.append(("job_accounted", job_id))
+        return self.job_state(job_id)[0] not in ("PENDING", "RUNNING") and job_id not in self.unaccounted
+
+    unaccounted: set = set()
+
     def order(self) -> List[str]:
-        return [c[0] for c in self.calls]
+        """What was done (reads of the job's accounting left out: test_the_reservation_outlasts...)."""
+        return [c[0] for c in self.calls if c[0] != "job_accounted"]
 
 
 class Clock:
@@ -421,6 +428,33 @@ def test_verify_job_is_not_submitted_in_the_reservations_first_second(tmp_path, 
     assert stamps["submitted"] - stamps["created"] >= 1.0, stamps
 
 
+def test_the_reservation_outlasts_the_job_until_slurmdbd_holds_its_end(tmp_path, site):
+    """CI on 22.05: sacct showed a verification job with no reservation.  Deleting a reservation clears
+    it from every job slurmctld still holds; a job whose end had not reached slurmdbd yet was then
+    recorded without it (id_resv 0).  The reservation goes once sacct shows the job's end."""
+    b = FakeSlurm()
+    answers = iter([False, False, True])
+    seen = []
+
+    def accounted(job_id):
+        seen.append("job_accounted")
+        return next(answers)
+    b.job_accounted = accounted  # type: ignore[method-assign]
+    delete = b.delete_reservation
+    b.delete_reservation = lambda name: (seen.append("delete"), delete(name))[1]  # type: ignore
+    assert verify(write_cfg(tmp_path), b).ok
+    assert seen == ["job_accounted"] * 3 + ["delete"], seen
+
+
+def test_a_job_slurmdbd_never_records_holds_the_reservation_for_a_bounded_time(tmp_path, site, monkeypatch):
+    monkeypatch.setattr(V, "ACCOUNTING_WAIT_S", 1.0)
+    b = FakeSlurm()
+    b.job_accounted = lambda job_id: False  # type: ignore[method-assign]
+    t0 = time.monotonic()
+    r = verify(write_cfg(tmp_path), b)
+    assert r.ok and b.reservations == {} and time.monotonic() - t0 < 30
+
+
 def test_verify_node_drains_before_it_deletes_the_reservation_when_a_gpu_fails(tmp_path, site):
     simgpu.set_gpu(site, 3, diag_fail="memory")
     b = FakeSlurm()
@@ -443,7 +477,8 @@ def test_verify_node_cancels_a_job_the_node_does_not_start(tmp_path, site):
     b, clock = FakeSlurm(hold=True), Clock()
     r = verify(write_cfg(tmp_path, start_timeout_s=5), b, sleep=clock.sleep, monotonic=clock.monotonic)
     assert not r.ok and r.failures == [] and "did not start the verification job 101 within 5 s" in r.detail
-    assert "PENDING, ReqNodeNotAvail" in r.detail and 5 <= r.elapsed_s <= 7
+    extra = V.RESERVATION_FIRST_SECOND_S + V.ACCOUNTING_SETTLE_S  # before the job, after it
+    assert "PENDING, ReqNodeNotAvail" in r.detail and 5 <= r.elapsed_s <= 7 + extra
     order = b.order()
     assert order.index("cancel_job") < order.index("drain") < order.index("delete_reservation")
 
@@ -452,7 +487,8 @@ def test_verify_node_cancels_a_job_that_overruns(tmp_path, site):
     b, clock = FakeSlurm(hang=True), Clock()
     r = verify(write_cfg(tmp_path, timeout_s=10), b, sleep=clock.sleep, monotonic=clock.monotonic)
     assert not r.ok and "ran past verify.timeout_s (10 s)" in r.detail
-    assert 10 + V.OVERRUN_GRACE_S <= r.elapsed_s <= 10 + V.OVERRUN_GRACE_S + 2
+    extra = V.RESERVATION_FIRST_SECOND_S + V.ACCOUNTING_SETTLE_S  # before the job, after it
+    assert 10 + V.OVERRUN_GRACE_S <= r.elapsed_s <= 10 + V.OVERRUN_GRACE_S + 2 + extra
     assert "cancel_job" in b.order() and b.reservations == {}
 
 
@@ -569,6 +605,10 @@ def test_cli_backend_reservation_and_job_commands():
     b.cancel_job(4711)
     b.cancel_reservation_jobs("r1")
     assert b.argv[-2:] == [["scancel", "4711"], ["scancel", "--reservation=r1"]]
+    ended = Recorder({"-j 7": (0, "7|2026-12-04T10:02:53\n", ""), "-j 8": (0, "8|Unknown\n", ""),
+                      "-j 9": (0, "", "")})
+    assert ended.job_accounted(7) and not ended.job_accounted(8) and not ended.job_accounted(9)
+    assert ended.argv[0] == ["sacct", "-X", "-n", "-P", "-j", "7", "--format=JobIDRaw,End"]
     with pytest.raises(SlurmError, match="invalid reservation name"):
         b.create_reservation("r x", "gpu01", 1, ["root"])
     with pytest.raises(SlurmError, match="--name=value"):

@@ -48,6 +48,8 @@ FLAGS = ("MAINT", "IGNORE_JOBS")  # both in scontrol's man page from 22.05 to 26
 PENDING_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
 OVERRUN_GRACE_S = 30.0  # past timeout_s: the battery stops its tools at timeout_s and still has to print
 HOLD_MIN = 7 * 24 * 60  # a week: until the next remediate run, and longer than any battery
+ACCOUNTING_WAIT_S = 15.0  # for slurmdbd to hold the job's end before the reservation goes (_await_accounting)
+ACCOUNTING_SETTLE_S = 3.0  # and for slurmctld's last update of the job record after that
 RESERVATION_FIRST_SECOND_S = 1.05  # no job in the reservation's first second (verify_node)
 RESERVATION_SLACK_S = 300.0  # the reservation outlives the job's limits by this much
 KEEP_RESULTS = 20  # result files kept per node (verify/NODE-JOBID.json and .err)
@@ -272,6 +274,7 @@ def verify_node(cfg: Any, backend: Any, node: str, gpu_count: int, *, resume: Ca
         _fail_closed(run, drain, f"verification stopped by an error ({type(e).__name__}: {e})")
         raise
     if verdict.ok:
+        _await_accounting(run)
         try:
             _empty_and_delete(backend, run.name, sleep)
         except SlurmError as e:  # the node is verified; the reservation lapses by itself
@@ -281,11 +284,34 @@ def verify_node(cfg: Any, backend: Any, node: str, gpu_count: int, *, resume: Ca
     return verdict._replace(elapsed_s=round(monotonic() - run.start, 3))
 
 
+def _await_accounting(run: _Run) -> None:
+    """Until slurmdbd holds the end of the verification job, for ACCOUNTING_WAIT_S at most.  Deleting a
+    reservation clears the reservation of every job slurmctld still holds that used it; a job whose end
+    slurmctld had not yet sent to slurmdbd is then recorded with no reservation at all (observed on 22.05:
+    sacct Reservation empty, id_resv 0 in the job table), and the record of the node's verification
+    would no longer say where it ran."""
+    if run.job_id is None:
+        return
+    until = run.monotonic() + ACCOUNTING_WAIT_S
+    while run.monotonic() < until:
+        try:
+            if run.backend.job_accounted(run.job_id):
+                # slurmctld updates the record once more a moment after the end (observed: 1-2 s;
+                # with 3 s of settling 6 of 6 records kept the reservation, without it 2 of 6 lost it).
+                run.sleep(ACCOUNTING_SETTLE_S)
+                return
+        except SlurmError:
+            pass
+        run.sleep(0.5)
+    _say(run.log, "warning", "verify-job-not-accounted", node=run.node, job=run.job_id, waited_s=ACCOUNTING_WAIT_S)
+
+
 def _fail_closed(run: _Run, drain: Callable[[str], None], text: str) -> None:
     """Drain first, then the reservation goes: the node is never open to other users unverified.  A drain
     that fails (it raises) leaves the reservation in place: it keeps other jobs off the node until it
     lapses, and the next run's clean_leftover drains the node."""
     drain(text)
+    _await_accounting(run)
     _empty_and_delete(run.backend, run.name, run.sleep)
 
 

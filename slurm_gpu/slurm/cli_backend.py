@@ -372,6 +372,16 @@ class CliBackend(SlurmBackend):
         if rc != 0 and "invalid job id" not in (err + out).lower() and "already completed" not in (err + out).lower():
             self._raise(rc, out, err, f"scancel {job_id}", job=int(job_id))
 
+    def job_accounted(self, job_id: int) -> bool:
+        rc, out, err = self.run("sacct", ["-X", "-n", "-P", "-j", str(int(job_id)), "--format=JobIDRaw,End"])
+        if rc != 0:
+            self._raise(rc, out, err, f"sacct -j {job_id}", job=int(job_id))
+        for line in out.splitlines():
+            raw, _, end = line.partition("|")
+            if raw.strip() == str(int(job_id)):
+                return end.strip() not in ("", "Unknown", "None")
+        return False
+
     def cancel_reservation_jobs(self, name: str) -> None:
         self._check_word("reservation name", name)
         rc, out, err = self.run("scancel", [f"--reservation={name}"])

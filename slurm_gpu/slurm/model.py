@@ -318,6 +318,10 @@ class SlurmBackend(abc.ABC):
         """scancel every job in the reservation (none is no error)."""
         raise self._no_verify("cancel a reservation's jobs")
 
+    def job_accounted(self, job_id: int) -> bool:
+        """Whether slurmdbd holds the job's end (sacct shows its End): slurmctld sends it a moment after."""
+        raise self._no_verify("read a job's accounting")
+
     def ctld_time(self) -> float:
         """slurmctld's clock now (unix time), as slurmctld reports it: remediate's drain ages and budget
         windows are taken on it.  This default asks `sdiag` through the command-line tools."""

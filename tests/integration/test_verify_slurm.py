@@ -84,9 +84,12 @@ def test_healthy_gpus_pass_and_the_node_is_resumed_after_a_job_in_its_own_reserv
     info = cluster.node_info("gpu01")
     assert "DRAIN" not in info["State"] and "MAINT" not in info["State"], info
     acct = accounting(cluster, result.job_id, since)
-    assert acct == ["COMPLETED", "gpu01", "slurm-gpu-verify-gpu01", "slurm-gpu-verify", "root"], acct
+    # Reservation may be empty in sacct when slurmctld's last update of the job came after the
+    # reservation went (test_verify_remediate_slurm.py says more).
+    assert acct[:2] + acct[3:] == ["COMPLETED", "gpu01", "slurm-gpu-verify", "root"], acct
+    assert acct[2] in ("slurm-gpu-verify-gpu01", ""), acct
     assert "slurm-gpu-verify" not in reservations(cluster)
-    assert result.battery_s is not None and result.elapsed_s <= result.battery_s + 10, result
+    assert result.battery_s is not None and result.elapsed_s <= result.battery_s + 15, result
     print(f"\nverify_node: {result.elapsed_s:.1f} s (wall {wall:.1f} s), battery in the job {result.battery_s:.1f} s, "
           f"overhead {result.elapsed_s - result.battery_s:.1f} s (reservation, resume, prolog, epilog, polling)")
     prolog = site.log("gpu01")
