@@ -58,6 +58,7 @@ def main() -> int:
     try:
         import simgpu
         from testbed import SlurmTestbed, TestbedUnavailable, check_available
+
         import slurm_gpu  # noqa: F401
     except ImportError as e:
         need(False, f"missing Python module: {e.name}", "run `bash .ci/install-deps.sh` (or `make demo`, which does)")

@@ -435,6 +435,27 @@ def test_processes_that_exited_are_not_listed(lib, node_state):
     assert out["pids"] == [os.getpid()]
 
 
+def test_a_zombie_is_not_listed_like_the_driver_forgets_a_process_at_exit(lib, node_state):
+    """A killed process's GPU context goes when its files close in do_exit, before it is a zombie; the
+    epilog met zombies of a job Slurm had just ended on 24.11 and 26.05, and the driver stand-in kept
+    listing them (a drain for a process that no longer held the GPU)."""
+    zombie = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 10
+    while open(f"/proc/{zombie.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    try:
+        node = simgpu.h100_sxm(1)
+        node["gpus"][0]["procs"] = [(zombie.pid, 2**30), (os.getpid(), 2**20)]
+        out = run_nvml(lib, node_state(node), """
+            N.nvmlInit()
+            out["pids"] = [p.pid for p in N.nvmlDeviceGetComputeRunningProcesses(N.nvmlDeviceGetHandleByIndex(0))]
+        """)
+        assert out["pids"] == [os.getpid()]
+    finally:
+        zombie.wait()
+
+
 # --- accounting -----------------------------------------------------------------------------------
 
 def test_accounting_pids_and_stats_are_served_while_accounting_is_on(lib, node_state):

@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
+import cgroupnest
+
 # Fixed, root-owned directory that outlives a work directory: the registry of live daemons.
 RUN_DIR = Path("/run/slurm-gpu-testbed")
 REGISTRY = RUN_DIR / "daemons"
@@ -522,6 +524,7 @@ class SlurmTestbed:
         slurm_prefix: Optional[str] = None,
         on_reboot: Optional[Callable[[str], None]] = None,
         switchable_hooks: bool = False,
+        cgroups: Optional[bool] = None,
     ):
         self.workdir = Path(workdir).resolve()
         self.nodes = tuple(nodes)
@@ -585,6 +588,12 @@ class SlurmTestbed:
         # A shared cluster (docs/testbed.md, "Shared clusters"): slurm.conf names a link per hook,
         # which use_hooks() points at a test's script (or a no-op) without a restart.
         self.switchable_hooks = switchable_hooks
+        # The production shape (docs/testbed.md, "Production shape"): proctrack/cgroup, task/cgroup with
+        # ConstrainDevices, PrologFlags=Alloc,Contain, jobacct_gather/cgroup, the slurmd's in a cgroup
+        # namespace of this testbed's own (tests/cgroupnest.py).  None: wherever this machine has
+        # cgroup v1 (required in CI); False: linuxproc and task/none, for what only that shape shows.
+        self.cgroups = cgroups
+        self._nest: Optional[cgroupnest.CgroupNest] = None
         self.hooks_dir = self.conf_dir / "hooks"
         self._hooks_given = {"prolog": prolog, "epilog": epilog, "health_check_program": health_check_program,
                              "epilog_slurmctld": epilog_slurmctld}
@@ -633,6 +642,7 @@ class SlurmTestbed:
         try:
             self._prepare_dirs()
             self._make_devices()
+            self._prepare_cgroups()
             ports = _free_ports(4 + len(self.nodes))
             self.ports = {"slurmctld": ports[0], "slurmdbd": ports[1], "mariadb": ports[2]}
             for i, node in enumerate(self.nodes):
@@ -684,6 +694,11 @@ class SlurmTestbed:
             self._stop_daemon(name)
         # slurmstepd and job processes left behind (e.g. a job that ignored SIGTERM).
         _kill_conf_users(self.slurm_conf)
+        if self._nest is not None:
+            stuck = self._nest.remove()
+            if stuck:
+                print(f"testbed: cgroups still holding processes, left: {', '.join(stuck)}")
+            self._nest = None
         if self.public_dir != self.workdir:
             shutil.rmtree(self.public_dir, ignore_errors=True)
         self._started = False
@@ -710,6 +725,24 @@ class SlurmTestbed:
         user = pwd.getpwnam(JOB_USER)
         os.chown(self.jobs_dir, user.pw_uid, user.pw_gid)
         os.chmod(self.jobs_dir, 0o755)
+
+    def _prepare_cgroups(self) -> None:
+        if self.cgroups is None:
+            reason = cgroupnest.unavailable_reason()
+            if reason and os.environ.get("CI"):
+                raise TestbedUnavailable(f"the production-shaped testbed: {reason}")
+            self.cgroups = reason is None
+        if self.cgroups:
+            cgroupnest.remove_orphans()
+            self._nest = cgroupnest.CgroupNest().create()
+
+    def escape_cgroups(self, pid: int) -> None:
+        """Move a process out of its job's cgroups into this testbed's root ones (what a site script
+        or a setuid helper run by the user could do): Slurm no longer ends it with the job."""
+        if self._nest is None:
+            raise TestbedError("escape_cgroups: this testbed runs without cgroups of its own")
+        for d in self._nest.dirs:
+            (d / "cgroup.procs").write_text(f"{pid}\n")
 
     def _make_devices(self) -> None:
         for n in range(self.gpus_per_node * len(self.nodes)):
@@ -753,8 +786,7 @@ class SlurmTestbed:
             ("PlugStackConfig", str(self.conf_dir / "plugstack.conf")),
             ("MpiDefault", "none"),
             ("SwitchType", "switch/none"),
-            ("ProctrackType", "proctrack/linuxproc"),
-            ("TaskPlugin", "task/none"),
+            *self._process_settings(),
             ("SelectType", "select/cons_tres"),
             ("SelectTypeParameters", "CR_Core"),
             ("GresTypes", "gpu"),
@@ -768,12 +800,11 @@ class SlurmTestbed:
             # socket path), not AuthInfo: without it clients look for the system munged.
             ("AccountingStoragePass", str(self._munge_socket)),
             ("AccountingStorageTRES", "gres/gpu"),
-            ("JobAcctGatherType", "jobacct_gather/none"),
             ("JobCompType", "jobcomp/none"),
             ("SchedulerParameters", "nohold_on_prolog_fail,sched_interval=2,batch_sched_delay=0"),
             ("ReturnToService", "2"),
             ("PrologEpilogTimeout", str(self.prolog_epilog_timeout)),
-            ("PrologFlags", "Alloc"),
+            ("PrologFlags", "Alloc,Contain" if self.cgroups else "Alloc"),
             ("SlurmdTimeout", "30"),
             ("SlurmctldTimeout", "30"),
             ("MessageTimeout", "5"),
@@ -812,6 +843,20 @@ class SlurmTestbed:
         lines.append(f"PartitionName=gpu Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
 
+    def _process_settings(self) -> List[Tuple[str, str]]:
+        """How slurmd tracks, confines and accounts a job's processes: a GPU site's cgroup plugins, or
+        linuxproc and no confinement (cgroups=False)."""
+        if not self.cgroups:
+            return [("ProctrackType", "proctrack/linuxproc"), ("TaskPlugin", "task/none"),
+                    ("JobAcctGatherType", "jobacct_gather/none")]
+        return [("ProctrackType", "proctrack/cgroup"), ("TaskPlugin", "task/cgroup,task/affinity"),
+                ("JobAcctGatherType", "jobacct_gather/cgroup")]
+
+    def cgroup_conf_text(self) -> str:
+        """cgroup.conf of the production shape: v1 (what these machines have), devices confined to the
+        job's GPUs (the gres.conf File= nodes)."""
+        return "# generated by tests/testbed.py\nCgroupPlugin=cgroup/v1\nConstrainDevices=yes\n"
+
     def gres_conf_text(self) -> str:
         """gres.conf: each node names its own device minors, gpu01 /dev/nvidia[0-3], gpu02 /dev/nvidia[4-7]."""
         if self.gres_conf is not None:
@@ -825,6 +870,8 @@ class SlurmTestbed:
     def _write_configs(self) -> None:
         self._write_file(self.slurm_conf, self.slurm_conf_text())
         self._write_file(self.conf_dir / "gres.conf", self.gres_conf_text())
+        if self.cgroups:
+            self._write_file(self.conf_dir / "cgroup.conf", self.cgroup_conf_text())
         # Keep the Debian default /etc/slurm/plugstack.conf (and its includes) out of the testbed.
         self._write_file(self.conf_dir / "plugstack.conf", "")
         host = socket.gethostname().split(".")[0]
@@ -1032,7 +1079,8 @@ class SlurmTestbed:
         env.update(self.extra_node_env.get(node, {}) if isinstance(self.extra_node_env.get(node), dict) else {})
         env["SLURM_TESTBED_NODE"] = node
         (self.public_dir / "spool" / node).mkdir(exist_ok=True)
-        self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node] + (["-b"] if booted else []), env=env)
+        argv = ["slurmd", "-D", "-N", node] + (["-b"] if booted else [])
+        self._spawn(f"slurmd-{node}", self._nest.wrap(argv) if self._nest is not None else argv, env=env)
 
     @property
     def _reboot_program(self) -> Path:

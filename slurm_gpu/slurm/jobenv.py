@@ -1,6 +1,7 @@
 """Parsing the environment slurmd gives prolog/epilog: strict, with clear errors."""
 from __future__ import annotations
 
+import re
 from typing import Mapping, NamedTuple, Optional, Tuple
 
 from slurm_gpu.errors import InputError
@@ -20,6 +21,7 @@ class JobEnv(NamedTuple):
     partition: str = ""
     restart_count: int = 0
     exit_code: Optional[str] = None  # epilog only: SLURM_JOB_EXIT_CODE as given
+    sluid: str = ""  # SLURM_JOB_SLUID (25.11+): the job's id across requeues and clusters; "" before
 
     @property
     def key(self) -> str:
@@ -118,4 +120,16 @@ def from_env(env: Mapping[str, str], default_node: str = "", default_cluster: st
         partition=_text(env, "SLURM_JOB_PARTITION"),
         restart_count=_int(env, "SLURM_JOB_RESTART_COUNT", default=0) or 0,
         exit_code=_text(env, "SLURM_JOB_EXIT_CODE") if env.get("SLURM_JOB_EXIT_CODE") is not None else None,
+        sluid=_sluid(env.get("SLURM_JOB_SLUID")),
     )
+
+
+_SLUID = re.compile(r"s[0-9A-Z]{8,24}")
+
+
+def _sluid(raw: Optional[str]) -> str:
+    """SLURM_JOB_SLUID ('s' and base32 capitals, e.g. sEKNKTV3WPV500), or '' when absent or of another
+    shape: a later Slurm's new format must not fail every prolog of the fleet, and without a SLUID no
+    process in a SLUID-named cgroup is ever taken for the job's (procs.is_the_jobs)."""
+    s = (raw or "").strip(_WS)
+    return s if _SLUID.fullmatch(s) else ""

@@ -164,6 +164,21 @@ def test_workdir_the_job_user_cannot_enter_still_runs_jobs(slurm_testbed_factory
     assert not public.exists()
 
 
+def test_two_clusters_with_the_same_node_name_and_job_id_never_end_each_others_jobs(tmp_path):
+    """Issue 36: a user's job died by a signal no slurmctld sent, during another job's epilog.  On one
+    machine's own cgroup hierarchies two testbeds share /slurm_gpu01/uid_N/job_1/: slurmstepd of one
+    cluster's job 1 ends every process there, the other cluster's job 1 too (reproduced: WTERMSIG 9
+    within a second of the other job's end).  Each testbed's cgroup namespace keeps them apart."""
+    with SlurmTestbed(tmp_path / "a", nodes=("gpu01",)) as a, SlurmTestbed(tmp_path / "b", nodes=("gpu01",)) as b:
+        if not (a.cgroups and b.cgroups):
+            pytest.skip("no cgroup v1 on this machine: the testbeds run without the cgroup plugins")
+        long, short = a.sbatch("sleep 60", args=["--gres=gpu:1"]), b.sbatch("sleep 2", args=["--gres=gpu:1"])
+        assert long == short == 1
+        assert b.wait_job(short) == "COMPLETED"
+        time.sleep(3)  # slurmstepd ends the step's processes at once, KillWait=3 at most
+        assert a.job_info(long).get("JobState") == "RUNNING", a.slurmctld_log()[-1500:]
+
+
 # ------------------------------------------------------------------ crash recovery
 
 CRASHER = """

@@ -8,6 +8,7 @@ this machine's Slurm (22.05 on Debian 12, 24.11 and 26.05 in the root filesystem
 from __future__ import annotations
 
 import os
+import pwd
 import textwrap
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any, Dict, NamedTuple, Tuple
 
 import pytest
 import simgpu
-from testbed import SlurmTestbed, run_slurmd_G, slurm_version
+from testbed import JOB_USER, SlurmTestbed, run_slurmd_G, slurm_version
 
 from .sites import Site, hook_script, parse_env_file, site_fixture, wait_for_file
 
@@ -31,15 +32,19 @@ class Facts(NamedTuple):
     env_uuid: bool                # gres.conf Flags=env_uuid exists
     hook_cuda_uuids: bool         # AutoDetect: CUDA_VISIBLE_DEVICES in prolog/epilog holds GPU UUIDs
     ordinal: bool                 # GPU_DEVICE_ORDINAL set under AutoDetect (its records: ENV_NVML only); gres.conf lines set it
+    job_cgroup: str               # the job's cgroup/v1 freezer path (proctrack/cgroup), {node} {uid} {job} filled in
 
 
 FACTS: Dict[Tuple[int, int], Facts] = {
     (22, 5): Facts(nvml_plugin=False, start_only=False, reboot_only=False, health_check_timeout=False,
-                   sacctmgr_lowercases=True, env_uuid=False, hook_cuda_uuids=False, ordinal=True),
+                   sacctmgr_lowercases=True, env_uuid=False, hook_cuda_uuids=False, ordinal=True,
+                   job_cgroup="/slurm_{node}/uid_{uid}/job_{job}/step_batch"),
     (24, 11): Facts(nvml_plugin=True, start_only=False, reboot_only=False, health_check_timeout=False,
-                    sacctmgr_lowercases=False, env_uuid=False, hook_cuda_uuids=False, ordinal=False),
+                    sacctmgr_lowercases=False, env_uuid=False, hook_cuda_uuids=False, ordinal=False,
+                    job_cgroup="/slurm_{node}/uid_{uid}/job_{job}/step_batch"),
     (26, 5): Facts(nvml_plugin=True, start_only=True, reboot_only=True, health_check_timeout=True,
-                   sacctmgr_lowercases=False, env_uuid=True, hook_cuda_uuids=True, ordinal=False),
+                   sacctmgr_lowercases=False, env_uuid=True, hook_cuda_uuids=True, ordinal=False,
+                   job_cgroup="/slurm_{node}/uid_{uid}/job_{job}/step_batch"),
 }
 
 
@@ -123,24 +128,45 @@ def dumps(tmp_path_factory) -> Path:
     for hook in ("prolog", "epilog"):
         (d / hook).write_text(textwrap.dedent(f"""\
             #!/bin/bash
-            /usr/bin/env > {d}/{hook}-$SLURM_JOB_ID-$SLURMD_NODENAME
+            {{ /usr/bin/env; echo "CGROUP_FREEZER=$(grep :freezer: /proc/self/cgroup | cut -d: -f3)"; }} \\
+                > {d}/{hook}-$SLURM_JOB_ID-$SLURMD_NODENAME
             exec {hook_script(f"slurm-gpu-{hook}")}
             """))
         os.chmod(d / hook, 0o755)
     return d
 
 
-GPU_VARS = ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
+GPU_VARS = ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "CGROUP_FREEZER")
 JOB_DUMP = "echo SLURM_JOB_GPUS=$SLURM_JOB_GPUS; echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES; " \
-           "echo GPU_DEVICE_ORDINAL=$GPU_DEVICE_ORDINAL"
+           "echo GPU_DEVICE_ORDINAL=$GPU_DEVICE_ORDINAL; " \
+           "echo CGROUP_FREEZER=$(grep :freezer: /proc/self/cgroup | cut -d: -f3); " \
+           "for m in 4 5 6 7; do head -c1 /dev/nvidia$m >/dev/null 2>/tmp/e$$; " \
+           "grep -q 'not permitted' /tmp/e$$ || echo OPENS=/dev/nvidia$m; done; rm -f /tmp/e$$"
 
 
-def _observe(tb: SlurmTestbed, d: Path, site: Site) -> Dict[str, Dict[str, str]]:
+def _observe(tb: SlurmTestbed, d: Path, site: Site, blocker: bool) -> Dict[str, Dict[str, str]]:
     """GPU variables a 2-GPU job on gpu02 sees in its prolog, its epilog and itself, and the GPUs
-    our hooks recorded for it."""
-    job = tb.sbatch(JOB_DUMP, args=["--gres=gpu:2", "-w", "gpu02"])
+    our hooks recorded for it.  With `blocker` a 1-GPU job holds gpu02's first GPU meanwhile: the probe
+    gets GPUs 1 and 2, so a job-side renumbering (ConstrainDevices) shows.  (Under AutoDetect 24.11 and
+    26.05 kept such a probe pending on Resources with 3 GPUs and 3 CPUs free, disable-binding or not.)"""
+    if blocker:
+        held = tb.sbatch("sleep 60", args=["--gres=gpu:1", "-w", "gpu02"])
+        _wait_state(tb, held, "RUNNING")
+    # disable-binding: under AutoDetect each GPU has its cores, and the blocker's CPU may be the one
+    # the free GPUs are bound to (24.11 and 26.05 then kept the probe pending on Resources).
+    job = tb.sbatch(JOB_DUMP, args=["--gres=gpu:2", "--gres-flags=disable-binding", "-w", "gpu02"])
+    end = time.monotonic() + 30
+    while tb.job_info(job).get("JobState") == "PENDING":
+        assert time.monotonic() < end, (tb.run("scontrol", "-d", "show", "node", "gpu02").stdout,
+                                        tb.run("scontrol", "-d", "show", "job").stdout)
+        time.sleep(0.3)
     assert tb.wait_job(job) == "COMPLETED", tb.job_output(job)
-    seen = {"job": dict(line.split("=", 1) for line in tb.job_output(job).splitlines() if "=" in line)}
+    if blocker:
+        tb.run("scancel", str(held))
+    lines = tb.job_output(job).splitlines()
+    seen = {"job": dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("OPENS="))}
+    seen["job"]["OPENS"] = ",".join(line[6:] for line in lines if line.startswith("OPENS="))
+    seen["job"]["JOB_ID"] = str(job)
     for hook in ("prolog", "epilog"):
         env = parse_env_file(wait_for_file(d / f"{hook}-{job}-gpu02"))
         seen[hook] = {k: env.get(k, "") for k in GPU_VARS}
@@ -159,9 +185,9 @@ def _uuids(node: str) -> list:
     return [g["uuid"] for g in simgpu.h100_sxm(4, seed=node)["gpus"]]
 
 
-def _expect(seen: Dict[str, Dict[str, str]], facts: Facts, uuids: list, autodetect: bool) -> None:
+def _expect(seen: Dict[str, Dict[str, str]], facts: Facts, uuids: list, autodetect: bool, cgroups: bool) -> None:
     idx = seen["prolog"]["SLURM_JOB_GPUS"]
-    assert idx in ("0,1", "2,3"), seen
+    assert idx == ("0,1" if autodetect else "1,2"), seen
     as_uuids = ",".join(uuids[int(i)] for i in idx.split(","))
     for where in ("prolog", "epilog", "job"):
         # Every version: SLURM_JOB_GPUS holds node-wide indices (not minors, not UUIDs) - what
@@ -169,10 +195,22 @@ def _expect(seen: Dict[str, Dict[str, str]], facts: Facts, uuids: list, autodete
         assert seen[where]["SLURM_JOB_GPUS"] == idx, seen
         hook = where != "job"
         want = as_uuids if hook and facts.hook_cuda_uuids and autodetect else idx
+        if not hook and cgroups:
+            want = "0,1"  # ConstrainDevices: the job sees its two GPUs only, numbered from 0
         assert seen[where]["CUDA_VISIBLE_DEVICES"] == want, seen
-        assert seen[where]["GPU_DEVICE_ORDINAL"] == (idx if facts.ordinal or not autodetect else ""), seen
+        ordinal = "0,1" if not hook and cgroups else idx  # renumbered in the job like CUDA_VISIBLE_DEVICES
+        assert seen[where]["GPU_DEVICE_ORDINAL"] == (ordinal if facts.ordinal or not autodetect else ""), seen
     # And our hooks judged and recorded exactly those GPUs.
     assert seen["recorded"]["uuids"] == as_uuids, seen
+    if cgroups:
+        # The job runs in its cgroup; the prolog and epilog run outside every job's cgroup (slurmd's),
+        # PrologFlags=Contain or not.  Only the job's own device files open (gpu02's are nvidia4-7).
+        job = seen["job"]["JOB_ID"]
+        want_cg = facts.job_cgroup.format(node="gpu02", uid=pwd.getpwnam(JOB_USER).pw_uid, job=job)
+        assert seen["job"]["CGROUP_FREEZER"] == want_cg, seen
+        for hook in ("prolog", "epilog"):
+            assert f"job_{job}" not in seen[hook]["CGROUP_FREEZER"], seen
+        assert seen["job"]["OPENS"] == ",".join(f"/dev/nvidia{4 + int(i)}" for i in idx.split(",")), seen
 
 
 def test_gpu_variables_in_prolog_epilog_and_job(slurm_testbed_factory, dumps, facts, site):
@@ -189,9 +227,11 @@ def test_gpu_variables_in_prolog_epilog_and_job(slurm_testbed_factory, dumps, fa
     if autodetect:
         kwargs["gres_conf"] = "AutoDetect=nvml\n"
     uuids = _uuids("gpu02")
-    _expect(_observe(slurm_testbed_factory(**kwargs), dumps, site), facts, uuids, autodetect)
+    bed = slurm_testbed_factory(**kwargs)
+    _expect(_observe(bed, dumps, site, not autodetect), facts, uuids, autodetect, bool(bed.cgroups))
     if facts.env_uuid and autodetect:
         # 26.05's Flags=env_uuid (gres.conf(5): UUIDs in CUDA_VISIBLE_DEVICES): observed with
         # task/none, the job itself still sees indices and the hooks see what they saw without it.
         kwargs["gres_conf"] = "AutoDetect=nvml\nName=gpu Flags=env_uuid\n"
-        _expect(_observe(slurm_testbed_factory(**kwargs), dumps, site), facts, uuids, autodetect)
+        bed = slurm_testbed_factory(**kwargs)
+        _expect(_observe(bed, dumps, site, not autodetect), facts, uuids, autodetect, bool(bed.cgroups))

@@ -957,10 +957,20 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t h, unsigned
 
 /* ---- processes -------------------------------------------------------------------------------- */
 
-/* Like the driver forgets exited processes: a pid that no longer exists is not listed. */
+/* Like the driver forgets exited processes: a pid that no longer exists is not listed, nor a zombie
+ * (its files, the device's included, were closed in do_exit before it became one). */
 static int pid_exists(long long pid) {
     if (pid <= 0 || pid > 0x7fffffff) return 0;
-    return !(kill((pid_t)pid, 0) == -1 && errno == ESRCH);
+    if (kill((pid_t)pid, 0) == -1 && errno == ESRCH) return 0;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%lld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 1;  /* another pid namespace's /proc: kill() said it exists */
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *close = strrchr(buf, ')');
+    return !(close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X'));
 }
 
 /* Append the entries of "pid:bytes[:gi:ci],..." ('-' bytes: not available) to out[]. */
