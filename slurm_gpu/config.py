@@ -188,6 +188,7 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
     "job_summary": {
         "field": Key(str, "AdminComment", "Where `slurm-gpu-epilog-ctld` and `central annotate` write each job's GPU summary in Slurm's accounting: 'AdminComment', or 'off'. An AdminComment another tool wrote is never overwritten.", _choice("AdminComment", "off")),
         "wait_s": Key(float, 20.0, "How long the controller epilog waits for every node's records to reach the central server before it writes a summary marked partial (`central annotate` completes it).", _rng(0, 3000)),
+        "energy_tres": Key(bool, True, "Where Slurm lets sacctmgr set a finished job's TRES (25.11 and later), the controller epilog writes the job's GPU energy measured by slurm-gpu (joules, all its whole GPUs) into the job's `energy` TRES, so `sacct -o ConsumedEnergy` and sreport show it; never over an energy figure Slurm recorded itself, never for a summary that is partial or covers MIG slices."),
     },
     "central": {
         "url": Key(str, "", "The cluster's SQL server that `slurm-gpu db push` ships this node's records to and `report --db central` reads, and where `slurm-gpu remediate` reads a GPU's remediation attempts on every node (its budgets follow its serial, docs/remediation.md), e.g. 'mysql://slurm_gpu_writer@dbhost/slurm_gpu' (MariaDB/MySQL; '?unix_socket=PATH' for a local socket). No password here: see password_file. Empty: no central server.", _central_url),

@@ -49,3 +49,44 @@ def test_other_sacctmgr_errors_are_not_retried():
     with pytest.raises(SlurmError):
         ctld._write(_run(), acct, 7, "c1", "t", slept.append)
     assert slept == [] and len(acct.calls) == 1
+
+
+# --------------------------------------------------------------------------- energy into accounting
+
+def test_the_jobs_gpu_energy_is_the_sum_of_its_whole_gpus():
+    assert ctld.job_energy_j([{"energy_j": 1000.4}, {"energy_j": 2000.3}]) == 3001
+    assert ctld.job_energy_j([{"energy_j": 1000.0}, {"energy_j": None}]) is None  # one GPU unknown
+    assert ctld.job_energy_j([{"energy_j": 10.0, "parent_gpu_uuid": "GPU-x"}]) is None  # a MIG slice
+    assert ctld.job_energy_j([]) is None
+
+
+class EnergyAccounting:
+    def __init__(self, settable=True, there=0, fail=None):
+        self.settable, self.there, self.fail, self.set = settable, there, fail, []
+
+    def energy_tres_settable(self):
+        return self.settable
+
+    def job_energy_j(self, job_id, cluster=""):
+        return self.there
+
+    def set_job_energy(self, job_id, cluster, joules, named=""):
+        if self.fail:
+            raise self.fail
+        self.set.append((job_id, cluster, joules, named))
+
+
+ROWS = [{"energy_j": 36000.0}, {"energy_j": 36000.4}]
+
+
+@pytest.mark.parametrize("backend, partial, rows, outcome, written", [
+    (EnergyAccounting(), False, ROWS, "written", [(7, "c1", 72000, "5_2")]),
+    (EnergyAccounting(settable=False), False, ROWS, "unsupported", []),      # 22.05, 24.11
+    (EnergyAccounting(there=5100), False, ROWS, "kept", []),                 # Slurm measured its own
+    (EnergyAccounting(there=72000), False, ROWS, "kept", []),                # ours, from an earlier run
+    (EnergyAccounting(), True, ROWS, "skipped", []),                         # partial: a sum too low
+    (EnergyAccounting(fail=SlurmError("sacctmgr: boom", "hint")), False, ROWS, "failed", []),
+])
+def test_energy_goes_into_accounting_only_where_slurm_has_none(backend, partial, rows, outcome, written):
+    assert ctld._energy_into_accounting(_run(), backend, 7, "c1", partial, rows) == outcome
+    assert backend.set == written

@@ -331,7 +331,9 @@ def annotate(app, url, password_file, since, job_ids, dry_run, progress):
     For a cron job on the database host: jobs whose summary is missing (the controller
     epilog was not configured, or the records came later) or marked partial get one from
     the records now on the central server. An AdminComment written by another tool is
-    left alone. Needs the reporter account and Slurm's sacct/sacctmgr as an operator.
+    left alone. With job_summary.energy_tres on Slurm 25.11 and later, a complete summary's
+    GPU energy also goes into the job's energy TRES where Slurm recorded none. Needs the
+    reporter account and Slurm's sacct/sacctmgr as an operator.
     """
     from slurm_gpu.report.timespec import parse_time
     from slurm_gpu.slurm.cli_backend import CliBackend
@@ -344,6 +346,7 @@ def annotate(app, url, password_file, since, job_ids, dry_run, progress):
         raise InputError("job_summary.field is 'off' in the config", "set it to 'AdminComment' to write summaries")
     since_s = parse_time(since, option="--since") if since else None
     backend = CliBackend(cfg)
+    energy = bool(cfg.get("job_summary", "energy_tres")) and not dry_run and backend.energy_tres_settable()
     with Central.from_config(cfg, url, password_file, long_queries=True) as srv:
         jobs = _annotate_candidates(srv, since_s, job_ids)
         comments = _admin_comments(backend, jobs)
@@ -357,7 +360,7 @@ def annotate(app, url, password_file, since, job_ids, dry_run, progress):
                     continue
                 try:
                     outcome = _annotate_one(backend, srv, S, job_rows, cluster, job_id, restart,
-                                            comments[(cluster, job_id)], dry_run)
+                                            comments[(cluster, job_id)], dry_run, energy)
                 except SlurmError as e:
                     outcome = "failed"
                     failures.append(e)
@@ -393,7 +396,7 @@ def _admin_comments(backend, jobs):
     return out
 
 
-def _annotate_one(backend, srv, S, job_rows, cluster, job_id, restart, comment, dry_run) -> str:
+def _annotate_one(backend, srv, S, job_rows, cluster, job_id, restart, comment, dry_run, energy=False) -> str:
     nodes = None
     if comment:
         if not S.is_ours(comment):
@@ -411,7 +414,11 @@ def _annotate_one(backend, srv, S, job_rows, cluster, job_id, restart, comment, 
     if comment and S.is_ours(comment) and summary.partial and S.decode_safe(comment) == S.decode(S.fit(summary)):
         return "partial"
     if not dry_run:
-        backend.set_admin_comment(job_id, cluster, S.fit(summary), named=backend.named_ids.get(job_id, ""))
+        named = backend.named_ids.get(job_id, "")
+        backend.set_admin_comment(job_id, cluster, S.fit(summary), named=named)
+        if energy and not summary.partial:
+            from slurm_gpu.hooks.ctld import energy_into_accounting
+            energy_into_accounting(backend, job_id, cluster, summary.partial, rows, named)
     if summary.partial:
         return "partial"
     return "completed" if comment else "written"

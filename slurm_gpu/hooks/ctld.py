@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from slurm_gpu.errors import CentralError, SlurmGpuError
 from slurm_gpu.hooks.main import _describe, _exit, _Run
@@ -109,11 +109,52 @@ def _summarise(run: _Run, cfg: Any, job_id: int, sleep) -> str:
         run.log.info("summary-skipped", job=job_id, why="AdminComment belongs to another tool (in accounting)")
         return "foreign"
     tries = _write(run, backend, job_id, cluster, text, sleep)
+    if cfg.get("job_summary", "energy_tres"):
+        _energy_into_accounting(run, backend, job_id, cluster, summary.partial, rows)
     run.log.info("summary", job=job_id, tries=tries if tries > 1 else None, gpus=len(summary.gpus), bytes=len(text),
                  partial=int(summary.partial),
                  detail=S.decode(text).detail,
                  missing=",".join(summary.missing) or None)
     return "partial" if summary.partial else "written"
+
+
+def job_energy_j(rows: List[dict]) -> Optional[int]:
+    """The job's GPU energy in joules from its records: every whole GPU's energy_j, summed.  None when a
+    record lacks it or covers a MIG slice (the GPU's energy is not the slice's job's alone)."""
+    if not rows or any(r.get("parent_gpu_uuid") or r.get("energy_j") is None for r in rows):
+        return None
+    return int(round(sum(float(r["energy_j"]) for r in rows)))
+
+
+def energy_into_accounting(backend: Any, job_id: int, cluster: str, partial: bool, rows: List[dict],
+                           named: str = "") -> Tuple[str, Dict[str, Any]]:
+    """The job's measured GPU energy into its `energy` TRES where Slurm allows it (25.11+): what sacct shows
+    as ConsumedEnergy.  Never over a figure Slurm recorded.  (outcome, fields for the log line): written,
+    kept, skipped, unsupported; SlurmError when Slurm refuses."""
+    joules = None if partial else job_energy_j(rows)
+    if joules is None:
+        return "skipped", {"why": "partial summary, MIG slices or a GPU without energy"}
+    if not backend.energy_tres_settable():
+        return "unsupported", {"why": "Slurm before 25.11 cannot set a finished job's TRES"}
+    there = backend.job_energy_j(job_id, cluster)
+    if there:
+        return "kept", {"why": "already ours" if there == joules else f"Slurm recorded {there} J itself",
+                        "energy_j": joules}
+    backend.set_job_energy(job_id, cluster, joules, named=named)
+    return "written", {"energy_j": joules, "tres": "energy"}
+
+
+def _energy_into_accounting(run: _Run, backend: Any, job_id: int, cluster: str, partial: bool,
+                            rows: List[dict]) -> str:
+    """energy_into_accounting with its one log line."""
+    from slurm_gpu.errors import SlurmError
+    try:
+        outcome, fields = energy_into_accounting(backend, job_id, cluster, partial, rows, _named(run.env))
+    except SlurmError as e:
+        run.problem("energy-failed", error=e.message, hint=e.hint)
+        return "failed"
+    run.log.info("energy" if outcome == "written" else "energy-skipped", job=job_id, **fields)
+    return outcome
 
 
 def _write(run: _Run, backend: Any, job_id: int, cluster: str, text: str, sleep) -> int:

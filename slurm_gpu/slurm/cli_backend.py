@@ -489,6 +489,42 @@ class CliBackend(SlurmBackend):
         if rc != 0:
             self._raise(rc, out, err, f"sacctmgr modify job {job_id}", job=int(job_id))
 
+    def energy_tres_settable(self) -> bool:
+        """Whether this Slurm's sacctmgr sets a finished job's TRES (`set TRES=energy=J`): 25.11 and later
+        (RELEASE_NOTES 25.11; 26.05.5 observed), from `sacctmgr --version`."""
+        cached = getattr(self, "_energy_settable", None)
+        if cached is not None:
+            return bool(cached)
+        rc, out, err = self.run("sacctmgr", ["--version"], timeout_s=min(self.timeout_s, 5.0))
+        m = re.search(r"(\d+)\.(\d+)", out if rc == 0 else "")
+        self._energy_settable = m is not None and (int(m.group(1)), int(m.group(2))) >= (25, 11)
+        return self._energy_settable
+
+    def job_energy_j(self, job_id: int, cluster: str = "") -> Optional[int]:
+        """The job's ConsumedEnergyRaw in accounting (joules; 0 when Slurm measured none), None when
+        accounting does not hold the job."""
+        rc, out, err = self.run("sacct", ["-X", "-n", "-P", *(["-M", cluster] if cluster else []), "-j",
+                                          str(int(job_id)), "--format=JobIDRaw,ConsumedEnergyRaw"])
+        if rc != 0:
+            self._raise(rc, out, err, f"sacct -j {job_id}", job=int(job_id))
+        for line in out.splitlines():
+            raw, _, energy = line.partition("|")
+            if raw.strip() == str(int(job_id)):
+                e = energy.strip()
+                return int(e) if e.isdigit() else 0
+        return None
+
+    def set_job_energy(self, job_id: int, cluster: str, joules: int, named: str = "") -> None:
+        """`sacctmgr -i modify job where jobid=N cluster=C set TRES=energy=J` (25.11+)."""
+        which = named if re.fullmatch(r"\d+[_+]\d+", named or "") else str(int(job_id))
+        where = ["where", f"jobid={which}"] + ([f"cluster={cluster}"] if cluster else [])
+        rc, out, err = self.run("sacctmgr", ["-i", "modify", "job", *where, "set", f"TRES=energy={int(joules)}"])
+        if "nothing modified" in (out + err).lower() or "didn't affect anything" in (out + err).lower():
+            raise NotInAccounting(f"sacctmgr modified nothing for job {job_id}: not in accounting (yet)",
+                                  "slurm-gpu central annotate writes it later")
+        if rc != 0:
+            self._raise(rc, out, err, f"sacctmgr modify job {job_id} TRES=energy", job=int(job_id))
+
     def admin_comments(self, job_ids: Sequence[int], cluster: str = "") -> Dict[int, str]:
         """{raw job id: AdminComment} of finished jobs from accounting (sacct), 200 jobs per call;
         array tasks and heterogeneous components are noted in ``named_ids`` (raw id -> 4711_3 or

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from mariadb import MariaDB
-from testbed import unavailable
+from testbed import slurm_version, unavailable
 
 from slurm_gpu.store import summary as S
 
@@ -174,6 +174,21 @@ def test_every_job_gets_a_summary_in_its_admin_comment_with_the_node_records_num
         [comments[r] for r in (het, het + 1)]
     # sacctmgr lowercased what it stored; the summary reads back all the same.
     assert wait_comment(bed, busy) == wait_comment(bed, busy).lower()
+    # The measured GPU energy in Slurm's own accounting where sacctmgr may set a finished job's TRES
+    # (25.11+): sacct's ConsumedEnergy within 0.1 % of the record (whole joules); before, none.
+    settable = slurm_version()[:2] >= (25, 11)
+    end = time.monotonic() + 20
+    while True:
+        energy = bed.run("sacct", "-X", "-n", "-P", "-j", str(busy), "-o", "ConsumedEnergyRaw").stdout.strip()
+        if not settable or energy not in ("", "0") or time.monotonic() > end:
+            break
+        time.sleep(0.5)
+    if settable:
+        assert abs(int(energy) - rec["energy_j"]) <= max(1.0, rec["energy_j"] * 0.001), (energy, rec["energy_j"])
+        alloc = bed.run("sacct", "-X", "-n", "-P", "-j", str(busy), "-o", "AllocTRES").stdout
+        assert f"energy={int(energy)}" in alloc, alloc
+    else:
+        assert energy in ("", "0"), energy
 
 
 def test_an_admin_comment_set_before_the_job_ends_is_left_as_it_was(bed, site, central):
