@@ -519,3 +519,17 @@ def test_the_seams_of_a_hook_are_protocols_its_real_parts_and_the_no_gpu_reader_
     assert isinstance(dead, GpuReader) and not isinstance(object(), GpuReader)
     with pytest.raises(NvmlUnavailable):
         dead.snapshot([0])
+
+
+@pytest.mark.parametrize("sluid, fault, drained, code", [
+    ("sEKNKTV3WPV500", True, True, 1),    # 25.11+: the failed epilog lets --requeue=expedite move the job
+    ("sEKNKTV3WPV500", False, True, 0),
+    ("", True, True, 0),                  # before 25.11: our reason must not become "Epilog error"
+    ("", False, True, 0),
+    ("", True, False, 1),                 # the drain did not reach slurmctld: Slurm must drain the node
+    ("sEKNKTV3WPV500", True, False, 1),
+])
+def test_the_epilog_fails_for_a_gpu_fault_only_where_slurm_requeues_by_it(sluid, fault, drained, code):
+    from slurm_gpu.hooks.epilog import epilog_exit
+    job = from_env(job_env(job_id=7, SLURM_JOB_SLUID=sluid))
+    assert epilog_exit(job, fault, drained) == code

@@ -54,9 +54,23 @@ def _epilog(job: JobEnv, deps: HookDeps, end: float) -> FlowResult:
         write(deps, R.Drains([drain_record]), job)
     # Housekeeping last, bounded: a spool backlog never delays the drain or this job's record.
     housekeeping(deps, job, "epilog")
-    # Drained with our reason: exit 0 so Slurm does not overwrite it with "Epilog error".
-    # If the drain did not reach slurmctld, fail the epilog so that Slurm drains the node.
-    return FlowResult(HookExit.OK if drained else HookExit.FAULT, seen)
+    return FlowResult(epilog_exit(job, bool(fault), drained), seen)
+
+
+def epilog_exit(job: JobEnv, fault: bool, drained: bool) -> HookExit:
+    """The epilog's exit code, what Slurm acts on.
+
+    - A drain that did not reach slurmctld: FAULT, so that Slurm drains the node ("Epilog error").
+    - A GPU fault drained with our reason: from 25.11 (Slurm gives the epilog SLURM_JOB_SLUID) FAULT.
+      A failed epilog is what lets a job submitted with --requeue=expedite that exited non-zero run again
+      at once, elsewhere, at the top of the queue; with every epilog passing Slurm holds it instead
+      (REQUEUE_HOLD, "no epilogs failed").  Slurm keeps the drain reason already set (observed on 26.05).
+      Before 25.11 OK: 22.05 replaced our reason with "Epilog error".
+    - Healthy: OK.  An internal error of ours never reaches here (run_flow: fail_open, default exit 0),
+      so a bug of ours requeues nothing."""
+    if not drained:
+        return HookExit.FAULT
+    return HookExit.FAULT if fault and job.sluid else HookExit.OK
 
 
 def _read_accounting(deps: HookDeps, job: JobEnv, gmap: JobGpuMap) -> Dict[int, Any]:

@@ -27,7 +27,7 @@ from .sites import node_reasons, wait_running
 
 pytestmark = pytest.mark.slurm
 
-ROUNDS = int(os.environ.get("SLURM_GPU_ROUNDS", "3"))
+ROUNDS = int(os.environ.get("SLURM_GPU_ROUNDS", "1"))
 
 
 @pytest.fixture(autouse=True)
