@@ -23,6 +23,7 @@ from test_store import count, job_end
 from slurm_gpu import config
 from slurm_gpu.hooks import flows as hooks
 from slurm_gpu.hooks.log import HookLog
+from slurm_gpu.hooks.records import HOOK_INGEST_BOUNDS
 from slurm_gpu.slurm.jobenv import from_env
 from slurm_gpu.store.diagnose import integrity_check
 from slurm_gpu.store.node import Store
@@ -326,10 +327,12 @@ def test_big_spool_backlog_does_not_keep_the_epilog_from_draining(sim_node):
     assert hooks.epilog(from_env(env), deps) == 0
     took = time.monotonic() - t0
     assert len(deps.slurm.drains) == 1 and count(node.db) == 1
-    # The drain comes before any housekeeping, and the housekeeping is bounded.
-    assert deps.slurm.at - t0 < 2.0 and took < 5.0, (deps.slurm.at - t0, took)
+    # The drain comes before any housekeeping (its time: the spool's 30,000 files are not read first),
+    # and the housekeeping is bounded by its file count, not by how slow a loaded machine is (CI under
+    # three suites at once: the epilog took 8.7 s of wall time, 2 of them the breaker's confirmation).
+    assert deps.slurm.at - t0 < 2.0, (deps.slurm.at - t0, took)
     left = len(list(node.spool.glob("*.json")))
-    assert 0 < left < n  # some housekeeping, bounded; the rest is for `db ingest`
+    assert n - HOOK_INGEST_BOUNDS["epilog"][0] <= left < n  # some housekeeping, bounded; the rest is for `db ingest`
     assert "spool-backlog" in node.log_text()
     done, problems = Store(str(node.db), str(node.spool)).ingest_spool()
     assert done == left and problems == [] and count(node.db, "health_events") >= n
