@@ -90,3 +90,16 @@ ROWS = [{"energy_j": 36000.0}, {"energy_j": 36000.4}]
 def test_energy_goes_into_accounting_only_where_slurm_has_none(backend, partial, rows, outcome, written):
     assert ctld._energy_into_accounting(_run(), backend, 7, "c1", partial, rows) == outcome
     assert backend.set == written
+
+
+def test_admin_comment_and_energy_go_through_one_sacctmgr_modify_job():
+    from test_verify import Recorder
+    b = Recorder({"jobid=9 ": (0, " Nothing modified\n", "")})
+    b.set_admin_comment(7, "c1", "sg1:x", named="5_2")
+    b.set_job_energy(7, "c1", 72000)
+    assert b.argv == [["sacctmgr", "-i", "modify", "job", "where", "jobid=5_2", "cluster=c1", "set", "AdminComment=sg1:x"],
+                      ["sacctmgr", "-i", "modify", "job", "where", "jobid=7", "cluster=c1", "set", "TRES=energy=72000"]]
+    b = Recorder({"jobid=9": (0, " Nothing modified\n", "")})
+    for write in (lambda: b.set_admin_comment(9, "", "t"), lambda: b.set_job_energy(9, "", 1)):
+        with pytest.raises(NotInAccounting, match="modified nothing for job 9"):
+            write()

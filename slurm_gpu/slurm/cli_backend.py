@@ -479,15 +479,20 @@ class CliBackend(SlurmBackend):
         An array task is named ARRAY_TASK and a heterogeneous job's component LEADER+OFFSET
         (`named`): `jobid=N` writes every task of array N and every component of het job N
         (observed on 22.05.8), so the raw id alone could overwrite another task's summary."""
+        self._modify_job(job_id, cluster, named, f"AdminComment={text}")
+
+    def _modify_job(self, job_id: int, cluster: str, named: str, setting: str) -> None:
+        """`sacctmgr -i modify job where jobid=N|NAMED [cluster=C] set SETTING` (named: set_admin_comment);
+        NotInAccounting when sacctmgr modified nothing (ctld._write tries again)."""
         which = named if re.fullmatch(r"\d+[_+]\d+", named or "") else str(int(job_id))
         where = ["where", f"jobid={which}"] + ([f"cluster={cluster}"] if cluster else [])
-        rc, out, err = self.run("sacctmgr", ["-i", "modify", "job", *where, "set", f"AdminComment={text}"])
+        rc, out, err = self.run("sacctmgr", ["-i", "modify", "job", *where, "set", setting])
         if "nothing modified" in (out + err).lower() or "didn't affect anything" in (out + err).lower():
             raise NotInAccounting(f"sacctmgr modified nothing for job {job_id}: not in accounting (yet), or this user "
-                             "may not modify jobs", "the user running this must be SlurmUser, root or have "
-                             "AdminLevel=Operator in slurmdbd (sacctmgr modify user NAME set adminlevel=operator)")
+                                  "may not modify jobs", "the user running this must be SlurmUser, root or have "
+                                  "AdminLevel=Operator in slurmdbd (sacctmgr modify user NAME set adminlevel=operator)")
         if rc != 0:
-            self._raise(rc, out, err, f"sacctmgr modify job {job_id}", job=int(job_id))
+            self._raise(rc, out, err, f"sacctmgr modify job {job_id} {setting.split('=', 1)[0]}", job=int(job_id))
 
     def energy_tres_settable(self) -> bool:
         """Whether this Slurm's sacctmgr sets a finished job's TRES (`set TRES=energy=J`): 25.11 and later
@@ -516,14 +521,7 @@ class CliBackend(SlurmBackend):
 
     def set_job_energy(self, job_id: int, cluster: str, joules: int, named: str = "") -> None:
         """`sacctmgr -i modify job where jobid=N cluster=C set TRES=energy=J` (25.11+)."""
-        which = named if re.fullmatch(r"\d+[_+]\d+", named or "") else str(int(job_id))
-        where = ["where", f"jobid={which}"] + ([f"cluster={cluster}"] if cluster else [])
-        rc, out, err = self.run("sacctmgr", ["-i", "modify", "job", *where, "set", f"TRES=energy={int(joules)}"])
-        if "nothing modified" in (out + err).lower() or "didn't affect anything" in (out + err).lower():
-            raise NotInAccounting(f"sacctmgr modified nothing for job {job_id}: not in accounting (yet)",
-                                  "slurm-gpu central annotate writes it later")
-        if rc != 0:
-            self._raise(rc, out, err, f"sacctmgr modify job {job_id} TRES=energy", job=int(job_id))
+        self._modify_job(job_id, cluster, named, f"TRES=energy={int(joules)}")
 
     def admin_comments(self, job_ids: Sequence[int], cluster: str = "") -> Dict[int, str]:
         """{raw job id: AdminComment} of finished jobs from accounting (sacct), 200 jobs per call;
