@@ -145,8 +145,8 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "critical": Key(list, [48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140], "XIDs that make a GPU FAIL; any other XID not ignored is a WARN.", _int_list),
     },
     "hooks": {
-        "prolog_deadline_s": Key(float, 30.0, "Wall-clock budget of the prolog; keep below Slurm's PrologEpilogTimeout.", _rng(1, 3600)),
-        "epilog_deadline_s": Key(float, 60.0, "Wall-clock budget of the epilog; keep below Slurm's PrologEpilogTimeout.", _rng(1, 3600)),
+        "prolog_deadline_s": Key(float, 30.0, "Wall-clock budget of the prolog; keep below Slurm's PrologEpilogTimeout (PrologTimeout from 25.05).", _rng(1, 3600)),
+        "epilog_deadline_s": Key(float, 60.0, "Wall-clock budget of the epilog; keep below Slurm's PrologEpilogTimeout (EpilogTimeout from 25.05).", _rng(1, 3600)),
         "epilog_ctld_deadline_s": Key(float, 60.0, "Wall-clock budget of `slurm-gpu-epilog-ctld` (EpilogSlurmctld), waiting for the nodes' records included; it always exits 0.", _rng(1, 3600)),
         "fail_open": Key(bool, True, "On an internal error (a bug, not a GPU fault) log it and let the job run (true) or fail the hook (false)."),
         "drain_on_fault": Key(bool, True, "Drain the node through Slurm when a job's GPU FAILs (else only exit non-zero)."),

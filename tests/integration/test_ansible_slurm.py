@@ -26,7 +26,7 @@ from typing import Dict, List
 import pytest
 import simgpu
 from checkout import copy_checkout
-from testbed import unavailable
+from testbed import slurm_version, unavailable
 
 from .sites import Site, play_work, wait_running
 
@@ -252,6 +252,14 @@ def test_first_run_installs_venv_config_directories_hooks_units_and_schema(deplo
     assert f"EpilogSlurmctld={d.prefix}/hooks/slurm-gpu-epilog-ctld" in lines
     assert {"PrologFlags=Alloc", "PrologEpilogTimeout=120", "HealthCheckInterval=300",
             "SchedulerParameters=bf_continue,nohold_on_prolog_fail"} <= set(lines)
+    # PrologTimeout and EpilogTimeout where this machine's Slurm has them (25.05+; older slurmd
+    # refuse to start on them: test_version_facts), the version read from `slurmd -V`.
+    major, minor, patch = slurm_version()
+    if (major, minor) >= (25, 5):
+        assert {"PrologTimeout=60", "EpilogTimeout=120"} <= set(lines), lines
+    else:
+        assert not [ln for ln in lines if re.match(r"(?i)(Prolog|Epilog)Timeout=", ln)], lines
+        assert f"Slurm {major}.{minor:02d}.{patch} has no PrologTimeout or EpilogTimeout" in r.stdout, r.stdout
     # gres.conf differed from the GPUs: the diff was shown, the file replaced with this node's lines.
     assert "differs from the GPUs of gpu01" in r.stdout and "Type=h100" in r.stdout
     gres = d.gres_conf.read_text()
@@ -328,15 +336,26 @@ def test_second_run_changes_nothing(deployment):
 
 
 def test_check_diff_shows_a_changed_variable_and_changes_nothing(deployment):
+    """Two variables changed in check mode: the config's temperature, and slurm_gpu_slurm_version,
+    which overrides what the daemons' -V says, set to the other side of 25.05 than this machine's
+    Slurm (the PrologTimeout and EpilogTimeout lines)."""
     d = deployment
     assert d.first.returncode == 0, "first run failed"
-    text = d.config.read_bytes()
+    text, conf = d.config.read_bytes(), d.slurm_conf.read_bytes()
     mtime = d.config.stat().st_mtime_ns
-    r = d.play(d.variables(max_temperature_c=80), "--check", "--diff")
+    newer = slurm_version()[:2] < (25, 5)
+    given = "25.11.2" if newer else "24.11.5"
+    r = d.play(dict(d.variables(max_temperature_c=80), slurm_gpu_slurm_version=given), "--check", "--diff")
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
     recap = _recap(r)
-    assert recap["changed"] == 1, recap
     assert "-max_temperature_c = 87\n+max_temperature_c = 80" in r.stdout, r.stdout[-4000:]
+    if newer:  # one more task changed: the loop over the slurm.conf lines
+        assert "+PrologTimeout=60" in r.stdout and "+EpilogTimeout=120" in r.stdout, r.stdout[-4000:]
+        assert recap["changed"] == 2, recap
+    else:  # the lines a newer Slurm got stay (the role never removes a line), no new ones
+        assert "Slurm 24.11.5 has no PrologTimeout or EpilogTimeout" in r.stdout, r.stdout[-4000:]
+        assert recap["changed"] == 1, recap
+    assert d.slurm_conf.read_bytes() == conf
     assert d.password not in r.stdout + r.stderr
     assert d.config.read_bytes() == text and d.config.stat().st_mtime_ns == mtime
     cfg = subprocess.run([str(d.venv / "bin" / "python"), "-I", "-c",
@@ -344,3 +363,4 @@ def test_check_diff_shows_a_changed_variable_and_changes_nothing(deployment):
                           "print(config.load(sys.argv[1]).get('health', 'max_temperature_c'))",
                           str(d.config)], capture_output=True, text=True)
     assert cfg.stdout.strip() == "87"
+

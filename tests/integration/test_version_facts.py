@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import textwrap
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ class Facts(NamedTuple):
     start_only: bool              # HealthCheckNodeState=START_ONLY exists
     reboot_only: bool             # HealthCheckNodeState=REBOOT_ONLY exists
     health_check_timeout: bool    # HealthCheckTimeout exists (and must stay below HealthCheckInterval)
+    split_timeouts: bool          # PrologTimeout and EpilogTimeout exist beside PrologEpilogTimeout (25.05+)
     sacctmgr_lowercases: bool     # `sacctmgr modify job ... set AdminComment=` lowercases the value
     env_uuid: bool                # gres.conf Flags=env_uuid exists
     hook_cuda_uuids: bool         # AutoDetect: CUDA_VISIBLE_DEVICES in prolog/epilog holds GPU UUIDs
@@ -37,13 +39,13 @@ class Facts(NamedTuple):
 
 FACTS: Dict[Tuple[int, int], Facts] = {
     (22, 5): Facts(nvml_plugin=False, start_only=False, reboot_only=False, health_check_timeout=False,
-                   sacctmgr_lowercases=True, env_uuid=False, hook_cuda_uuids=False, ordinal=True,
+                   split_timeouts=False, sacctmgr_lowercases=True, env_uuid=False, hook_cuda_uuids=False, ordinal=True,
                    job_cgroup="/slurm_{node}/uid_{uid}/job_{job}/step_batch"),
     (24, 11): Facts(nvml_plugin=True, start_only=False, reboot_only=False, health_check_timeout=False,
-                    sacctmgr_lowercases=False, env_uuid=False, hook_cuda_uuids=False, ordinal=False,
+                    split_timeouts=False, sacctmgr_lowercases=False, env_uuid=False, hook_cuda_uuids=False, ordinal=False,
                     job_cgroup="/slurm_{node}/uid_{uid}/job_{job}/step_batch"),
     (26, 5): Facts(nvml_plugin=True, start_only=True, reboot_only=True, health_check_timeout=True,
-                   sacctmgr_lowercases=False, env_uuid=True, hook_cuda_uuids=True, ordinal=False,
+                   split_timeouts=True, sacctmgr_lowercases=False, env_uuid=True, hook_cuda_uuids=True, ordinal=False,
                    job_cgroup="/slurm_{node}/uid_{uid}/job_{job}/step_batch"),
 }
 
@@ -62,13 +64,18 @@ def facts() -> Facts:
     return FACTS[(major, minor)]
 
 
-def _slurmd_G_health(tmp_path: Path, munge, state: str) -> str:
+def _slurmd_G_with(tmp_path: Path, munge, lines: str) -> str:
+    """`slurmd -G` on a one-node slurm.conf with these lines: what the version says of them."""
     (tmp_path / "etc").mkdir(parents=True)
     (tmp_path / "etc" / "gres.conf").write_text("")
     (tmp_path / "etc" / "slurm.conf").write_text(
-        "ClusterName=t\nSlurmctldHost=localhost\nHealthCheckProgram=/bin/true\nHealthCheckInterval=300\n"
-        f"HealthCheckNodeState={state}\nNodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n")
+        f"ClusterName=t\nSlurmctldHost=localhost\n{lines}NodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n")
     return run_slurmd_G(tmp_path / "etc" / "slurm.conf", "n1", munge)
+
+
+def _slurmd_G_health(tmp_path: Path, munge, state: str) -> str:
+    return _slurmd_G_with(tmp_path, munge, "HealthCheckProgram=/bin/true\nHealthCheckInterval=300\n"
+                                           f"HealthCheckNodeState={state}\n")
 
 
 @pytest.mark.parametrize("flag", ["START_ONLY", "REBOOT_ONLY"])
@@ -84,14 +91,17 @@ def test_health_check_node_state_flags_exist_where_the_version_has_them(flag, fa
 
 
 def test_health_check_timeout_must_stay_below_the_interval_where_it_exists(facts, slurmd_munge, tmp_path):
-    (tmp_path / "etc").mkdir()
-    (tmp_path / "etc" / "gres.conf").write_text("")
-    (tmp_path / "etc" / "slurm.conf").write_text(
-        "ClusterName=t\nSlurmctldHost=localhost\nHealthCheckProgram=/bin/true\nHealthCheckInterval=60\n"
-        "NodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n")
-    out = run_slurmd_G(tmp_path / "etc" / "slurm.conf", "n1", slurmd_munge)
+    out = _slurmd_G_with(tmp_path, slurmd_munge, "HealthCheckProgram=/bin/true\nHealthCheckInterval=60\n")
     said = "HealthCheckTimeout (60) must be less than HealthCheckInterval (60)" in out
     assert said == facts.health_check_timeout, out
+
+
+def test_prolog_and_epilog_timeouts_are_separate_keys_where_the_version_has_them(facts, slurmd_munge, tmp_path):
+    """What deploy/ansible sets: PrologTimeout and EpilogTimeout where they exist (25.05+), and
+    PrologEpilogTimeout alone before, where the separate keys stop the daemons."""
+    out = _slurmd_G_with(tmp_path, slurmd_munge, "PrologEpilogTimeout=120\nPrologTimeout=60\nEpilogTimeout=120\n")
+    refused = re.search(r"unrecognized key: (PrologTimeout|EpilogTimeout)", out, re.I)
+    assert (refused is None) == facts.split_timeouts and (refused is None or "fatal" in out), out
 
 
 def test_sacctmgr_admin_comment_case_and_scontrol_keeps_it(slurm_testbed, facts):
