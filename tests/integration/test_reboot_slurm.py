@@ -11,10 +11,12 @@ DOWN node to service by itself on its next registration, before any verification
 answer to that is tests/test_remediation.py's returned-to-service test."""
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 import simgpu
+from testbed import slurm_version
 
 from .sites import RemediationSite, drained_by_prolog, hooked_cluster, jobs_on, node_reasons, power_cycle, remediate, site_fixture
 
@@ -25,16 +27,40 @@ site = site_fixture(RemediationSite, "reboot")
 
 
 @pytest.fixture
-def cluster(site, slurm_testbed_factory):
-    return hooked_cluster(site, slurm_testbed_factory, on_reboot=lambda node: power_cycle(site, node),
-                          extra_slurm_conf="ReturnToService=1")
+def boot_held():
+    """Set by the test to let the held boot go on: until then the node stays REBOOT_ISSUED, its slurmd stopped."""
+    held = threading.Event()
+    yield held
+    held.set()
 
 
-def test_a_reset_that_does_not_cure_reboots_through_slurm_and_the_booted_node_is_verified_and_resumed(cluster, site):
+@pytest.fixture
+def cluster(site, slurm_testbed_factory, boot_held):
+    def boot(node):
+        boot_held.wait(120)
+        power_cycle(site, node)
+    yield hooked_cluster(site, slurm_testbed_factory, on_reboot=boot, extra_slurm_conf="ReturnToService=1")
+    boot_held.set()  # before the testbed stops: it joins the boot thread
+
+
+def test_a_reset_that_does_not_cure_reboots_through_slurm_and_the_booted_node_is_verified_and_resumed(cluster, site,
+                                                                                                     boot_held):
     simgpu.set_gpu(site.state("gpu01"), 2, remapped_pending=1, reset_sticky=1)
     drained_at = drained_by_prolog(cluster, site)
     r = remediate(cluster, "gpu01")
     assert "reboot requested through Slurm" in r.stdout, r.stdout + r.stderr
+    # The boot held while Slurm has the node REBOOT_ISSUED: remediate waits (it resumes only a node
+    # Slurm has seen boot), and from 25.11 Slurm itself refuses to set such a node IDLE.
+    cluster.wait_node_state("gpu01", lambda i: "REBOOT_ISSUED" in i["State"], timeout=60)
+    r = remediate(cluster, "gpu01")
+    # exit 1: the node stays drained (docs/remediation.md)
+    assert r.returncode == 1 and "reboot under way" in r.stdout and "REBOOT_ISSUED" in r.stdout, r.stdout + r.stderr
+    if slurm_version()[:2] >= (25, 11):
+        refused = cluster.run("scontrol", "update", "NodeName=gpu01", "State=IDLE", check=False)
+        assert refused.returncode != 0, refused
+        print(f"\nscontrol State=IDLE of a REBOOT_ISSUED node: {(refused.stdout + refused.stderr).strip()}")
+    assert "REBOOT_ISSUED" in cluster.node_info("gpu01")["State"]
+    boot_held.set()
     # Slurm, not we, reboots it: REBOOT_REQUESTED (drained ASAP), REBOOT_ISSUED, RebootProgram, the boot.
     seen = set()
     cluster.wait_node_state("gpu01", lambda i: seen.add(i["State"]) or ("DOWN" in i["State"] and "REBOOT" not in i["State"]),
@@ -62,8 +88,6 @@ def test_reboot_only_healthcheck_is_the_after_boot_hook_that_verifies_and_resume
     back after a reboot: with our healthcheck there and [remediation] enabled, the node Slurm rebooted for
     us is verified and resumed by its own first healthcheck, no timer and no admin needed; and no
     healthcheck runs before the boot.  Older releases ignore the value (test_version_facts)."""
-    from testbed import slurm_version
-
     from .sites import healthcheck_wrapper, hook_script
     if slurm_version()[:2] < (26, 5):
         pytest.skip("HealthCheckNodeState=REBOOT_ONLY is Slurm 26.05's (test_version_facts: older slurmd ignore it)")
