@@ -664,6 +664,35 @@ def test_central_init_migrates_a_v2_server_in_place_keeping_its_records(site):
         ["1", "1"], ["1", "1"], ["2", "1"], ["2", "1"]]
 
 
+def test_a_v10_server_gains_each_runs_sluid_and_pushes_carry_it(site):
+    """Schema v11: a server made before it (its tables, staging tables and view without `sluid`) is
+    migrated in place; a node's records of a run with a SLUID (25.11+) arrive with it, older ones without."""
+    site.init()
+    admin = C.Central(C.parse_url(site.server.url(site.admin, site.db)), site.admin_pw, 10)
+    try:  # back to what v10 made
+        for t in C.VERSIONED:
+            admin.execute(f"ALTER TABLE {t} DROP COLUMN sluid")
+            admin.execute(f"ALTER TABLE stage_{t} DROP COLUMN sluid")
+        admin.execute("CREATE OR REPLACE VIEW job_gpus_current AS SELECT * FROM job_gpus WHERE withdrawn = 0")
+        admin.execute("UPDATE meta SET value = '10' WHERE name = 'schema_version'")
+        admin.commit()
+    finally:
+        admin.close()
+    assert site.push().returncode != 0  # a v11 node does not push to a v10 server
+    r = site.init()
+    assert r.returncode == 0 and f"schema migrated from 10 at version {C.SCHEMA_VERSION}" in r.stderr, r.stderr
+    run = job_end(1, gpus=1)
+    run["job"]["sluid"] = run["gpus"][0]["sluid"] = "s0KRJ2ZB1C8100"
+    site.store.write(run)
+    site.store.write(job_end(2, gpus=1))
+    assert site.push().returncode == 0
+    assert site.rows("SELECT job_id, sluid FROM job_gpus_current ORDER BY job_id") == [["1", "s0KRJ2ZB1C8100"],
+                                                                                       ["2", "NULL"]]
+    assert site.rows("SELECT job_id, sluid FROM jobs ORDER BY job_id") == [["1", "s0KRJ2ZB1C8100"], ["2", "NULL"]]
+    assert site.rows("SELECT COUNT(*) FROM information_schema.statistics WHERE table_schema = DATABASE() "
+                     "AND table_name = 'job_gpus' AND index_name = 'job_gpus_sluid'") == [["1"]]
+
+
 def _forge(site, user, password, rows_by_table):
     """What a compromised node can do with its own writer password: stage rows and CALL apply_batch."""
     w = C.Central(C.parse_url(site.server.url(user, site.db)), password, 10)

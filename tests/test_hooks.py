@@ -173,11 +173,14 @@ def test_epilog_run_twice_does_not_duplicate_or_overwrite(sim_node):
     simgpu.set_gpu(node.state, 0, energy_mj=1_000_000_000 + 9_000_000)
     assert hooks.epilog(from_env(env), deps_for(node)) == 0
     assert rows(node.db, "SELECT * FROM job_gpus") == first
-    # A requeued job (restart count 1) is a new record.
-    env1 = job_env(gpus="0", restart=1)
+    # A requeued job (restart count 1) is a new record: from 25.11 with a SLUID of its own (the
+    # first run's record, made before, has none).
+    env1 = job_env(gpus="0", restart=1, SLURM_JOB_SLUID="s0KRJ2ZB1C8100")
     assert hooks.prolog(from_env(env1), deps_for(node)) == 0
     assert hooks.epilog(from_env(env1), deps_for(node)) == 0
-    assert [r["restart_count"] for r in rows(node.db, "SELECT restart_count FROM job_gpus ORDER BY 1")] == [0, 1]
+    assert [(r["restart_count"], r["sluid"]) for r in rows(node.db, "SELECT restart_count, sluid FROM job_gpus ORDER BY 1")] \
+        == [(0, None), (1, "s0KRJ2ZB1C8100")]
+    assert [r["sluid"] for r in rows(node.db, "SELECT sluid FROM jobs ORDER BY restart_count")] == [None, "s0KRJ2ZB1C8100"]
 
 
 def test_epilog_kills_leftover_process_with_term(sim_node):

@@ -151,6 +151,36 @@ def test_het_component_is_picked_by_its_display_id():
         jobacct.job_record(FakeSacct(out), "4711")
 
 
+@pytest.mark.parametrize("text, spelled", [("s0KRJ2ZB1C8100", "s0KRJ2ZB1C8100"), ("S0krj2zb1c81oo", "s0KRJ2ZB1C8100"),
+                                            (" sEKNKTV3WPV5IL ", "sEKNKTV3WPV511")])
+def test_sluids_accepted_in_slurms_own_spelling(text, spelled):
+    assert jobacct.check_job_id(text) == spelled  # src/common/sluid.c: any case, O is 0, I and L are 1
+
+
+@pytest.mark.parametrize("text", ["s0KRJ2ZB1C810", "s0KRJ2ZB1C81000", "s0KRJ2ZB1C81U0", "x0KRJ2ZB1C8100", "sEKNKTV3WPV50;"])
+def test_sluids_of_another_shape_are_refused(text):
+    with pytest.raises(InputError, match="not a Slurm job id"):
+        jobacct.check_job_id(text)
+
+
+def test_a_sluid_asks_sacct_for_the_sluid_field_and_gets_that_run():
+    line = sacct_line(raw="4725", jid="4725", comment="").rsplit("|", 1)[0]
+    fake = FakeSacct(line + "|s0KRJ2ZB1C8100|x|y\n")
+    rec = jobacct.job_record(fake, "s0krj2zb1c8100")
+    assert fake.calls[0][1][4] == "s0KRJ2ZB1C8100" and fake.calls[0][1][5].endswith(",SLUID,AdminComment")
+    assert (rec.job_id_raw, rec.sluid, rec.admin_comment) == (4725, "s0KRJ2ZB1C8100", "x|y")
+    # a plain id asks for no SLUID field: sacct before 26.05 knows none
+    plain = FakeSacct(sacct_line())
+    assert jobacct.job_record(plain, "4725").sluid == "" and "SLUID" not in plain.calls[0][1][5]
+
+
+def test_a_sluid_where_sacct_knows_none_is_one_line_with_a_hint():
+    for err in ('sacct: error: Invalid field requested: "SLUID"', "sacct: error: Invalid job id: s0KRJ2ZB1C8100"):
+        with pytest.raises(InputError) as e:
+            jobacct.job_record(FakeSacct(rc=1, err=err), "s0KRJ2ZB1C8100")
+        assert "takes no SLUID" in e.value.message and "numeric job id" in e.value.hint
+
+
 def test_sacct_failure_is_a_slurm_error_and_invalid_id_is_not_found():
     with pytest.raises(SlurmError, match="sacct failed: sacct: error: Problem talking to the database"):
         jobacct.job_record(FakeSacct(rc=1, err="sacct: error: Problem talking to the database: Connection refused"), "1")
@@ -473,6 +503,21 @@ def test_records_of_other_clusters_and_latest_restart():
     assert source == "central" and s.restart == 1 and [g.util_pct for g in s.gpus] == [50.0]
 
 
+def test_a_run_asked_for_by_its_sluid_gets_its_own_rows_not_its_requeues():
+    line = sacct_line(raw="4725", jid="4725").rsplit("|", 1)
+    rec = jobacct.parse_line(line[0] + "|s0KRJ2ZB1C8100|" + line[1], jobacct.fields_for("s0KRJ2ZB1C8100"))
+    first = {"cluster": "c", "restart_count": 0, "node": "gpu01", "gpu_index": 0, "start_time": START,
+             "gpu_util_mean_pct": 10.0, "sluid": "s0KRJ2ZB1C8100"}
+    requeued = dict(first, restart_count=1, gpu_util_mean_pct=90.0, sluid="s0KRJ2ZB1C8200")
+    got = jobview.of_this_run(rec, [first, requeued], cluster="c")
+    assert got == [first]
+    s, _ = jobview.resolve(rec, lambda r: (got, "central", "the central server"))
+    assert s.restart == 0 and [g.util_pct for g in s.gpus] == [10.0]
+    # Rows of a node before it knew SLUIDs still count by their time; another SLUID's never.
+    old = dict(first, sluid=None)
+    assert jobview.of_this_run(rec, [old, requeued], cluster="c") == [old]
+
+
 def test_central_fallback_queries_job_gpus_current_with_parameters(monkeypatch):
     from slurm_gpu.store import central as store_central
 
@@ -489,7 +534,7 @@ def test_central_fallback_queries_job_gpus_current_with_parameters(monkeypatch):
 
         def execute(self, sql, params=()):
             seen["sql"], seen["params"] = sql, params
-            return [("c", 4725, 0, "gpu01", 0, "A100", START, END, 70.0, 30.0, GIB, 40 * GIB, 3.6e6, 0, "[]", None)]
+            return [("c", 4725, 0, "gpu01", 0, "A100", START, END, 70.0, 30.0, GIB, 40 * GIB, 3.6e6, 0, "[]", None, None)]
 
     monkeypatch.setattr(store_central.Central, "from_config", classmethod(lambda cls, cfg, url, pw: FakeCentral()))
     fb = jobview.fallback_for(cfg(), "central")

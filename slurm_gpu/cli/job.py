@@ -36,9 +36,10 @@ def job(ctx: click.Context, job_id: str, fmt: str, no_color: bool, db: Optional[
         password_file: Optional[str]) -> None:
     """How a finished job used its GPUs, with advice.
 
-    JOBID: 4711, an array task 4711_3 or a heterogeneous job component 4711+1. Any user may
-    run it: the job is read through sacct, so Slurm decides who sees which job. The summary is
-    the one the controller epilog stored in the job's AdminComment when the job ended.
+    JOBID: 4711, an array task 4711_3, a heterogeneous job component 4711+1, or from Slurm
+    26.05 a run's SLUID (sEKNKTV3WPV500: one run of a requeued job, on any cluster). Any user
+    may run it: the job is read through sacct, so Slurm decides who sees which job. The summary
+    is the one the controller epilog stored in the job's AdminComment when the job ended.
 
     \b
     Exit codes: 0 shown, 2 usage, 4 Slurm error, 5 database error (--db), 7 not found or not

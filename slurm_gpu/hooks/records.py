@@ -166,7 +166,7 @@ def _usage(g: GpuSnapshot, jg: JobGpu, start: Optional[Dict[str, Any]], acct: An
         memory_total_bytes=mig.memory_total_bytes if mig is not None else g.memory_total_bytes.get(),
         process_count=None if records is None else len(records), clock_event_reasons=g.clock_event_reasons.get(),
         xid_events=tuple(xids), parent_gpu_uuid=g.uuid_or_index if mig is not None else None,
-        notes=MIG_NOT_MEASURED if mig is not None else None)
+        notes=MIG_NOT_MEASURED if mig is not None else None, sluid=job.sluid or None)
 
 
 def _job_xids(events: Sequence[xid.XidEvent], g: GpuSnapshot, jg: JobGpu, t0: float) -> List[Dict[str, Any]]:
@@ -208,7 +208,8 @@ def record_usage(deps: HookDeps, job: JobEnv, gpu_rows: List[R.GpuUsage], events
     job_row = R.JobRow(cluster=job.cluster, job_id=job.job_id, restart_count=job.restart_count, node=job.node,
                        user=job.user, uid=job.uid, account=job.account, partition=job.partition,
                        gpu_count=len(job.gpus), start_time=min([g.start_time for g in gpu_rows], default=end),
-                       end_time=end, exit_code=job.exit_code, partial=int(any(g.partial for g in gpu_rows)))
+                       end_time=end, exit_code=job.exit_code, partial=int(any(g.partial for g in gpu_rows)),
+                       sluid=job.sluid or None)
     write(deps, R.JobEnd(job_row, gpu_rows, events), job)
     for row in gpu_rows:
         deps.job_log(job).info("record", gpu=row.gpu_uuid, energy_j=row.energy_j, gpu_util=row.gpu_util_mean_pct,

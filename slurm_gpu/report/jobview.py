@@ -141,14 +141,20 @@ def resolve(rec: JobRecord, fallback: Optional[Fallback] = None) -> Tuple[sg.Sum
 
 ROW_COLUMNS = ("cluster", "job_id", "restart_count", "node", "gpu_index", "gpu_model", "start_time", "end_time",
                "gpu_util_mean_pct", "mem_util_mean_pct", "max_memory_bytes", "memory_total_bytes", "energy_j",
-               "ecc_uncorrected_delta", "xid_events", "parent_gpu_uuid")
+               "ecc_uncorrected_delta", "xid_events", "parent_gpu_uuid", "sluid")
 SLACK_S = 600  # a record's start may precede sacct's Start by the prolog's clock skew
 
 
 def of_this_run(rec: JobRecord, rows: Rows, cluster: str = "") -> Rows:
     """The rows of this job's run: its cluster (when configured) and its time (a job id reused
-    on another cluster, or after the ids wrapped, has records at other times)."""
+    on another cluster, or after the ids wrapped, has records at other times).  A run asked for
+    by its SLUID: the rows that carry it, never those of another SLUID (a requeue's other run)."""
     out = [r for r in rows if not cluster or r.get("cluster") == cluster]
+    if rec.sluid:
+        mine = [r for r in out if r.get("sluid") == rec.sluid]
+        if mine:
+            return mine
+        out = [r for r in out if not r.get("sluid")]  # records of a node before it knew SLUIDs
     if rec.start is not None:
         hi = (rec.end if rec.end is not None else time.time()) + SLACK_S
         out = [r for r in out if r.get("start_time") is None or rec.start - SLACK_S <= float(r["start_time"]) <= hi]

@@ -21,7 +21,7 @@ class JobEnv(NamedTuple):
     partition: str = ""
     restart_count: int = 0
     exit_code: Optional[str] = None  # epilog only: SLURM_JOB_EXIT_CODE as given
-    sluid: str = ""  # SLURM_JOB_SLUID (25.11+): the job's id across requeues and clusters; "" before
+    sluid: str = ""  # SLURM_JOB_SLUID (25.11+): this run's id across clusters (a requeue gets a new one); "" before
 
     @property
     def key(self) -> str:

@@ -27,7 +27,7 @@ START_RECORDS_KEPT_S = 7 * 86400
 # healthcheck's event for nvmlInit's LIB_RM_VERSION_MISMATCH (hooks/healthcheck.record_mismatch)
 MISMATCH_CHECK = "driver_library_mismatch"
 
-_JOB_COLUMNS = JOB_WRITE_COLUMNS[:-1]  # jobs as v1 wrote it, before `partial`
+_JOB_COLUMNS = JOB_WRITE_COLUMNS[:JOB_WRITE_COLUMNS.index("partial")]  # jobs as v1 wrote it, before `partial`
 _DEFAULTS = {"partial": 0, "restart_count": 0}
 # Columns that follow the winning record as a whole; the others are filled from the loser where empty.
 _WINNER_ONLY = frozenset(("start_time", "end_time", "duration_s", "partial", "notes", "end_counters"))

@@ -48,7 +48,7 @@ from slurm_gpu.errors import CentralError, WriterRefused
 from slurm_gpu.store import rollup_push, rollups
 from slurm_gpu.store import writers as W
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 DEFAULT_PORT = 3306
 SESSION_SQL_MODE = "ANSI_QUOTES,PIPES_AS_CONCAT,STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION"
 URL_HINT = "central.url looks like mysql://USER@HOST[:PORT]/DATABASE (password in central.password_file)"
@@ -425,12 +425,12 @@ _TAIL = "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
 # Columns of the central server's tables (CENTRAL_*: the server's own, apart from the node's in
 # store/record.py; named as on the node, the key columns first).
 CENTRAL_JOB_COLUMNS = ("cluster", "job_id", "restart_count", "node", "user", "uid", "account", "partition", "gpu_count",
-               "start_time", "end_time", "exit_code", "partial")
+               "start_time", "end_time", "exit_code", "partial", "sluid")
 CENTRAL_JOB_GPU_COLUMNS = ("cluster", "job_id", "restart_count", "node", "gpu_uuid", "gpu_index", "gpu_model", "user",
                    "account", "partition", "start_time", "end_time", "duration_s", "energy_j", "gpu_util_mean_pct",
                    "mem_util_mean_pct", "max_memory_bytes", "process_count", "ecc_corrected_delta",
                    "ecc_uncorrected_delta", "retired_pages_delta", "remapped_rows_delta", "clock_event_reasons",
-                   "xid_events", "parent_gpu_uuid", "notes", "partial", "memory_total_bytes")
+                   "xid_events", "parent_gpu_uuid", "notes", "partial", "memory_total_bytes", "sluid")
 CENTRAL_EVENT_COLUMNS = ("cluster", "node", "event_key", "time", "source", "job_id", "gpu_index", "gpu_uuid", "check_name",
                  "status", "message")
 CENTRAL_DRAIN_COLUMNS = ("cluster", "node", "drain_key", "time", "source", "job_id", "restart_count", "reason", "ok",
@@ -485,7 +485,7 @@ _TYPES = {
     "driver_version": "VARCHAR(64)", "cuda_version": "VARCHAR(32)", "mig_mode": "INT", "pci_bus_id": "VARCHAR(32)",
     "xid": "INT NOT NULL", "detail": "TEXT", "row_version": "BIGINT NOT NULL DEFAULT 0",
     "id": "BIGINT", "fault_check": "VARCHAR(128)", "fault": "TEXT", "action": "VARCHAR(16) NOT NULL",
-    "drain_time": "DOUBLE", "finished": "DOUBLE",
+    "drain_time": "DOUBLE", "finished": "DOUBLE", "sluid": "VARCHAR(32)",
     **{c: "BIGINT" for c in INVENTORY_COUNTERS},
 }
 # Besides the key columns: a record's times may be unknown only in jobs; in job_gpus they are the record.
@@ -497,7 +497,7 @@ _COVERED = ("end_time", "start_time", "withdrawn", "gpu_util_mean_pct", "mem_uti
             "energy_j")
 _INDEXES = {
     "jobs": ("KEY jobs_end (end_time)",),
-    "job_gpus": ("KEY job_gpus_end (end_time)", "KEY job_gpus_span (span_s)",
+    "job_gpus": ("KEY job_gpus_end (end_time)", "KEY job_gpus_span (span_s)", "KEY job_gpus_sluid (sluid)",
                  *(f'KEY job_gpus_by_{k} ("{k}", {", ".join(_COVERED)})' for k in REPORT_INDEX_KEYS)),
     "health_events": ("KEY health_events_time (time)",),
     "drains": ("KEY drains_time (time)",),
@@ -656,6 +656,16 @@ MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
     ),
     (   # v10, "partition rollups" (store/rollups.py): rollup_partition_day, built from rollup_day.
         rollups.partition_step,
+    ),
+    (   # v11: each run's SLUID (Slurm 25.11+; NULL before) in jobs and job_gpus, as on the nodes (node
+        # schema v10); a server made at v11 has the columns from v1's CREATE TABLE already.  The view's
+        # columns were fixed when it was made: made again to show the new one.
+        *(stmt for t in VERSIONED for stmt in (
+            f'ALTER TABLE {t} ADD COLUMN IF NOT EXISTS "sluid" {_TYPES["sluid"]}',
+            f'ALTER TABLE stage_{t} ADD COLUMN IF NOT EXISTS "sluid" {_TYPES["sluid"]}')),
+        "ALTER TABLE job_gpus ADD INDEX IF NOT EXISTS job_gpus_sluid (sluid)",
+        "CREATE OR REPLACE VIEW job_gpus_current AS SELECT * FROM job_gpus WHERE withdrawn = 0",
+        _procedure(RECORD_TABLES, 11, with_rollups=True),
     ),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION

@@ -201,6 +201,7 @@ class JobRow(_JobKey):
     end_time: float
     exit_code: Optional[int]
     partial: int = 0
+    sluid: Optional[str] = None  # SLURM_JOB_SLUID (25.11+): this run's id, new on a requeue; None before
 
 
 class GpuUsage(_GpuKey):
@@ -230,6 +231,7 @@ class GpuUsage(_GpuKey):
     partial: int = 0
     end_counters: Optional[Dict[str, Any]] = None
     memory_total_bytes: Optional[int] = None
+    sluid: Optional[str] = None  # as in JobRow: `slurm-gpu job SLUID` finds this run's rows by it
 
 
 class HealthEvent(_Row):

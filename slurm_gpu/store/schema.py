@@ -10,7 +10,7 @@ from typing import List, Tuple
 
 from slurm_gpu.store import record
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 # Group-by columns of `slurm-gpu report` with a covering index (v2), and the columns the index
 # carries after the key: everything report.summary reads, so the table itself is never touched.
@@ -329,6 +329,14 @@ MIGRATIONS: List[Tuple[str, ...]] = [
         "ALTER TABLE remediations ADD COLUMN pid INTEGER",
         "ALTER TABLE remediations ADD COLUMN pid_start INTEGER",
         "ALTER TABLE remediations ADD COLUMN job_id INTEGER",
+    ),
+    # v10: the run's SLUID where Slurm gives one (SLURM_JOB_SLUID, 25.11+; NULL before): a requeued
+    # job's runs share the job id but each has a SLUID of its own, and `slurm-gpu job SLUID` (sacct
+    # takes SLUIDs from 26.05) finds that run's rows by it.  Shipped by `db push` (central v11).
+    (
+        "ALTER TABLE jobs ADD COLUMN sluid TEXT",
+        "ALTER TABLE job_gpus ADD COLUMN sluid TEXT",
+        "CREATE INDEX IF NOT EXISTS job_gpus_sluid ON job_gpus (sluid) WHERE sluid IS NOT NULL",
     ),
 ]
 

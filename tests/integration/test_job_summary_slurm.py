@@ -7,6 +7,7 @@ wrapper that names the config: slurmctld gives EpilogSlurmctld no SLURM_CONF).
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -189,6 +190,19 @@ def test_every_job_gets_a_summary_in_its_admin_comment_with_the_node_records_num
         assert f"energy={int(energy)}" in alloc, alloc
     else:
         assert energy in ("", "0"), energy
+    # The run's SLUID (SLURM_JOB_SLUID, 25.11+) in the node's records; from 26.05 sacct shows it and
+    # takes it, and so does `slurm-gpu job`: the same run, its summary.
+    sluids = {r["sluid"] for r in site.rows("gpu01", "SELECT sluid FROM job_gpus WHERE job_id = ?", busy)}
+    sluids |= {r["sluid"] for r in site.rows("gpu01", "SELECT sluid FROM jobs WHERE job_id = ?", busy)}
+    if slurm_version()[:2] >= (26, 5):
+        shown = bed.run("sacct", "-X", "-n", "-P", "-j", str(busy), "-o", "SLUID").stdout.strip()
+        assert sluids == {shown} and shown.startswith("s") and len(shown) == 14, (sluids, shown)
+        r = _cli(dict(bed.env), "job", shown.lower(), "--format", "json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        data = json.loads(r.stdout)
+        assert data["job"]["job_id_raw"] == busy and [g["node"] for g in data["gpus"]] == ["gpu01"], data
+    elif slurm_version()[:2] < (25, 11):
+        assert sluids == {None}, sluids
 
 
 def test_an_admin_comment_set_before_the_job_ends_is_left_as_it_was(bed, site, central):
