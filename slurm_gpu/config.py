@@ -14,16 +14,12 @@ import os
 import stat
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
+from slurm_gpu.checkcatalog import JUDGED
 from slurm_gpu.errors import ConfigError
 
 DEFAULT_PATH = "/etc/slurm-gpu/config.toml"
 SEVERITIES = ("fail", "warn", "off")
-CHECK_NAMES = (
-    "gpu_count", "responsive", "ecc_uncorrectable", "row_remap_failure", "pending_reset",
-    "retired_pages", "temperature", "clock_events", "pcie_link", "nvlink", "persistence_mode",
-    "leftover_processes", "memory_in_use", "driver_version", "xid", "remap_spare_rows", "vbios_consistency",
-    "fabric", "recovery_action", "inforom", "power_cap", "fans", "stuck_clocks",
-)
+CHECK_NAMES = JUDGED  # what health.severity may set: the judged checks of the catalog (checkcatalog.py)
 
 
 class Key(NamedTuple):

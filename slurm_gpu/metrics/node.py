@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from slurm_gpu.config import CHECK_NAMES
+from slurm_gpu.checkcatalog import metric_label
 from slurm_gpu.gpu.snapshot import cuda_version, was_read
 from slurm_gpu.gpu.xid import bus_key
 from slurm_gpu.metrics.catalog import CLOCK_EVENT_REASONS, GPU_FAMILIES, INVENTORY_FAMILIES, STATUSES
@@ -39,8 +39,8 @@ def gpu_labels(g: Any) -> Labels:
 
 
 def check_label(check: Optional[str]) -> str:
-    """A drain reason's label: a check name of policy/health.py, or 'other' (bounded)."""
-    return check if check in CHECK_NAMES else "other"
+    """A drain reason's label: a check of the catalog (checkcatalog.py), or 'other' (bounded)."""
+    return metric_label(check or "")
 
 
 def _identity(labels: Labels) -> str:

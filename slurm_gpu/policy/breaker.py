@@ -36,14 +36,14 @@ from __future__ import annotations
 
 from typing import Any, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
+from slurm_gpu import checkcatalog as catalog
 from slurm_gpu.slurm.reason import is_ours, reason_check
 
 # Checks whose FAIL in the prolog always gates the job (issue 26 item 5): the GPU itself is broken,
 # or (nvml: NVML cannot start, e.g. a driver/library mismatch) the driver cannot serve it at all;
 # pending_reset: an uncorrectable error's row or page is not retired until a reset, so the next job
 # can meet it again; fabric: with the NVSwitch fabric not ready every CUDA program fails at start.
-HARDWARE = frozenset({"ecc_uncorrectable", "row_remap_failure", "pending_reset", "responsive", "gpu_count",
-                      "recovery_action", "fabric", "nvml"})
+HARDWARE = catalog.HARDWARE  # checkcatalog.py: CheckSpec.hardware
 REBOOT = "reboot"  # the "check" of remediate's reboot requests: at most the share of a partition rebooting at once
 ANY = "*"  # a reset of every check (`slurm-gpu breaker reset` without --check)
 

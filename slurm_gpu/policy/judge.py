@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
+from slurm_gpu import checkcatalog as catalog
 from slurm_gpu.config import Config
 from slurm_gpu.gpu.snapshot import GpuSnapshot, NodeSnapshot, Reading
 from slurm_gpu.gpu.xid import XidEvent
@@ -11,9 +12,8 @@ from slurm_gpu.gpu.xid import XidEvent
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 _RANK = {SKIP: 0, PASS: 1, WARN: 2, FAIL: 3}
 
-# Checks whose natural FAIL is only a warning unless the site says otherwise.
-DEFAULT_SEVERITY = {"persistence_mode": "warn", "remap_spare_rows": "warn", "vbios_consistency": "warn",
-                    "inforom": "warn", "power_cap": "warn", "stuck_clocks": "warn"}
+# Checks whose natural FAIL is only a warning unless the site says otherwise (checkcatalog.py).
+DEFAULT_SEVERITY = catalog.DEFAULT_SEVERITY
 
 
 class CheckResult(NamedTuple):

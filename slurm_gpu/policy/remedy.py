@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence
 
+from slurm_gpu import checkcatalog as catalog
 from slurm_gpu.gpu import xidcatalog
 from slurm_gpu.gpu.xid import bus_key
 
-NONE, RESET, REBOOT, RMA, MANUAL = "none", "reset", "reboot", "rma", "manual"
+NONE, RESET, REBOOT, RMA, MANUAL = "none", catalog.RESET, catalog.REBOOT, catalog.RMA, "manual"
 # Which remedy wins when a node has several faults: MANUAL first (no automatic step would cure
 # it, so none is tried), then the strongest step.
 _RANK = {NONE: 0, RESET: 1, REBOOT: 2, RMA: 3, MANUAL: 4}
@@ -41,21 +42,9 @@ RECOVERY_REMEDY = {0: NONE, 1: RESET, 2: REBOOT, 3: RESET, 4: RESET, 5: MANUAL, 
 # NVIDIA's resolution bucket -> remedy.
 BUCKET_REMEDY = {"RESTART_APP": NONE, "IGNORE": NONE, "RESET_GPU": RESET, "RESTART_BM": REBOOT,
                  "CONTACT_SUPPORT": MANUAL}
-# Checks whose FAIL has one remedy whatever the reading (the memory rules, a GPU that is gone).
-CHECK_REMEDY = {
-    "pending_reset": (RESET, "NVIDIA memory error management: a pending remap/retirement takes effect at a GPU reset"),
-    "ecc_uncorrectable": (RESET, "NVIDIA XID catalog (48/95, RESET_GPU): a reset clears the volatile counters"),
-    "row_remap_failure": (RMA, "NVIDIA memory error management, RMA policy: the remapping-failure flag"),
-    "retired_pages": (RMA, "NVIDIA memory error management: retired-page limit (RMA guidance 60 of 64)"),
-    "sram_threshold": (RMA, "NVIDIA memory error management: SRAM uncorrectable events over the bank threshold"),
-    "responsive": (REBOOT, "NVIDIA XID catalog (79, RESTART_BM): a GPU off the bus needs a node reboot"),
-    "gpu_count": (REBOOT, "NVIDIA XID catalog (79, RESTART_BM): a GPU off the bus needs a node reboot"),
-    # The verification job's battery (hooks/battery.py): a test that failed on a GPU after a reset or a
-    # reboot.  Reset first; remediate's ladder (ESCALATION) makes a repeat a reboot, then an RMA.
-    "verify_dcgm": (RESET, "verification job: DCGM diagnostic failed (dcgmi diag)"),
-    "verify_nccl": (RESET, "verification job: nccl-tests all_reduce_perf failed or under its bus bandwidth floor"),
-    "verify_command": (RESET, "verification job: a site command (verify.commands) failed"),
-}
+# Checks whose FAIL has one remedy whatever the reading (the memory rules, a GPU that is gone, a failed
+# verification test; remediate's ladder, ESCALATION, makes a repeat a reboot, then an RMA): checkcatalog.py.
+CHECK_REMEDY = catalog.CHECK_REMEDY
 
 
 class Remedy(NamedTuple):

@@ -4,7 +4,9 @@ A family module (memory, thermal, links, processes, versions, xids) decorates ea
 `gpu_check` (run once per judged, reachable GPU: fn(judge, gpu, ctx)) or `node_check` (run once:
 fn(judge, ctx), phase "before" the GPUs or "after" them).  Checks run in registration order,
 which is the order of FAMILIES and, within a family, of definition: the first FAIL becomes the
-drain reason, so the order is part of the behaviour.  A new check touches one family file.
+drain reason, so the order is part of the behaviour.  A new check touches two files: its family
+file here and its CheckSpec in slurm_gpu/checkcatalog.py (name, severity, hardware, remedy, docs line;
+tests/test_checkcatalog.py fails until both exist).
 """
 from __future__ import annotations
 
