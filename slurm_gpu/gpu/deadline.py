@@ -13,7 +13,6 @@ with pyslurm 25.11.2: slurmctld stopped, a 2 s deadline ended after Slurm's Mess
 from __future__ import annotations
 
 import os
-import pickle
 import select
 import signal
 import threading
@@ -69,6 +68,7 @@ def _send_all(fd: int, data: bytes) -> None:
 
 def _child(fn: Callable[[], Any], fd: int) -> None:
     """In the forked child: fn()'s value or exception, pickled, down the pipe; never returns."""
+    import pickle  # here and in call_in_child: only pyslurm's calls come this way, never the hooks' NVML reads
     try:
         try:
             payload = pickle.dumps((True, fn()))
@@ -101,6 +101,7 @@ def call_in_child(fn: Callable[[], Any], timeout_s: float, name: str
     the interpreter lock while it waits (pyslurm's RPCs), which no thread of ours could outwait.
     fn's value (or exception) must pickle.  A child still running after ``timeout_s`` is
     killed (SIGKILL) and reaped: nothing is left behind.  ``name`` goes into error texts."""
+    import pickle
     deadline = time.monotonic() + timeout_s
     rfd, wfd = os.pipe()
     pid = os.fork()

@@ -21,17 +21,53 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import sys
 import threading
 import time
+import types
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple
-
-import pynvml
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from slurm_gpu.errors import DriverLibraryMismatch, NvmlUnavailable, NvmlWriteError
 from slurm_gpu.gpu import snapshot as S
 from slurm_gpu.gpu.deadline import run_with_deadline
 from slurm_gpu.gpu.snapshot import GpuSnapshot, MigDevice, NodeSnapshot, NvLink, Process, Reading
+
+
+def _find_library_when_called(name: str) -> Optional[str]:
+    from ctypes.util import find_library  # the real one, imported at the first call
+    return find_library(name)
+
+
+def _load_pynvml() -> Any:
+    """nvidia-ml-py, imported without ctypes.util.  pynvml.py does `from ctypes.util import
+    find_library` at its top and never calls it on Linux; ctypes.util imports subprocess, shutil
+    and tempfile: 10 ms of every prolog and epilog (-X importtime, docs/benchmarks.md).  During this
+    one import a stand-in module gives pynvml a find_library that imports the real one when called;
+    then the stand-in is gone, and `import ctypes.util` anywhere gets the real module as always.
+    A pynvml that wants more of ctypes.util (ImportError) is imported the ordinary way."""
+    if "pynvml" in sys.modules or "ctypes.util" in sys.modules:
+        import pynvml as loaded
+        return loaded
+    stand_in = types.ModuleType("ctypes.util")
+    stand_in.find_library = _find_library_when_called  # type: ignore[attr-defined]
+    sys.modules["ctypes.util"] = stand_in
+    try:
+        import pynvml as loaded
+    except ImportError:
+        loaded = None
+    finally:
+        if sys.modules.get("ctypes.util") is stand_in:
+            del sys.modules["ctypes.util"]
+    if loaded is None:
+        import pynvml as loaded
+    return loaded
+
+
+if TYPE_CHECKING:
+    import pynvml
+else:
+    pynvml = _load_pynvml()
 
 # Errors that mean "this GPU does not offer that reading" rather than "something is wrong".
 _UNSUPPORTED_CODES = {
