@@ -161,3 +161,17 @@ def test_slurm_appending_reboot_issued_and_complete_to_our_reason_keeps_its_chec
         assert not auto_resumable(reason)
     manual = format_reason("bad cable", f"{R.MANUAL} by alice") + " : reboot issued"
     assert is_manual(manual)
+
+
+def test_the_rma_reason_is_written_and_read_in_one_place_and_an_admins_look_alike_is_not_one():
+    """remediate writes its RMA drain with rma_reason and every reader asks is_rma: before, three
+    parsers of the text existed, and owner() called an RMA drain 'remediate' (its context was read first)."""
+    rma = R.rma_reason("1650223041234", "row remapping failure")
+    assert rma.startswith("slurm-gpu: RMA: GPU 1650223041234 ") and rma.endswith("[remediate]")
+    assert R.is_rma(rma) and R.owner(rma) == "an RMA" and not auto_resumable(rma)
+    assert R.is_rma(rma + " : reboot issued")
+    for look_alike in ("slurm-gpu: RMA: GPU 1 waiting for the vendor",  # typed by an admin, no context of ours
+                       format_reason("RMA: GPU 1 ticket 4711", f"{R.MANUAL} by alice"),
+                       format_reason("GPU 1 RMA: not the fault's start", "remediate"),
+                       "RMA: GPU 1 [remediate]"):
+        assert not R.is_rma(look_alike), look_alike

@@ -322,8 +322,7 @@ def _not_ours(info: Any) -> str:
     return ""
 
 
-def is_rma(reason: Optional[str]) -> bool:
-    return _reason.is_automatic(reason) and (reason or "").split(":", 1)[1].lstrip().startswith("RMA:")
+is_rma = _reason.is_rma  # one parser of the RMA reason (slurm/reason.py), which rma_reason writes
 
 
 def drain_time(env: Env, info: Any) -> Optional[float]:
@@ -773,7 +772,7 @@ def _returned_by_slurm(env: Env, info: Any, row: Dict[str, Any]) -> Outcome:
 def _rma(env: Env, run: Any, r: R.Remedy, why: str) -> Outcome:
     serial = _serial(run, r.gpu_index) or r.gpu_uuid or "?"
     fault = r.fault + (f"; {why}" if why else "")
-    text = _reason.format_reason(f"RMA: GPU {serial} {fault}", "remediate")
+    text = _reason.rma_reason(serial, fault)
     if env.dry_run:
         return Outcome(env.node, "rma", "would-rma", f"{env.node}: would mark for RMA: {text}")
     _row(env, run, r, "rma", "rma", why or r.source)

@@ -7,8 +7,9 @@ A failed check maps to one of five remedies, from NVIDIA's own signals, in this 
 2. The recovery action an XID 154 line carries (gpu/xidcatalog.recovery_action).
 3. The XID catalog's immediate action (gpu/xidcatalog.py: NVIDIA's "Resolution Bucket").
 4. The memory rules (NVIDIA, "GPU Memory Error Management"; docs/fleet.md): a pending row remap
-   or page retirement takes effect at the next GPU reset; a row-remapping failure, the retired-page
-   limit or SRAM over its threshold is an RMA: no remedy on the node cures it.
+   or page retirement takes effect at the next GPU reset; a row-remapping failure or the retired-page
+   limit is an RMA: no remedy on the node cures it (the checks' own remedies: slurm_gpu/checkcatalog.py).
+   Uncorrectable SRAM errors are an early warning of `slurm-gpu fleet memory`, not a check.
 
 NONE: nothing to do on the GPU (an application's fault).  RESET: reset the GPU when idle.
 REBOOT: reboot the node through Slurm.  RMA: replace the board; the drain stays.

@@ -35,6 +35,7 @@ HEALTHCHECK = "healthcheck"
 REMEDIATE = "remediate"  # context of the drains `slurm-gpu remediate` sets while it acts (docs/remediation.md)
 
 CHECK_SEP = "; "  # between the context and the check it names: `[prolog job 7; check xid]`
+RMA = "RMA:"  # the fault of remediate's drain for a board to replace: `slurm-gpu: RMA: GPU <serial> ... [remediate]`
 
 _WS = re.compile(r"\s+")
 _CHECK_NAME = re.compile(r"[^A-Za-z0-9_.-]")
@@ -164,15 +165,32 @@ def reason_check(reason: Optional[str]) -> str:
     return m.group(1) if m else ""
 
 
+def rma_reason(serial: str, fault: str) -> str:
+    """remediate's drain for a board to replace: never lifted by a flow of ours (is_rma)."""
+    return format_reason(f"{RMA} GPU {serial} {fault}", REMEDIATE)
+
+
+def _fault(reason: Optional[str]) -> str:
+    """What follows our prefix (the fault, then the context)."""
+    text = (reason or "").lstrip()
+    return text[len(PREFIX):].lstrip() if text.startswith(PREFIX) else ""
+
+
+def is_rma(reason: Optional[str]) -> bool:
+    """remediate's RMA drain (rma_reason): an automatic reason whose fault says RMA.  An admin's text
+    that merely starts so (no context of ours, or `[manual by ...]`) is not."""
+    return is_automatic(reason) and _fault(reason).startswith(RMA)
+
+
 def owner(reason: Optional[str]) -> str:
-    """Who holds one of our drains, in words for an admin: 'an admin (manual)', 'remediate' (a step
-    under way), 'an RMA' (the board waits for replacement) or 'the hooks' (an automatic drain)."""
+    """Who holds one of our drains, in words for an admin: 'an admin (manual)', 'an RMA' (the board
+    waits for replacement), 'remediate' (a step under way) or 'the hooks' (an automatic drain)."""
     if is_manual(reason):
         return "an admin (manual)"
+    if is_rma(reason):
+        return "an RMA"
     if reason_context(reason).startswith(REMEDIATE):
         return "remediate"
-    if (reason or "").split(":", 1)[-1].lstrip().startswith("RMA:"):
-        return "an RMA"
     return "the hooks"
 
 
@@ -187,6 +205,4 @@ def auto_resumable(reason: Optional[str]) -> bool:
         return False
     # `slurm-gpu remediate` owns these: mid-step (context "remediate: reset") only its verification may
     # resume the node, and an RMA (fault "RMA: ...") waits for the board's replacement.
-    context = reason_context(reason)
-    fault = (reason or "").split(":", 1)[1].lstrip()
-    return not (context.startswith(REMEDIATE) or fault.startswith("RMA:"))
+    return not (reason_context(reason).startswith(REMEDIATE) or is_rma(reason))
