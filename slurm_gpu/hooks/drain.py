@@ -1,5 +1,6 @@
-"""A hook's drain: the one drain decision (policy/drain.py) asked, the circuit breaker where the hook
-asks it, and the drain's record."""
+"""The one drain routine of the hooks and healthcheck (apply_drain): the one drain decision
+(policy/drain.py) asked, the circuit breaker asked before and counted again after where the caller
+wants it, the reason set through Slurm; and a hook's drain with its record (drain_node, drain)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence, Tuple
@@ -16,6 +17,54 @@ if TYPE_CHECKING:
     from slurm_gpu.hooks.deps import HookDeps
 
 
+KEPT, WOULD_DRAIN, BREAKER, DRAINED, WITHDRAWN = "kept", "would-drain", "breaker", "drained", "withdrawn"
+
+
+class Attempt:
+    """What apply_drain did (a plain class: the prolog imports this module, and a NamedTuple costs
+    a quarter of a millisecond to create)."""
+
+    __slots__ = ("outcome", "reason", "whose", "why")
+
+    def __init__(self, outcome: str, reason: str, whose: str, why: str = "") -> None:
+        self.outcome = outcome  # KEPT | WOULD_DRAIN | BREAKER (not drained) | DRAINED | WITHDRAWN (drained, then withdrawn)
+        self.reason = reason  # the reason set (or that would be), or the one Slurm kept
+        self.whose = whose  # the owner of a drain already there: "slurm-gpu", "other", "" (policy/drain.py)
+        self.why = why  # the circuit breaker's words (BREAKER, WITHDRAWN)
+
+
+def apply_drain(backend: Any, info: Any, node: str, reason: str, check: str, *, breaker_cfg: Any = None,
+                log: Any = None, now: float = 0.0, dry_run: bool = False, **ids: Any) -> Attempt:
+    """Put our `reason` on `node` (as Slurm described it in `info`) for a FAIL of `check`.
+
+    A node already drained or down keeps its reason (KEPT: whoever drained it; policy/drain.py).  With
+    `breaker_cfg` the circuit breaker is asked first (BREAKER: not drained) and counts again right
+    after the drain (WITHDRAWN: nodes drained before this one filled the share; hooks/breaker.py).
+    A SlurmGpuError from the drain itself propagates, carrying `drain_reason` for the caller's record."""
+    from slurm_gpu.policy.drain import KEEP, decide_drain
+    decision = decide_drain(info, reason)  # the one rule
+    if decision.action == KEEP:
+        return Attempt(KEPT, decision.reason, decision.whose)
+    if dry_run:
+        return Attempt(WOULD_DRAIN, decision.reason, decision.whose)
+    if breaker_cfg is not None:
+        from slurm_gpu.hooks.breaker import ask
+        verdict = ask(breaker_cfg, backend, node, check, now, log, **ids)
+        if verdict.open:
+            return Attempt(BREAKER, decision.reason, decision.whose, verdict.text)
+    try:
+        backend.drain(node, decision.reason)
+    except SlurmGpuError as e:
+        e.drain_reason = decision.reason  # type: ignore[attr-defined]
+        raise
+    if breaker_cfg is not None:
+        from slurm_gpu.hooks.breaker import confirm
+        second = confirm(breaker_cfg, backend, node, check, decision.reason, log, **ids)
+        if second.open:
+            return Attempt(WITHDRAWN, decision.reason, decision.whose, second.text)
+    return Attempt(DRAINED, decision.reason, decision.whose)
+
+
 def drain_node(deps: HookDeps, job: JobEnv, source: str, fault: str, check: str = "",
                breaker: bool = False) -> Tuple[bool, R.Drain]:
     """Drain this node with our reason (naming the check).  Returns (the hook may exit 0: the node
@@ -25,7 +74,6 @@ def drain_node(deps: HookDeps, job: JobEnv, source: str, fault: str, check: str 
     `kept` when the node was already drained and Slurm kept that reason (ok=0, kept_reason);
     `breaker` when the circuit breaker, asked first (breaker=True: the epilog), was open for the
     check (ok=0); `failed` when slurmctld could not be reached; `off` with hooks.drain_on_fault = false."""
-    from slurm_gpu.policy.drain import KEEP, decide_drain
     from slurm_gpu.slurm.reason import format_reason
     reason = format_reason(fault, f"{source} job {job.job_id}", check=check)
     drained, outcome, kept = False, "off", None
@@ -33,17 +81,17 @@ def drain_node(deps: HookDeps, job: JobEnv, source: str, fault: str, check: str 
         try:
             backend = deps.backend()
             info = backend.node(job.node)
-            decision = decide_drain(info, reason)  # policy/drain.py: the one rule
-            if decision.action == KEEP:
+            a = apply_drain(backend, info, job.node, reason, check, breaker_cfg=deps.cfg if breaker else None,
+                            log=deps.log, now=deps.now(), job=job.job_id)
+            if a.outcome == KEPT:
                 # Already drained or down: the first reason stays (policy/drain.py).
                 deps.job_log(job).warning("already-drained", reason=reason, existing=info.reason)
                 outcome, kept = "kept", info.reason or ""
-            elif breaker and _breaker_open(deps, job, check):
+            elif a.outcome == BREAKER:
                 outcome = "breaker"
             else:
-                backend.drain(job.node, decision.reason)
                 deps.job_log(job).warning("drain", reason=reason)
-                outcome = "breaker" if breaker and _withdrawn(deps, job, check, decision.reason) else "drained"
+                outcome = "breaker" if a.outcome == WITHDRAWN else "drained"
             drained = True
         except SlurmGpuError as e:
             deps.job_log(job).error("drain-failed", reason=reason, error=e.message)
@@ -52,19 +100,6 @@ def drain_node(deps: HookDeps, job: JobEnv, source: str, fault: str, check: str 
         deps.job_log(job).warning("fault-no-drain", reason=reason)
     return drained, R.drain(job.node, source, reason, outcome, deps.now(), kept_reason=kept, job_id=job.job_id,
                             cluster=job.cluster, restart_count=job.restart_count)
-
-
-def _breaker_open(deps: HookDeps, job: JobEnv, check: str) -> bool:
-    """Ask the circuit breaker (hooks/breaker.py) before a drain for `check`; True: do not drain."""
-    from slurm_gpu.hooks.breaker import ask
-    return ask(deps.cfg, deps.backend(), job.node, check, deps.now(), deps.log, job=job.job_id).open
-
-
-def _withdrawn(deps: HookDeps, job: JobEnv, check: str, reason: str) -> bool:
-    """The breaker's second count after this drain (nodes deciding at the same moment); True: the
-    drain was withdrawn, nodes drained before this one filling the share."""
-    from slurm_gpu.hooks.breaker import confirm
-    return confirm(deps.cfg, deps.backend(), job.node, check, reason, deps.log, job=job.job_id).open
 
 
 def drain(deps: HookDeps, job: JobEnv, source: str, fault: str, seen: Any = None, check: str = "",

@@ -9,7 +9,6 @@ from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Sequence
 
 from slurm_gpu.errors import DriverLibraryMismatch, ExitCode, NvmlUnavailable, SlurmGpuError
 from slurm_gpu.gpu.deadline import call_with_deadline
-from slurm_gpu.policy.drain import KEEP, decide_drain
 from slurm_gpu.slurm import reason as _reason
 from slurm_gpu.slurm.model import SlurmBackend
 
@@ -169,38 +168,29 @@ def _drain_unhealthy(backend: SlurmBackend, info: Any, node_name: str, fault: st
                      res: Tuple[Any, ...], dry_run: bool, breaker_cfg: Any = None) -> HealthOutcome:
     """FAIL: drain with our reason, unless the node is already drained (whoever drained it) or the
     circuit breaker is open for the check."""
+    from slurm_gpu.hooks import drain as D
     check = failing_check(res)
-    text = _reason.format_reason(fault, context, check=check)
-    decision = decide_drain(info, text)  # policy/drain.py: the one rule
-    if decision.action == KEEP:
-        whose = "slurm-gpu" if decision.whose == "slurm-gpu" else (info.reason_user or "someone else")
+    # hooks/drain.py: the one drain routine (decision, breaker before and after; a failed drain raises
+    # with its drain_reason, which the caller records)
+    a = D.apply_drain(backend, info, node_name, _reason.format_reason(fault, context, check=check), check,
+                      breaker_cfg=breaker_cfg, log=_breaker_log(breaker_cfg) if breaker_cfg is not None else None,
+                      now=_time.time(), dry_run=dry_run)
+    unhealthy = int(ExitCode.UNHEALTHY)
+    if a.outcome == D.KEPT:
+        whose = "slurm-gpu" if a.whose == "slurm-gpu" else (info.reason_user or "someone else")
         return HealthOutcome(node_name, "FAIL", "kept-drained",
                              f"{node_name}: FAIL: {fault}; already {info.state} by {whose} "
                              f"({info.reason or 'no reason'}), reason left as is",
-                             info.reason, res, int(ExitCode.UNHEALTHY))
-    text = decision.reason
-    if dry_run:
-        return HealthOutcome(node_name, "FAIL", "would-drain", f"{node_name}: FAIL: would drain: {text}", text, res,
-                             int(ExitCode.UNHEALTHY))
-    if breaker_cfg is not None:
-        from slurm_gpu.hooks.breaker import ask
-        verdict = ask(breaker_cfg, backend, node_name, check, _time.time(), _breaker_log(breaker_cfg))
-        if verdict.open:
-            return HealthOutcome(node_name, "FAIL", "breaker-open", f"{node_name}: FAIL: {fault}; not drained: {verdict.text}",
-                                 "", res, int(ExitCode.UNHEALTHY))
-    try:
-        backend.drain(node_name, text)
-    except SlurmGpuError as e:
-        e.drain_reason = text  # type: ignore[attr-defined]  # the caller records the failed drain
-        raise
-    if breaker_cfg is not None:  # nodes deciding at the same moment: count again, withdraw past the share
-        from slurm_gpu.hooks.breaker import confirm
-        second = confirm(breaker_cfg, backend, node_name, check, text, _breaker_log(breaker_cfg))
-        if second.open:
-            return HealthOutcome(node_name, "FAIL", "breaker-open", f"{node_name}: FAIL: {fault}; drain withdrawn: {second.text}",
-                                 "", res, int(ExitCode.UNHEALTHY))
-    return HealthOutcome(node_name, "FAIL", "drained", f"{node_name}: FAIL: drained: {text}", text, res,
-                         int(ExitCode.UNHEALTHY))
+                             info.reason, res, unhealthy)
+    if a.outcome == D.WOULD_DRAIN:
+        return HealthOutcome(node_name, "FAIL", "would-drain", f"{node_name}: FAIL: would drain: {a.reason}", a.reason,
+                             res, unhealthy)
+    if a.outcome in (D.BREAKER, D.WITHDRAWN):
+        said = "not drained" if a.outcome == D.BREAKER else "drain withdrawn"
+        return HealthOutcome(node_name, "FAIL", "breaker-open", f"{node_name}: FAIL: {fault}; {said}: {a.why}",
+                             "", res, unhealthy)
+    return HealthOutcome(node_name, "FAIL", "drained", f"{node_name}: FAIL: drained: {a.reason}", a.reason, res,
+                         unhealthy)
 
 
 def _breaker_log(cfg: Any) -> Any:

@@ -1,7 +1,7 @@
 """The one drain decision: may slurm-gpu put its reason on this node now?
 
-Used by the prolog and epilog (``hooks/drain.py``), ``healthcheck`` and ``drain --unhealthy``
-(``hooks/healthcheck.py``), and meant for the admin's ``slurm-gpu drain`` as well.  Pure: it
+Asked by the one drain routine of the prolog, the epilog, ``healthcheck`` and ``drain --unhealthy``
+(``hooks/drain.py`` apply_drain), and by the admin's ``slurm-gpu drain`` (``manual=True``).  Pure: it
 takes what Slurm says about the node (anything with ``drained``, ``down`` and ``reason``,
 e.g. ``slurm_gpu.slurm.model.NodeInfo``) and the reason we would set, and returns what to do.
 
