@@ -20,6 +20,10 @@ from slurm_gpu.errors import ConfigError
 DEFAULT_PATH = "/etc/slurm-gpu/config.toml"
 SEVERITIES = ("fail", "warn", "off")
 CHECK_NAMES = JUDGED  # what health.severity may set: the judged checks of the catalog (checkcatalog.py)
+# A GPU of a job whose mean utilisation stays below this is idle: report.idle_threshold_pct's default,
+# the report query's, and the threshold the central rollups are built with (store/rollups.py); a
+# report at another threshold reads the records instead of the rollups.
+IDLE_THRESHOLD_PCT = 5.0
 
 
 class Key(NamedTuple):
@@ -176,7 +180,7 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "slurm_version": Key(str, "", "Slurm version whose AutoDetect MIG type names `gres-conf` writes (e.g. \"22.05.8\": up to 23.02.5 from memory rounded to GiB, from 23.02.6 the NVML profile); empty: ask `slurmd -V`, `sinfo -V`, `scontrol -V`. `--slurm-version` wins."),
     },
     "report": {
-        "idle_threshold_pct": Key(float, 5.0, "A job's GPU whose mean utilisation stays below this is counted idle (`report --idle-threshold`).", _rng(0, 100)),
+        "idle_threshold_pct": Key(float, IDLE_THRESHOLD_PCT, "A job's GPU whose mean utilisation stays below this is counted idle (`report --idle-threshold`).", _rng(0, 100)),
         "sources": Key(list, [], "Node databases or directories of *.db files that `slurm-gpu report` reads when --db is not given, or one central server ('central' for central.url, or mysql://USER@HOST/DB); empty: this node's store.database.",
                        lambda v: None if all(isinstance(x, str) and x for x in v) else "must be a list of non-empty paths"),
         "tz": Key(str, "utc", "Time zone of report calendar times and day/week/month groups: 'utc' or 'local' (`report --tz`).", _choice("utc", "local")),

@@ -128,6 +128,18 @@ def test_central_init_creates_the_schema_and_check_says_whether_it_is_current(si
     assert r.returncode == 0 and "already current" in r.stderr
 
 
+def test_the_servers_job_tables_have_exactly_the_catalogued_columns(site):
+    """information_schema after `central init` against store/central.py's lists (tests/test_columns.py
+    ties those to the node's records): the server's own columns are the shipping ones, the row version
+    and job_gpus' indexed span."""
+    site.init()
+    extra = {"jobs": ["row_version"], "job_gpus": ["row_version", "span_s"]}
+    for table in ("jobs", "job_gpus"):
+        have = [r[0] for r in site.rows("SELECT column_name FROM information_schema.columns WHERE table_schema = "
+                                        f"DATABASE() AND table_name = '{table}' ORDER BY ordinal_position")]
+        assert sorted(have) == sorted(list(C.COLUMNS[table]) + list(C.SHIPPED) + extra[table]), (table, have)
+
+
 def test_push_ships_every_record_once_and_a_second_push_ships_nothing(site):
     site.init()
     for j in range(1, 6):

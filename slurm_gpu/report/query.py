@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
+from slurm_gpu.config import IDLE_THRESHOLD_PCT
 from slurm_gpu.errors import InputError
 from slurm_gpu.report.timespec import format_time, time_zone
 
@@ -32,7 +33,7 @@ class Query:
     partitions: Tuple[str, ...] = ()
     nodes: Tuple[str, ...] = ()
     clusters: Tuple[str, ...] = ()
-    idle_threshold_pct: float = 5.0
+    idle_threshold_pct: float = IDLE_THRESHOLD_PCT
     tz: str = "utc"
     job_id: Optional[int] = None  # report job JOBID
 

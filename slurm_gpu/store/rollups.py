@@ -42,12 +42,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from slurm_gpu.config import IDLE_THRESHOLD_PCT  # the rollups' idle threshold (re-exported)
 from slurm_gpu.timefmt import wall_clock_to_unix
 
 TAIL = "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
 NAME = "VARCHAR(255)"
 SUM = "DECIMAL(65,20)"  # exact: adding and taking out a contribution is reversible
-IDLE_THRESHOLD_PCT = 5.0  # the rollups' idle threshold (report.idle_threshold_pct's default)
 FIRST_YEAR, END_YEAR = 1990, 2100  # valid records end in 2000-2099 and last at most ten years
 
 # The report's rules for a record (report/query.py: _valid_sql, UTIL, MEM_UTIL, IDLE, _OUT_OF_RANGE);
