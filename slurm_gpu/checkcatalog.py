@@ -18,25 +18,35 @@ library only: config.py imports it on the hook path.
 """
 from __future__ import annotations
 
-from typing import Dict, FrozenSet, NamedTuple, Tuple
+from typing import Dict, FrozenSet, Tuple
 
 # remedy actions (policy/remedy.py uses the same words)
 RESET, REBOOT, RMA = "reset", "reboot", "rma"
 
 
-class CheckSpec(NamedTuple):
-    name: str
-    family: str  # policy/checks module that judges it; 'driver', 'config', 'verify': named outside the judge
-    doc: str  # what a FAIL (or WARN) means, one line
-    severity: str = "fail"  # default severity of its FAIL: fail | warn
-    hardware: bool = False  # its FAIL means the GPU (or the driver serving it) is broken: always gates a job
-    remedy: str = ""  # one remedy whatever the reading ('' : from the reading, XIDs, or a human)
-    remedy_source: str = ""  # where that remedy comes from
+class CheckSpec:
+    """One check.  A plain class, not a NamedTuple: config.py imports this module on every job start,
+    and a NamedTuple class costs most of a millisecond to make (docs/benchmarks.md)."""
+
+    __slots__ = ("name", "family", "doc", "severity", "hardware", "remedy", "remedy_source")
+
+    def __init__(self, name: str, family: str, doc: str, severity: str = "fail", hardware: bool = False,
+                 remedy: str = "", remedy_source: str = "") -> None:
+        self.name = name
+        self.family = family  # policy/checks module that judges it; 'driver', 'config', 'verify': named outside the judge
+        self.doc = doc  # what a FAIL (or WARN) means, one line
+        self.severity = severity  # default severity of its FAIL: fail | warn
+        self.hardware = hardware  # its FAIL means the GPU (or the driver serving it) is broken: always gates a job
+        self.remedy = remedy  # one remedy whatever the reading ('' : from the reading, XIDs, or a human)
+        self.remedy_source = remedy_source  # where that remedy comes from
 
     @property
     def judged(self) -> bool:
         """Run by the judge (policy/checks), so `health.severity` may set it."""
         return self.family not in OUTSIDE_THE_JUDGE
+
+    def __repr__(self) -> str:
+        return f"CheckSpec({self.name!r}, {self.family!r})"
 
 
 OUTSIDE_THE_JUDGE = ("driver", "config", "verify")
