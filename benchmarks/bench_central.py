@@ -24,7 +24,7 @@ Not run in CI (needs Debian's mariadb-server and root, like tests/test_central.p
      checkout (`pip install .[central]`: what a site runs, its modules' bytecode compiled; the
      checkout itself, where PYTHONDONTWRITEBYTECODE is set, compiled every module on every run:
      ~80 ms of a report's ~250 ms here) as the reporter account (exactly the GRANTs of
-     slurm_gpu.store.central.grants()); the plan it printed is reported;
+     slurm_gpu.central.server.grants()); the plan it printed is reported;
    - the same aggregation over the records in the `mariadb` command-line client (root over the
      socket): the statements report/plan.py's summary_plan() makes through a CentralSource for the same
      window (the raw plan, what the CLI ran before the rollups: a scan of the window's records),
@@ -34,7 +34,7 @@ Not run in CI (needs Debian's mariadb-server and root, like tests/test_central.p
    records each through Store.write and pushes them with `slurm-gpu db push` (the same install) as the writer
    account, alternating apply_batch without the rollup calls (v3's upsert, as before the
    rollups) and with them: job_gpus records per second of each, then a push with nothing to ship;
-6. times `central rollup --rebuild` (Central + store.rollups.rebuild) and prints what it corrected:
+6. times `central rollup --rebuild` (Central + central.rollups.rebuild) and prints what it corrected:
    exactly the records pushed without the rollup calls;
 7. removes the server and its files at the end, also on an error or SIGTERM.
 """
@@ -59,12 +59,12 @@ sys.path.insert(0, str(ROOT))
 import mariadb as testdb  # noqa: E402  (tests/mariadb.py: the throwaway server of the tests)
 from _common import clean_venv  # noqa: E402
 
+from slurm_gpu.central import server as C  # noqa: E402
+from slurm_gpu.central import writers as W  # noqa: E402
 from slurm_gpu.report import plan as P  # noqa: E402
 from slurm_gpu.report import reports as report  # noqa: E402
 from slurm_gpu.report.central import CentralSource, translate  # noqa: E402
 from slurm_gpu.report.query import Query  # noqa: E402
-from slurm_gpu.store import central as C  # noqa: E402
-from slurm_gpu.store import writers as W  # noqa: E402
 from slurm_gpu.store.node import Store  # noqa: E402
 
 YEAR_START = 1735689600  # 2025-01-01T00:00:00Z
@@ -571,7 +571,7 @@ def bench_push(args: argparse.Namespace, python: Path, work: Path, wr_cfg: Path,
 
 
 def time_rebuild(admin: C.Central) -> None:
-    from slurm_gpu.store import rollups as R
+    from slurm_gpu.central import rollups as R
     t0 = time.perf_counter()
     diff = R.rebuild(admin)
     took = time.perf_counter() - t0

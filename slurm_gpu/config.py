@@ -21,7 +21,7 @@ DEFAULT_PATH = "/etc/slurm-gpu/config.toml"
 SEVERITIES = ("fail", "warn", "off")
 CHECK_NAMES = JUDGED  # what health.severity may set: the judged checks of the catalog (checkcatalog.py)
 # A GPU of a job whose mean utilisation stays below this is idle: report.idle_threshold_pct's default,
-# the report query's, and the threshold the central rollups are built with (store/rollups.py); a
+# the report query's, and the threshold the central rollups are built with (central/rollups.py); a
 # report at another threshold reads the records instead of the rollups.
 IDLE_THRESHOLD_PCT = 5.0
 
@@ -71,7 +71,7 @@ def _xid_source(v):
 
 
 def _central_url(v):
-    """The URL's form only (scheme, no password); connecting is store.central's business."""
+    """The URL's form only (scheme, no password); connecting is central.server's business."""
     if not v:
         return None
     from urllib.parse import urlsplit

@@ -19,8 +19,8 @@ import pytest
 from mariadb import MariaDB
 from testbed import unavailable
 
+from slurm_gpu.central import server as C
 from slurm_gpu.errors import ExitCode
-from slurm_gpu.store import central as C
 from slurm_gpu.store.node import Store
 
 pytestmark = [pytest.mark.central, pytest.mark.once_on("trixie")]
@@ -129,7 +129,7 @@ def test_central_init_creates_the_schema_and_check_says_whether_it_is_current(si
 
 
 def test_the_servers_job_tables_have_exactly_the_catalogued_columns(site):
-    """information_schema after `central init` against store/central.py's lists (tests/test_columns.py
+    """information_schema after `central init` against central/server.py's lists (tests/test_columns.py
     ties those to the node's records): the server's own columns are the shipping ones, the row version
     and job_gpus' indexed span."""
     site.init()

@@ -1,5 +1,5 @@
 """The job tables' columns, tied together: the record's fields (store/record.py), the node database
-after every migration, the columns `db push` reads and the central server's (store/central.py).
+after every migration, the columns `db push` reads and the central server's (central/server.py).
 A column added in one place and forgotten in another fails here, not in a push at 3 a.m."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import sqlite3
 
 import pytest
 
-from slurm_gpu.store import central as C
-from slurm_gpu.store import push as P
+from slurm_gpu.central import push as P
+from slurm_gpu.central import server as C
 from slurm_gpu.store import record as R
 from slurm_gpu.store.node import Store
 

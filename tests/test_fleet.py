@@ -23,13 +23,13 @@ from mariadb import MariaDB
 from testbed import unavailable
 
 from slurm_gpu import config
+from slurm_gpu.central import server as C
+from slurm_gpu.central import writers as W
 from slurm_gpu.fleet import capacity, memory, model, versions, xids
 from slurm_gpu.fleet import central as fc
 from slurm_gpu.fleet.model import Gpu, Point
 from slurm_gpu.gpu import xidcatalog
 from slurm_gpu.slurm.cli_backend import node_from_fields, parse_show_line
-from slurm_gpu.store import central as C
-from slurm_gpu.store import writers as W
 
 pytestmark = pytest.mark.host_only  # neither Slurm's version nor Python's: once, on the host (docs/testbed.md)
 

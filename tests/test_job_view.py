@@ -519,7 +519,7 @@ def test_a_run_asked_for_by_its_sluid_gets_its_own_rows_not_its_requeues():
 
 
 def test_central_fallback_queries_job_gpus_current_with_parameters(monkeypatch):
-    from slurm_gpu.store import central as store_central
+    from slurm_gpu.central import server as store_central
 
     seen = {}
 

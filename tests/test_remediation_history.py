@@ -119,7 +119,7 @@ def test_a_v7_node_database_migrates_to_v8_and_its_remediation_rows_wait_to_be_s
 import pytest  # noqa: E402
 from test_central import Site, _forge, assert_forgeries_refused, cli  # noqa: E402
 
-from slurm_gpu.store import central as C  # noqa: E402
+from slurm_gpu.central import server as C  # noqa: E402
 
 pytestmark = pytest.mark.host_only  # neither Slurm's version nor Python's: once, on the host (docs/testbed.md)
 

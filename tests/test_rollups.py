@@ -1,4 +1,4 @@
-"""Rollups on the central server (store/rollups.py, report/rollup.py): a report from them equals the
+"""Rollups on the central server (central/rollups.py, report/rollup.py): a report from them equals the
 report from the records, byte for byte, against a real MariaDB; apply_batch keeps them exact
 through updates and withdrawals; a migration builds them from the records there; a rebuild
 finds nothing to correct, or says what it corrected.
@@ -13,14 +13,14 @@ import time
 import pytest
 from test_central import Site, cli, cli_env
 
+from slurm_gpu.central import rollups as R
+from slurm_gpu.central import server as C
 from slurm_gpu.report import reports as Q
 from slurm_gpu.report import sql as S
 from slurm_gpu.report.calendar import calendar
 from slurm_gpu.report.central import CentralSource
 from slurm_gpu.report.query import Query
 from slurm_gpu.report.sources import FileSource
-from slurm_gpu.store import central as C
-from slurm_gpu.store import rollups as R
 from slurm_gpu.store.node import Store
 
 pytestmark = [pytest.mark.central, pytest.mark.once_on("trixie")]

@@ -61,8 +61,8 @@ def init(app, url, password_file, check_only, cluster, writers, group, writer, p
     (copy each to its node's central.password_file) and prints CREATE USER with the
     password's hash, never the password.  The reporter can only read.
     """
-    from slurm_gpu.store import central as C
-    from slurm_gpu.store import writers as W
+    from slurm_gpu.central import server as C
+    from slurm_gpu.central import writers as W
     plan = _writer_plan(W, cluster, writers, group, writer)
     with C.Central.from_config(app.config, url, password_file) as srv:
         version = srv.schema_version()
@@ -143,9 +143,9 @@ def rollup(app, url, password_file, rebuild, since, progress):
     exact, 1 when rows were corrected (each table's missing, extra and different rows
     are printed).  Pushes wait while it runs (one serializable transaction).
     """
+    from slurm_gpu.central import rollups as R
+    from slurm_gpu.central import server as C
     from slurm_gpu.report.timespec import parse_time
-    from slurm_gpu.store import central as C
-    from slurm_gpu.store import rollups as R
     since_s = parse_time(since, now_s=time.time(), tz=app.config.get("report", "tz"), option="--since") if since else None
     with C.Central.from_config(app.config, url, password_file, long_queries=True) as srv:
         srv.require_current()
@@ -251,7 +251,7 @@ def push(app, database, url, password_file, max_seconds, batch_size, status_only
     node database runs at a time: a second one says so on stderr and exits 0.  Connecting
     and each exchange end within central.timeout_s in all, however slowly the server answers.
     """
-    from slurm_gpu.store import push as P
+    from slurm_gpu.central import push as P
     from slurm_gpu.store.node import Store
     cfg = app.config
     store = Store(database or cfg.path_value("store", "database"), cfg.path_value("store", "spool_dir"),
@@ -264,7 +264,7 @@ def push(app, database, url, password_file, max_seconds, batch_size, status_only
             _print_backlog(P.backlog(conn), P.last_push_time(conn))
             return
         cluster = _cluster(app, conn)
-        from slurm_gpu.store.central import Central
+        from slurm_gpu.central.server import Central
         show = sys.stderr.isatty() if progress is None else progress
         with P.push_lock(store.path):
             before = P.backlog(conn)
@@ -335,10 +335,10 @@ def annotate(app, url, password_file, since, job_ids, dry_run, progress):
     GPU energy also goes into the job's energy TRES where Slurm recorded none. Needs the
     reporter account and Slurm's sacct/sacctmgr as an operator.
     """
+    from slurm_gpu.central.server import Central, job_rows
     from slurm_gpu.report.timespec import parse_time
     from slurm_gpu.slurm.cli_backend import CliBackend
     from slurm_gpu.store import summary as S
-    from slurm_gpu.store.central import Central, job_rows
     cfg = app.config
     if since is None and not job_ids:
         raise InputError("say which jobs: --since TIME or --job JOBID", "e.g. slurm-gpu central annotate --since now-1day")

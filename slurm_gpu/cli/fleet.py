@@ -85,8 +85,8 @@ class _server:
         self.app, self.o = app, o
 
     def __enter__(self):
+        from slurm_gpu.central.server import Central
         from slurm_gpu.fleet import central as fc
-        from slurm_gpu.store.central import Central
         cfg = self.app.config
         url = None if self.o["db"] in (None, "central") else self.o["db"]
         if url is None and not cfg.get("central", "url"):

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from slurm_gpu.central.server import Central
 from slurm_gpu.errors import CentralError, InputError, mismatch_versions
 from slurm_gpu.fleet.model import COUNTERS, Gpu, Mismatch, Point
 from slurm_gpu.store.apply import MISMATCH_CHECK
-from slurm_gpu.store.central import Central
 
 FLEET_SCHEMA = 2
 _GPU_COLUMNS = ("node", "gpu_uuid", "time", "gpu_index", "serial", "model", "vbios", "driver_version",
@@ -103,7 +103,7 @@ REMEDIATION_SCHEMA = 7
 
 def remediations(central: Central, cluster: str) -> List[Dict[str, Any]]:
     """Every remediation attempt of the cluster's nodes (all clusters when cluster is ''), oldest first."""
-    from slurm_gpu.store.central import REMEDIATION_HISTORY_COLUMNS
+    from slurm_gpu.central.server import REMEDIATION_HISTORY_COLUMNS
     version = central.schema_version() or 0
     if version < REMEDIATION_SCHEMA:
         raise CentralError(f"central server {central.target.describe()}: schema version {version} has no remediation "

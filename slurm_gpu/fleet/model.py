@@ -10,8 +10,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
+from slurm_gpu.central.server import INVENTORY_COUNTERS
 from slurm_gpu.slurm import hostlist
-from slurm_gpu.store.central import INVENTORY_COUNTERS
 
 # Nodes write an inventory at least daily (docs/fleet.md); two days without one is stale.
 STALE_S = 2 * 86400.0

@@ -187,7 +187,7 @@ def _named(env: Mapping[str, str]) -> str:
 def _wait_for_rows(cfg: Any, cluster: str, job_id: int, restart: int, gpu_nodes: Optional[List[str]],
                    run: _Run, sleep) -> List[dict]:
     """The job's rows once every GPU node has pushed, or what arrived by job_summary.wait_s."""
-    from slurm_gpu.store.central import Central, job_rows
+    from slurm_gpu.central.server import Central, job_rows
     # Leave the write ~10 s of the hook's own deadline.
     left_for_hook = run.deadline_s - (time.monotonic() - run.started) - 10.0
     until = time.monotonic() + max(0.0, min(cfg.get("job_summary", "wait_s"), left_for_hook))

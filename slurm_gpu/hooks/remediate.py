@@ -169,13 +169,13 @@ def _attempt_key(r: Dict[str, Any]) -> Tuple[str, Any, float]:
 
 
 def central_history(cfg: Any) -> Optional[Callable[[str], List[Dict[str, Any]]]]:
-    """One GPU's attempts on every node from the central server (store/central.py, imported only when
+    """One GPU's attempts on every node from the central server (central/server.py, imported only when
     asked: PyMySQL is never loaded by a healthcheck that finds nothing to remediate); None without central.url."""
     if not cfg.get("central", "url"):
         return None
 
     def fetch(serial: str) -> List[Dict[str, Any]]:
-        from slurm_gpu.store.central import Central, remediation_history
+        from slurm_gpu.central.server import Central, remediation_history
         with Central.from_config(cfg) as srv:
             return remediation_history(srv, serial)
     return fetch

@@ -1,7 +1,7 @@
 """Node-level values read from the store: records waiting in the spool, records not yet pushed.
 
 Written by `healthcheck` into the node file and refreshed by `slurm-gpu exporter` at every
-scrape.  Not on the hook path (store/push.py is not: the prolog never imports it).  The
+scrape.  Not on the hook path (central/push.py is not: the prolog never imports it).  The
 database is opened read-only: reading metrics never creates or migrates it.  Without a
 central server (central.url empty) nothing is pushed, so no unpushed values are given.
 """
@@ -44,7 +44,7 @@ def spool_records(cfg: Any) -> Any:
 
 def unpushed(path: str) -> Any:
     """(records waiting for `db push`, time of the oldest or None); None without a database."""
-    from slurm_gpu.store.push import backlog
+    from slurm_gpu.central.push import backlog
     try:
         conn = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=ro", uri=True, timeout=2.0)
     except sqlite3.Error:

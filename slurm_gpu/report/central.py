@@ -1,7 +1,7 @@
 """Reports from the central SQL server (`report --db mysql://...`): the same queries as on node files.
 
 report/sql.py and report/plan.py write their SQL once, for SQLite and the server alike: double-quoted names and
-`||` (the server's session runs with ANSI_QUOTES and PIPES_AS_CONCAT, store/central.py), and
+`||` (the server's session runs with ANSI_QUOTES and PIPES_AS_CONCAT, central/server.py), and
 the few spellings that differ come from the source (LEAST/GREATEST for two-argument MIN/MAX,
 FLOOR, the calendar's temporary table).  This module adds the server's source: one read-only
 transaction with a consistent snapshot, so a report is one committed state of the server
@@ -13,10 +13,10 @@ import re
 from decimal import Decimal
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
+from slurm_gpu.central.server import SCHEMA_VERSION, Central, is_url
 from slurm_gpu.errors import CentralError
 from slurm_gpu.report.query import Query
 from slurm_gpu.report.sources import ReportSource
-from slurm_gpu.store.central import SCHEMA_VERSION, Central, is_url
 
 # Single-quoted SQL string literals ('' is an escaped quote): left alone by the translation.
 _LITERAL = re.compile(r"'(?:[^']|'')*'")

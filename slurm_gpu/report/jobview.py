@@ -186,7 +186,7 @@ def node_db_rows(path: str, job_id: int) -> Rows:
 
 
 def central_rows(cfg: Any, url: Optional[str], password_file: Optional[str], job_id: int) -> Tuple[Rows, str]:
-    from slurm_gpu.store.central import Central
+    from slurm_gpu.central.server import Central
 
     with Central.from_config(cfg, url, password_file) as central:
         cols = ", ".join(f'"{c}"' for c in ROW_COLUMNS)
@@ -198,7 +198,7 @@ def fallback_for(cfg: Any, db: Optional[str], password_file: Optional[str] = Non
     """`--db central`, `--db mysql://...` or `--db PATH` as a Fallback; None without --db."""
     if not db:
         return None
-    from slurm_gpu.store.central import is_url
+    from slurm_gpu.central.server import is_url
 
     cluster = cfg.get("", "cluster_name")
 

@@ -1,4 +1,4 @@
-"""`report --by` from the central server's rollups (store/rollups.py): whole months from the
+"""`report --by` from the central server's rollups (central/rollups.py): whole months from the
 per-month sums (whole ISO weeks from the per-week ones for --by week), the other whole days from
 the per-day sums, the partial days at the window's edges from the records, one SQL statement.
 `--by node` without user, account or partition (keys or filters) reads the node tables without
@@ -11,16 +11,16 @@ bucket boundary must also be a rollup day boundary (the rollups' zone cuts days 
 Otherwise the caller reads the records (`plan()` says why).  The figures are the raw plan's:
 each record's piece inside a day is the piece the report's calendar cuts, the window's edges
 are clipped as the raw plan clips them, and a job is counted once over both parts (by the cells'
-job counts where it lies in one group on consecutive days, store/rollups.py; else distinct).
+job counts where it lies in one group on consecutive days, central/rollups.py; else distinct).
 """
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from slurm_gpu.central import rollups as R
 from slurm_gpu.report import sql as S
 from slurm_gpu.report.calendar import calendar
 from slurm_gpu.report.query import GROUP_KEYS, TIME_KEYS, Query
-from slurm_gpu.store import rollups as R
 
 _KEY_COLUMN = {"user": "user", "account": "account", "partition": "partition", "gpu-model": "gpu_model",
                "node": "node", "cluster": "cluster"}

@@ -217,7 +217,7 @@ MIGRATIONS: List[Tuple[str, ...]] = [
         "CREATE UNIQUE INDEX IF NOT EXISTS drains_dedupe ON drains (dedupe_key)",
         "CREATE INDEX IF NOT EXISTS drains_job ON drains (job_id, node)",
     ),
-    # v5: the outbox of `slurm-gpu db push` (store/push.py, docs/central.md).  Every row
+    # v5: the outbox of `slurm-gpu db push` (central/push.py, docs/central.md).  Every row
     # carries the version the central server has (pushed_version) beside its own
     # (push_version); any change to a row, by any writer, bumps push_version in a trigger, so
     # the row ships again (a write that changes no value is no change).  A deleted row that

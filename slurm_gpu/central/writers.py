@@ -101,7 +101,7 @@ def native_hash(password: str) -> str:
 def password_for(directory: str, account: str, create: bool = True) -> str:
     """The account's password from DIR/ACCOUNT.password; a new random one written there (0600,
     never through a symlink) when the file is missing.  '' when missing and not `create`."""
-    from slurm_gpu.store.central import read_password
+    from slurm_gpu.central.server import read_password
     path = os.path.join(directory, f"{account}.password")
     if os.path.lexists(path):
         return read_password(path)

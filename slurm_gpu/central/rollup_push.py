@@ -1,4 +1,4 @@
-"""What a push does to the rollups (store/rollups.py, docs/central.md "Rollups"): the SQL of the
+"""What a push does to the rollups (central/rollups.py, docs/central.md "Rollups"): the SQL of the
 procedures `rollups_before(b)` and `rollups_after(b)` that `apply_batch` calls around its job_gpus
 upsert, in the push's transaction.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import List
 
-from slurm_gpu.store.rollups import (
+from slurm_gpu.central.rollups import (
     _DAY_JOIN,
     _EPOCH,
     COARSE,

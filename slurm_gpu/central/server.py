@@ -1,7 +1,7 @@
 """The cluster's SQL server (MariaDB/MySQL): where every node's records meet (docs/central.md).
 
 Nothing here is on the hook path: the prolog and epilog write the node database only, and
-`slurm-gpu db push` (store/push.py) ships it here.  The driver, PyMySQL (the `central` extra),
+`slurm-gpu db push` (central/push.py) ships it here.  The driver, PyMySQL (the `central` extra),
 is imported when a connection is opened, never at module import.
 
 - The URL names user, host, port and database (`mysql://slurm_gpu_writer@dbhost/slurm_gpu`);
@@ -19,20 +19,20 @@ is imported when a connection is opened, never at module import.
   both are alike and the server's is newer: a node restored from an old backup cannot undo a
   newer or more complete record.
 - Schema v4 adds the report's per-day sums ("rollups"), kept by apply_batch in the same
-  transaction (store/rollups.py).
+  transaction (central/rollups.py).
 - Schema v5: one writer account per node or node group (table `writer_nodes`); apply_batch first
   calls check_batch_owner, which refuses a batch with a row of another node or cluster
-  (store/writers.py).
+  (central/writers.py).
 - Schema v6: job counts and peaks in the rollups' cells, so that a report's job counts do not
-  grow with jobs (store/rollups.py), built from the rollups already there.
+  grow with jobs (central/rollups.py), built from the rollups already there.
 - Schema v7 adds `remediations` (every node's remediation attempts, keyed by the node's row id,
   with its row version: the newer wins) and `remediation_history(serial)`, the one read a writer
   may make: a GPU's attempts on every node (`slurm-gpu remediate`'s lemon budget, docs/remediation.md).
 - Schema v8: coarse rollups (per month, and per node without the user, account and partition),
-  so that a year's report reads months x groups, not days x groups x nodes (store/rollups.py).
+  so that a year's report reads months x groups, not days x groups x nodes (central/rollups.py).
 - Schema v9: the push's rollups in fixed join orders, cut into days once (rollups_before only).
 - Schema v10: rollup_partition_day, per partition and GPU model without user and account, so that
-  a year's report by those reads days x partitions x models (store/rollups.py).
+  a year's report by those reads days x partitions x models (central/rollups.py).
 """
 from __future__ import annotations
 
@@ -44,9 +44,9 @@ import threading
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from slurm_gpu.central import rollup_push, rollups
+from slurm_gpu.central import writers as W
 from slurm_gpu.errors import CentralError, WriterRefused
-from slurm_gpu.store import rollup_push, rollups
-from slurm_gpu.store import writers as W
 
 SCHEMA_VERSION = 11
 DEFAULT_PORT = 3306
@@ -402,7 +402,7 @@ class Central:
                          "ON DUPLICATE KEY UPDATE value = VALUES(value)", (str(v + 1),))
             self.commit()
         if before == SCHEMA_VERSION:
-            # A release may improve the push's rollup statements (store/rollup_push.py) within a
+            # A release may improve the push's rollup statements (central/rollup_push.py) within a
             # schema version: they are made again here, and the nodes, which need the server's
             # version to be theirs, keep pushing without an upgrade.
             for ddl in rollup_push.procedures():
@@ -584,7 +584,7 @@ def _procedure(tables: Sequence[str] = RECORD_TABLES, version: int = SCHEMA_VERS
     owner = ["CALL check_batch_owner(b)"] if version >= 5 else []
     stmts = [stmt for t in tables for stmt in _apply_sql(t, version)]
     if with_rollups:
-        # The rollups' block (store/rollups.py), in the same transaction: the job_gpus records'
+        # The rollups' block (central/rollups.py), in the same transaction: the job_gpus records'
         # old versions out before their upsert (after the staged rows older than the server's
         # are dropped), the new ones in before the staging rows go.
         upsert = next(i for i, stmt in enumerate(stmts) if stmt.startswith("INSERT INTO job_gpus ("))
@@ -629,7 +629,7 @@ MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
         *(f'ALTER TABLE stage_{t} ADD COLUMN "row_version" BIGINT' for t in VERSIONED),
         _procedure(V2_TABLES, 3),
     ),
-    (   # v4, "rollups" (store/rollups.py): per-day sums kept by apply_batch, built from the records there.
+    (   # v4, "rollups" (central/rollups.py): per-day sums kept by apply_batch, built from the records there.
         _rollups_step,
     ),
     (   # v5: per-node writer accounts; apply_batch refuses a batch with another node's rows.
@@ -637,7 +637,7 @@ MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
         W.check_procedure(V2_TABLES),
         _procedure(V2_TABLES, 5, with_rollups=True),
     ),
-    (   # v6, "job counts" (store/rollups.py): job counts and peaks in rollup_day(_node)'s cells.
+    (   # v6, "job counts" (central/rollups.py): job counts and peaks in rollup_day(_node)'s cells.
         rollups.job_counts_step,
     ),
     (   # v7, "remediations": the nodes' remediation attempts; apply_batch and its owner check learn them,
@@ -648,13 +648,13 @@ MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
         _procedure(RECORD_TABLES, 7, with_rollups=True),
         REMEDIATION_HISTORY_DDL,
     ),
-    (   # v8, "coarse rollups" (store/rollups.py): rollup_month, rollup_node_day, rollup_node_month.
+    (   # v8, "coarse rollups" (central/rollups.py): rollup_month, rollup_node_day, rollup_node_month.
         rollups.coarse_step,
     ),
-    (   # v9, "push plans" (store/rollup_push.py): rollups_before's join orders fixed, its pieces cut once.
+    (   # v9, "push plans" (central/rollup_push.py): rollups_before's join orders fixed, its pieces cut once.
         *rollup_push.procedures(),
     ),
-    (   # v10, "partition rollups" (store/rollups.py): rollup_partition_day, built from rollup_day.
+    (   # v10, "partition rollups" (central/rollups.py): rollup_partition_day, built from rollup_day.
         rollups.partition_step,
     ),
     (   # v11: each run's SLUID (Slurm 25.11+; NULL before) in jobs and job_gpus, as on the nodes (node
@@ -688,7 +688,7 @@ def grants(target: Target, writer: Optional[str] = None, reporter: str = "slurm_
 
     A writer may insert into the staging tables, run apply_batch and read the schema version:
     it can neither read nor change nor delete records, and since v4 apply_batch applies only
-    rows of the (cluster, node)s `writer_nodes` gives it (store/writers.py, which also prints
+    rows of the (cluster, node)s `writer_nodes` gives it (central/writers.py, which also prints
     per-node accounts with their password hashes).  The reporter reads (and makes the session's
     temporary calendar table of day/week/month reports)."""
     db = target.database.replace("`", "``")

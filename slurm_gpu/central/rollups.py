@@ -33,10 +33,10 @@ with a bit in `nulls` (1 user, 2 account, 4 partition, 8 gpu_model) saying which
 
 The month, week and node tables (v8, "coarse rollups") are sums of these cells: see their section
 below.  A push applies its whole change in `rollups_before`, before the job_gpus upsert, each
-table once (`rollups_after` is left empty for the apply_batch that calls it): store/rollup_push.py.
+table once (`rollups_after` is left empty for the apply_batch that calls it): central/rollup_push.py.
 
 These migration steps are "rollups" (v4), "job counts" (v6) and "coarse rollups" (v8): their DDL
-is all here; store/central.py appends them to MIGRATIONS.
+is all here; central/server.py appends them to MIGRATIONS.
 """
 from __future__ import annotations
 
@@ -328,7 +328,7 @@ def migration_step(utc: bool, zone_name: str, progress: Optional[Callable[[int, 
     """The schema step "rollups" as a callable of the migration: tables, days, procedures (and
     `apply_batch`, the DDL of the one that calls them), then the rollups of the records already
     there in one serializable transaction that pushes wait for; the caller commits it."""
-    from slurm_gpu.store import rollup_push  # (it builds on this module)
+    from slurm_gpu.central import rollup_push  # (it builds on this module)
 
     def step(srv: Any) -> None:
         for ddl in (DAYS_DDL, *(sum_table_ddl(t) for t in SUM_TABLES), jobs_table_ddl(), *rollup_push.procedures(),
@@ -348,7 +348,7 @@ def job_counts_step(srv: Any) -> None:
     """The schema step "job counts" (v6) from v5's rollups: the cells' job counts and peaks and the
     rows' kinds as columns, the procedures that keep them, then their values from the rollup_jobs
     rows already there (themselves built from the records) in one serializable transaction."""
-    from slurm_gpu.store import rollup_push  # (it builds on this module)
+    from slurm_gpu.central import rollup_push  # (it builds on this module)
     for t in SUM_TABLES:
         srv.execute(f"ALTER TABLE {t} " + ", ".join(f"ADD COLUMN IF NOT EXISTS {c}" for c in JOB_FIGURES_DDL))
     srv.execute("ALTER TABLE rollup_jobs " + ", ".join(
@@ -583,7 +583,7 @@ def coarse_step(srv: Any, tables: Sequence[str] = V8_COARSE, months: bool = True
     """The schema step "coarse rollups" (v8; v10 with rollup_partition_day): rollup_days' months
     (v8 only: `months`), the tables, the procedures that keep them, then their cells from the day
     tables already there, in one serializable transaction."""
-    from slurm_gpu.store import rollup_push  # (it builds on this module)
+    from slurm_gpu.central import rollup_push  # (it builds on this module)
     for ddl in ((DAYS_MONTH_DDL,) if months else ()) + tuple(coarse_table_ddl(t) for t in tables) \
             + tuple(rollup_push.procedures()):
         srv.execute(ddl)
