@@ -332,8 +332,9 @@ def annotate(app, url, password_file, since, job_ids, dry_run, progress):
     epilog was not configured, or the records came later) or marked partial get one from
     the records now on the central server. An AdminComment written by another tool is
     left alone. With job_summary.energy_tres on Slurm 25.11 and later, a complete summary's
-    GPU energy also goes into the job's energy TRES where Slurm recorded none. Needs the
-    reporter account and Slurm's sacct/sacctmgr as an operator.
+    GPU energy also goes into the job's energy TRES where Slurm recorded none, also for a job
+    whose summary was already complete (the controller epilog's energy write failed). Needs
+    the reporter account and Slurm's sacct/sacctmgr as an operator.
     """
     from slurm_gpu.central.server import Central, job_rows
     from slurm_gpu.report.timespec import parse_time
@@ -350,7 +351,8 @@ def annotate(app, url, password_file, since, job_ids, dry_run, progress):
     with Central.from_config(cfg, url, password_file, long_queries=True) as srv:
         jobs = _annotate_candidates(srv, since_s, job_ids)
         comments = _admin_comments(backend, jobs)
-        counts = {"written": 0, "completed": 0, "partial": 0, "kept": 0, "foreign": 0, "unknown": 0, "failed": 0}
+        counts = {"written": 0, "completed": 0, "partial": 0, "kept": 0, "energy": 0, "foreign": 0, "unknown": 0,
+                  "failed": 0}
         failures = []
         show = sys.stderr.isatty() if progress is None else progress
         with click.progressbar(jobs, label="annotating", file=sys.stderr) if show and jobs else _NoBar() as bar:
@@ -366,8 +368,10 @@ def annotate(app, url, password_file, since, job_ids, dry_run, progress):
                     failures.append(e)
                 counts[outcome] += 1
     verb = "would write" if dry_run else "wrote"
+    kept = counts["kept"] + counts["energy"]
+    given = f" ({counts['energy']} given their GPU energy in Slurm's accounting)" if counts["energy"] else ""
     click.echo(f"{len(jobs)} job(s): {verb} {counts['written']} new and {counts['completed']} completed summaries; "
-               f"{counts['partial']} still partial, {counts['kept']} already complete, "
+               f"{counts['partial']} still partial, {kept} already complete{given}, "
                f"{counts['foreign']} with another tool's AdminComment (left alone), "
                f"{counts['unknown']} not in Slurm's accounting, {counts['failed']} failed")
     if failures:
@@ -406,6 +410,12 @@ def _annotate_one(backend, srv, S, job_rows, cluster, job_id, restart, comment, 
         except InputError:
             old = None  # damaged: written again from the records
         if old is not None and not old.partial and old.restart == restart:
+            if energy and getattr(backend, "energies", {}).get(job_id) == 0:
+                # complete, but Slurm holds no energy: the controller epilog's energy write failed
+                from slurm_gpu.hooks.ctld import energy_into_accounting
+                done, _ = energy_into_accounting(backend, job_id, cluster, False, job_rows(srv, cluster, job_id, restart),
+                                                 backend.named_ids.get(job_id, ""))
+                return "energy" if done == "written" else "kept"
             return "kept"
         if old is not None and old.restart == restart:
             nodes = old.nodes

@@ -141,6 +141,7 @@ class CliBackend(SlurmBackend):
         self.timeout_s = float(timeout_s if timeout_s is not None else getattr(cfg, "slurm_timeout_s", 10.0))
         self._env = env
         self.named_ids: Dict[int, str] = {}
+        self.energies: Dict[int, int] = {}  # raw job id -> ConsumedEnergyRaw (0: none recorded), from admin_comments
         self._bins: Dict[str, str] = {}
         self._sacct_json: Optional[bool] = None  # None: not tried yet
 
@@ -526,20 +527,23 @@ class CliBackend(SlurmBackend):
     def admin_comments(self, job_ids: Sequence[int], cluster: str = "") -> Dict[int, str]:
         """{raw job id: AdminComment} of finished jobs from accounting (sacct), 200 jobs per call;
         array tasks and heterogeneous components are noted in ``named_ids`` (raw id -> 4711_3 or
-        4711+1, what set_admin_comment needs)."""
+        4711+1, what set_admin_comment needs), and each job's ConsumedEnergyRaw in ``energies``
+        (0 when accounting holds none: `central annotate` gives a complete summary's job its energy)."""
         out: Dict[int, str] = {}
         ids = [str(int(j)) for j in job_ids]
         for i in range(0, len(ids), 200):
             chunk = ",".join(ids[i:i + 200])
             rc, text, err = self.run("sacct", ["-X", "-n", "-P", *(["-M", cluster] if cluster else []), "-j", chunk,
-                                              "--format=JobIDRaw,JobID,AdminComment"])
+                                              "--format=JobIDRaw,JobID,ConsumedEnergyRaw,AdminComment"])
             if rc != 0:
                 self._raise(rc, text, err, f"sacct -j {chunk[:40]}")
             for line in text.splitlines():
                 raw, _, rest = line.partition("|")
-                shown, _, comment = rest.partition("|")  # AdminComment last: a '|' in it stays in it
+                shown, _, rest = rest.partition("|")
+                energy, _, comment = rest.partition("|")  # AdminComment last: a '|' in it stays in it
                 if raw.strip().isdigit():
                     out[int(raw)] = comment.strip()
+                    self.energies[int(raw)] = int(energy.strip()) if energy.strip().isdigit() else 0
                     if re.fullmatch(r"\d+[_+]\d+", shown.strip()):
                         self.named_ids[int(raw)] = shown.strip()
         return out
