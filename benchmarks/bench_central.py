@@ -59,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 import mariadb as testdb  # noqa: E402  (tests/mariadb.py: the throwaway server of the tests)
 from _common import clean_venv  # noqa: E402
 
+from slurm_gpu.central import schema as CS  # noqa: E402
 from slurm_gpu.central import server as C  # noqa: E402
 from slurm_gpu.central import writers as W  # noqa: E402
 from slurm_gpu.report import plan as P  # noqa: E402
@@ -172,7 +173,7 @@ def _load_sql(offset: int, count: int) -> str:
     }
     # Columns of this schema version only (others keep their defaults: NULL where not measured).
     cols = [c for c in C.CENTRAL_JOB_GPU_COLUMNS + C.SHIPPED if c in values]
-    return (f"INSERT INTO job_gpus ({C._q(cols)})\n"
+    return (f"INSERT INTO job_gpus ({CS._q(cols)})\n"
             f"SELECT {', '.join(values[c] for c in cols)}\nFROM ({lvl3}) AS q4")
 
 
@@ -540,7 +541,7 @@ def push_once(argv: List[str], env: Dict[str, str], want: str) -> float:
 
 
 def set_apply_batch(admin: C.Central, with_rollups: bool) -> None:
-    admin.execute(C._procedure(with_rollups=with_rollups))
+    admin.execute(CS._procedure(with_rollups=with_rollups))
     admin.commit()
 
 

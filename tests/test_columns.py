@@ -8,6 +8,7 @@ import sqlite3
 import pytest
 
 from slurm_gpu.central import push as P
+from slurm_gpu.central import schema as CS
 from slurm_gpu.central import server as C
 from slurm_gpu.store import record as R
 from slurm_gpu.store.node import Store
@@ -37,7 +38,7 @@ def test_push_reads_and_the_central_server_keeps_every_shipped_field(table, fiel
     shipped = set(fields) - NODE_ONLY[table]
     assert set(P._NODE_COLUMNS[table]) == shipped
     assert set(C.COLUMNS[table]) == shipped, (sorted(set(C.COLUMNS[table]) - shipped), sorted(shipped - set(C.COLUMNS[table])))
-    assert all(c in C._TYPES for c in C.COLUMNS[table])  # every central column has its SQL type
+    assert all(c in CS._TYPES for c in C.COLUMNS[table])  # every central column has its SQL type
 
 
 def test_the_key_columns_agree():

@@ -14,6 +14,7 @@ import pytest
 from test_central import Site, cli, cli_env
 
 from slurm_gpu.central import rollups as R
+from slurm_gpu.central import schema as CS
 from slurm_gpu.central import server as C
 from slurm_gpu.report import reports as Q
 from slurm_gpu.report import sql as S
@@ -275,7 +276,7 @@ def test_migrating_a_server_with_records_builds_its_rollups(server, tmp_path):
     # Records pushed to the old schema: apply_batch without rollups.
     first, _later = _year(seed=5, n=80)
     admin = C.Central(C.parse_url(s.server.url(s.admin, s.db)), s.admin_pw, 30)
-    admin.execute(C._procedure())
+    admin.execute(CS._procedure())
     admin.close()
     for rec in first["n2"]:
         s.store.write(rec)

@@ -36,7 +36,7 @@ below.  A push applies its whole change in `rollups_before`, before the job_gpus
 table once (`rollups_after` is left empty for the apply_batch that calls it): central/rollup_push.py.
 
 These migration steps are "rollups" (v4), "job counts" (v6) and "coarse rollups" (v8): their DDL
-is all here; central/server.py appends them to MIGRATIONS.
+is all here; central/schema.py appends them to MIGRATIONS.
 """
 from __future__ import annotations
 

@@ -9,30 +9,7 @@ is imported when a connection is opened, never at module import.
   password appears in a URL, a log line, an error message or a process argument.
 - Sessions use ANSI_QUOTES and PIPES_AS_CONCAT, UTC, and a binary collation, so that the
   report's SQL reads the same on SQLite and on the server and sorts and groups names alike.
-- The schema is versioned like the node schema (table `meta`, name 'schema_version').
-  Records are keyed as on the nodes; a node never deletes here: a row it deleted after
-  shipping is marked `withdrawn`, and reports read the view `job_gpus_current`.
-- Schema v2 adds `gpu_inventory` (one row per GPU per observation) and `xid_events`, which
-  `slurm-gpu fleet` reads (docs/fleet.md).
-- Schema v3: jobs and job_gpus rows carry the node's row version (its push_version), and
-  apply_batch keeps the server's row when it is complete and the staged one partial, or when
-  both are alike and the server's is newer: a node restored from an old backup cannot undo a
-  newer or more complete record.
-- Schema v4 adds the report's per-day sums ("rollups"), kept by apply_batch in the same
-  transaction (central/rollups.py).
-- Schema v5: one writer account per node or node group (table `writer_nodes`); apply_batch first
-  calls check_batch_owner, which refuses a batch with a row of another node or cluster
-  (central/writers.py).
-- Schema v6: job counts and peaks in the rollups' cells, so that a report's job counts do not
-  grow with jobs (central/rollups.py), built from the rollups already there.
-- Schema v7 adds `remediations` (every node's remediation attempts, keyed by the node's row id,
-  with its row version: the newer wins) and `remediation_history(serial)`, the one read a writer
-  may make: a GPU's attempts on every node (`slurm-gpu remediate`'s lemon budget, docs/remediation.md).
-- Schema v8: coarse rollups (per month, and per node without the user, account and partition),
-  so that a year's report reads months x groups, not days x groups x nodes (central/rollups.py).
-- Schema v9: the push's rollups in fixed join orders, cut into days once (rollups_before only).
-- Schema v10: rollup_partition_day, per partition and GPU model without user and account, so that
-  a year's report by those reads days x partitions x models (central/rollups.py).
+- The schema, its versions and what each added: central/schema.py.
 """
 from __future__ import annotations
 
@@ -41,14 +18,29 @@ import os
 import signal
 import stat
 import threading
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from slurm_gpu.central import rollup_push, rollups
+from slurm_gpu.central import rollup_push
 from slurm_gpu.central import writers as W
+from slurm_gpu.central.schema import (  # noqa: F401  (the schema's public names, read through this module too)
+    CENTRAL_JOB_COLUMNS,
+    CENTRAL_JOB_GPU_COLUMNS,
+    COLUMNS,
+    INVENTORY_COUNTERS,
+    KEYS,
+    MIGRATIONS,
+    RECORD_TABLES,
+    REMEDIATION_HISTORY_COLUMNS,
+    SCHEMA_VERSION,
+    SHIPPED,
+    VERSIONED,
+    _q,
+    stage_sql,
+    withdraw_row,
+)
 from slurm_gpu.errors import CentralError, WriterRefused
 
-SCHEMA_VERSION = 11
 DEFAULT_PORT = 3306
 SESSION_SQL_MODE = "ANSI_QUOTES,PIPES_AS_CONCAT,STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION"
 URL_HINT = "central.url looks like mysql://USER@HOST[:PORT]/DATABASE (password in central.password_file)"
@@ -409,277 +401,6 @@ class Central:
                 self.execute(ddl)
             self.commit()
         return before, SCHEMA_VERSION
-
-
-# --------------------------------------------------------------------------- schema
-#
-# The writer may neither read nor delete records, and MariaDB checks SELECT for every column
-# an `INSERT ... ON DUPLICATE KEY UPDATE` touches.  So the nodes INSERT into per-push staging
-# tables (stage_*: no SELECT, no UPDATE, no DELETE) and CALL apply_batch(batch), a
-# SQL SECURITY DEFINER procedure created by `central init`, which upserts the batch into the
-# record tables and removes it from staging, in the writer's transaction.
-
-_NAME = "VARCHAR(255)"
-_TAIL = "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
-
-# Columns of the central server's tables (CENTRAL_*: the server's own, apart from the node's in
-# store/record.py; named as on the node, the key columns first).
-CENTRAL_JOB_COLUMNS = ("cluster", "job_id", "restart_count", "node", "user", "uid", "account", "partition", "gpu_count",
-               "start_time", "end_time", "exit_code", "partial", "sluid")
-CENTRAL_JOB_GPU_COLUMNS = ("cluster", "job_id", "restart_count", "node", "gpu_uuid", "gpu_index", "gpu_model", "user",
-                   "account", "partition", "start_time", "end_time", "duration_s", "energy_j", "gpu_util_mean_pct",
-                   "mem_util_mean_pct", "max_memory_bytes", "process_count", "ecc_corrected_delta",
-                   "ecc_uncorrected_delta", "retired_pages_delta", "remapped_rows_delta", "clock_event_reasons",
-                   "xid_events", "parent_gpu_uuid", "notes", "partial", "memory_total_bytes", "sluid")
-CENTRAL_EVENT_COLUMNS = ("cluster", "node", "event_key", "time", "source", "job_id", "gpu_index", "gpu_uuid", "check_name",
-                 "status", "message")
-CENTRAL_DRAIN_COLUMNS = ("cluster", "node", "drain_key", "time", "source", "job_id", "restart_count", "reason", "ok",
-                 "outcome", "kept_reason")
-# Schema v2 (`slurm-gpu fleet`, docs/fleet.md): one row per GPU per observation, and the XIDs the
-# node's healthcheck read.  Counters are the driver's; NULL means unsupported or unknown, never 0.
-INVENTORY_COUNTERS = ("ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate",
-                      "ecc_uncorrected_aggregate", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending",
-                      "remapped_rows_correctable", "remapped_rows_uncorrectable", "remap_pending", "remap_failure",
-                      "remap_hist_max", "remap_hist_high", "remap_hist_partial", "remap_hist_low", "remap_hist_none",
-                      "sram_corrected", "sram_uncorrected")
-CENTRAL_INVENTORY_COLUMNS = ("cluster", "node", "gpu_uuid", "time", "gpu_index", "serial", "model", "vbios",
-                     "driver_version", "cuda_version", "mig_mode", *INVENTORY_COUNTERS)
-CENTRAL_XID_COLUMNS = ("cluster", "node", "event_key", "time", "gpu_index", "gpu_uuid", "pci_bus_id", "xid", "detail")
-# Schema v7 (docs/remediation.md): the nodes' remediation attempts, keyed by the node's own row id and
-# the attempt's time (a reimaged node's new database starts its ids at 1 again; time never changes);
-# row_version is the node's push_version of the row (an attempt's outcome comes after its intent).
-CENTRAL_REMEDIATION_COLUMNS = ("cluster", "node", "id", "time", "gpu_index", "gpu_uuid", "serial", "fault_check", "fault",
-                               "action", "outcome", "detail", "drain_time", "finished", "row_version")
-V1_TABLES = ("jobs", "job_gpus", "health_events", "drains")
-V2_TABLES = V1_TABLES + ("gpu_inventory", "xid_events")  # the record tables of schema v2 to v6
-COLUMNS = {"jobs": CENTRAL_JOB_COLUMNS, "job_gpus": CENTRAL_JOB_GPU_COLUMNS, "health_events": CENTRAL_EVENT_COLUMNS,
-           "drains": CENTRAL_DRAIN_COLUMNS, "gpu_inventory": CENTRAL_INVENTORY_COLUMNS, "xid_events": CENTRAL_XID_COLUMNS,
-           "remediations": CENTRAL_REMEDIATION_COLUMNS}
-# leading key columns of each list
-KEYS = {"jobs": 4, "job_gpus": 5, "health_events": 3, "drains": 3, "gpu_inventory": 4, "xid_events": 3,
-        "remediations": 4}
-RECORD_TABLES = tuple(COLUMNS)
-SHIPPED = ("withdrawn", "shipped_at")  # set by push, not by the node's row
-# v3: rows that change on the node carry its version of them (push_version).
-VERSIONED = ("jobs", "job_gpus")
-
-
-def staged_columns(table: str) -> Tuple[str, ...]:
-    """The node's columns of a table as staged and kept (v3: with the row version)."""
-    return COLUMNS[table] + (("row_version",) if table in VERSIONED else ())
-
-_TYPES = {
-    "cluster": "VARCHAR(64)", "job_id": "BIGINT", "restart_count": "INT", "node": "VARCHAR(255)", "user": _NAME,
-    "uid": "BIGINT", "account": _NAME, "partition": _NAME,
-    "gpu_count": "INT NOT NULL DEFAULT 0", "start_time": "DOUBLE", "end_time": "DOUBLE", "exit_code": "VARCHAR(64)",
-    "partial": "TINYINT NOT NULL DEFAULT 0", "gpu_uuid": "VARCHAR(128)", "gpu_index": "INT",
-    "gpu_model": _NAME, "duration_s": "DOUBLE NOT NULL", "energy_j": "DOUBLE", "gpu_util_mean_pct": "DOUBLE",
-    "mem_util_mean_pct": "DOUBLE", "max_memory_bytes": "BIGINT", "memory_total_bytes": "BIGINT", "process_count": "INT",
-    "ecc_corrected_delta": "BIGINT", "ecc_uncorrected_delta": "BIGINT", "retired_pages_delta": "BIGINT",
-    "remapped_rows_delta": "BIGINT", "clock_event_reasons": "BIGINT", "xid_events": "MEDIUMTEXT",
-    "parent_gpu_uuid": "VARCHAR(128)", "notes": "TEXT", "event_key": "CHAR(64)", "drain_key": "CHAR(64)",
-    "time": "DOUBLE NOT NULL", "source": "VARCHAR(64) NOT NULL", "check_name": "VARCHAR(128) NOT NULL",
-    "status": "VARCHAR(16) NOT NULL", "message": "TEXT NOT NULL", "reason": "TEXT NOT NULL", "ok": "TINYINT NOT NULL",
-    "outcome": "VARCHAR(16)", "kept_reason": "TEXT", "withdrawn": "TINYINT NOT NULL DEFAULT 0",
-    "shipped_at": "DOUBLE NOT NULL", "serial": "VARCHAR(64)", "model": _NAME, "vbios": "VARCHAR(64)",
-    "driver_version": "VARCHAR(64)", "cuda_version": "VARCHAR(32)", "mig_mode": "INT", "pci_bus_id": "VARCHAR(32)",
-    "xid": "INT NOT NULL", "detail": "TEXT", "row_version": "BIGINT NOT NULL DEFAULT 0",
-    "id": "BIGINT", "fault_check": "VARCHAR(128)", "fault": "TEXT", "action": "VARCHAR(16) NOT NULL",
-    "drain_time": "DOUBLE", "finished": "DOUBLE", "sluid": "VARCHAR(32)",
-    **{c: "BIGINT" for c in INVENTORY_COUNTERS},
-}
-# Besides the key columns: a record's times may be unknown only in jobs; in job_gpus they are the record.
-_NOT_NULL_IN = {"job_gpus": ("start_time", "end_time")}
-
-# Group keys of `report --by` with a covering index (as on the nodes: report/query.py).
-REPORT_INDEX_KEYS = ("user", "account", "partition", "node", "gpu_model")
-_COVERED = ("end_time", "start_time", "withdrawn", "gpu_util_mean_pct", "mem_util_mean_pct", "max_memory_bytes",
-            "energy_j")
-_INDEXES = {
-    "jobs": ("KEY jobs_end (end_time)",),
-    "job_gpus": ("KEY job_gpus_end (end_time)", "KEY job_gpus_span (span_s)", "KEY job_gpus_sluid (sluid)",
-                 *(f'KEY job_gpus_by_{k} ("{k}", {", ".join(_COVERED)})' for k in REPORT_INDEX_KEYS)),
-    "health_events": ("KEY health_events_time (time)",),
-    "drains": ("KEY drains_time (time)",),
-    "gpu_inventory": ("KEY gpu_inventory_time (time)",),
-    "xid_events": ("KEY xid_events_time (time)",),
-    "remediations": ("KEY remediations_serial (serial, time)", "KEY remediations_time (time)"),
-}
-
-
-def _q(cols: Sequence[str]) -> str:
-    return ", ".join(f'"{c}"' for c in cols)
-
-
-def _column_ddl(table: str, col: str, staging: bool = False) -> str:
-    kind = _TYPES[col]
-    if (col in _NOT_NULL_IN.get(table, ()) or col in COLUMNS[table][:KEYS[table]]) and "NOT NULL" not in kind:
-        kind += " NOT NULL"
-    if staging and col in ("withdrawn",):
-        kind = "TINYINT NOT NULL"
-    return f'"{col}" {kind}'
-
-
-def _table_ddl(table: str) -> str:
-    cols = COLUMNS[table] + SHIPPED
-    body = [_column_ddl(table, c) for c in cols]
-    if table == "job_gpus":
-        # The record's span, indexed: the report's counts of records that cannot be placed in
-        # time (span < 0, longer than ten years) read the index instead of every row.
-        body.append('"span_s" DOUBLE AS (end_time - start_time) VIRTUAL')
-    body.append(f"PRIMARY KEY ({_q(COLUMNS[table][:KEYS[table]])})")
-    body += list(_INDEXES[table])
-    return f"CREATE TABLE IF NOT EXISTS {table} (\n    " + ",\n    ".join(body) + f"\n) {_TAIL}"
-
-
-def _stage_ddl(table: str) -> str:
-    # Same columns, every one nullable but batch and withdrawn: a tombstone carries only the key.
-    cols = [f'"{c}" {_TYPES[c].replace(" NOT NULL", "").replace(" DEFAULT 0", "")}' for c in COLUMNS[table] + ("shipped_at",)]
-    body = ["batch CHAR(32) NOT NULL", *cols, "withdrawn TINYINT NOT NULL",
-            f"PRIMARY KEY (batch, {_q(COLUMNS[table][:KEYS[table]])})"]
-    return f"CREATE TABLE IF NOT EXISTS stage_{table} (\n    " + ",\n    ".join(body) + f"\n) {_TAIL}"
-
-
-def _apply_sql(table: str, version: int = SCHEMA_VERSION) -> List[str]:
-    cols = (staged_columns(table) if version >= 3 else COLUMNS[table]) + SHIPPED
-    key = COLUMNS[table][:KEYS[table]]
-    sets = ", ".join(f'"{c}" = VALUES("{c}")' for c in cols[KEYS[table]:])
-    out = []
-    if version >= 3 and table in VERSIONED:
-        # Older than the server's: a complete row is never replaced by a partial one, nor a row
-        # by an older version of itself (a node restored from a backup ships its old rows again).
-        on = " AND ".join(f's."{k}" = t."{k}"' for k in key)
-        out.append(f"DELETE s FROM stage_{table} AS s JOIN {table} AS t ON {on} WHERE s.batch = b AND s.withdrawn = 0 "
-                   "AND (t.partial < s.partial OR (t.partial = s.partial AND t.row_version > s.row_version))")
-    elif "row_version" in COLUMNS[table]:  # v7's remediations: an older version of a row never replaces it
-        on = " AND ".join(f's."{k}" = t."{k}"' for k in key)
-        out.append(f"DELETE s FROM stage_{table} AS s JOIN {table} AS t ON {on} WHERE s.batch = b AND s.withdrawn = 0 "
-                   "AND t.row_version > s.row_version")
-    out.append(f"INSERT INTO {table} ({_q(cols)}) SELECT {_q(cols)} FROM stage_{table} WHERE batch = b AND withdrawn = 0 "
-               f"ON DUPLICATE KEY UPDATE {sets}")
-    if table in ("jobs", "job_gpus"):
-        # A tombstone: the row the node deleted after shipping it.  Never seen here (a push
-        # lost before it): a placeholder row, already withdrawn, that no report reads.
-        fill = ", 0, 0, 0" if table == "job_gpus" else ""
-        fill_cols = ', "start_time", "end_time", "duration_s"' if table == "job_gpus" else ""
-        out.append(f"INSERT INTO {table} ({_q(key)}{fill_cols}, withdrawn, shipped_at) "
-                   f"SELECT {_q(key)}{fill}, 1, shipped_at FROM stage_{table} WHERE batch = b AND withdrawn = 1 "
-                   "ON DUPLICATE KEY UPDATE withdrawn = 1, shipped_at = VALUES(shipped_at)")
-    out.append(f"DELETE FROM stage_{table} WHERE batch = b")
-    return out
-
-
-# The cross-node read `slurm-gpu remediate` needs (a GPU's lemon budget follows its serial): a writer
-# may neither SELECT records nor learn other serials, but may ask for one GPU's attempts everywhere.
-REMEDIATION_HISTORY_COLUMNS = ("node", "id", "time", "gpu_index", "gpu_uuid", "serial", "fault_check", "fault", "action",
-                               "outcome", "detail", "drain_time", "finished")
-REMEDIATION_HISTORY_DDL = (
-    "CREATE OR REPLACE PROCEDURE remediation_history(IN s VARCHAR(64)) READS SQL DATA SQL SECURITY DEFINER\n"
-    f"BEGIN\n  SELECT {_q(REMEDIATION_HISTORY_COLUMNS)} FROM remediations WHERE serial = s AND withdrawn = 0 "
-    "ORDER BY time, node, id;\nEND")
-
-
-def _procedure(tables: Sequence[str] = RECORD_TABLES, version: int = SCHEMA_VERSION, with_rollups: bool = False) -> str:
-    # v5: the owner check comes first and alone, so that what follows it can grow on its own.
-    owner = ["CALL check_batch_owner(b)"] if version >= 5 else []
-    stmts = [stmt for t in tables for stmt in _apply_sql(t, version)]
-    if with_rollups:
-        # The rollups' block (central/rollups.py), in the same transaction: the job_gpus records'
-        # old versions out before their upsert (after the staged rows older than the server's
-        # are dropped), the new ones in before the staging rows go.
-        upsert = next(i for i, stmt in enumerate(stmts) if stmt.startswith("INSERT INTO job_gpus ("))
-        stmts.insert(upsert, rollup_push.BEFORE_UPSERT)
-        stmts.insert(stmts.index("DELETE FROM stage_job_gpus WHERE batch = b"), rollup_push.AFTER_UPSERT)
-    body = ";\n  ".join(owner + stmts)
-    return ("CREATE OR REPLACE PROCEDURE apply_batch(IN b CHAR(32)) MODIFIES SQL DATA SQL SECURITY DEFINER\n"
-            f"BEGIN\n  {body};\nEND")
-
-
-def _rollups_step(srv: "Central") -> None:
-    tz, progress = getattr(srv, "migrate_options", ("utc", None))
-    rollups.migration_step(tz == "utc", _zone_name(tz), progress, [_procedure(V2_TABLES, 4, with_rollups=True)])(srv)
-
-
-def _zone_name(tz: str) -> str:
-    if tz == "utc":
-        return "utc"
-    import time
-    return "local:" + (os.environ.get("TZ") or "/".join(time.tzname))
-
-
-MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
-    (
-        f"""CREATE TABLE IF NOT EXISTS meta (
-    name VARCHAR(64) NOT NULL PRIMARY KEY,
-    value VARCHAR(255) NOT NULL
-) {_TAIL}""",
-        *(_table_ddl(t) for t in V1_TABLES),
-        *(_stage_ddl(t) for t in V1_TABLES),
-        # What reports read: the same columns as a node's job_gpus, without withdrawn rows.
-        "CREATE OR REPLACE VIEW job_gpus_current AS SELECT * FROM job_gpus WHERE withdrawn = 0",
-        _procedure(V1_TABLES, 1),
-    ),
-    (   # v2: GPU inventories and XID events for `slurm-gpu fleet`; apply_batch learns them.
-        *(_table_ddl(t) for t in ("gpu_inventory", "xid_events")),
-        *(_stage_ddl(t) for t in ("gpu_inventory", "xid_events")),
-        _procedure(V2_TABLES, 2),
-    ),
-    (   # v3: row versions (an instant ADD COLUMN on MariaDB >= 10.3); apply_batch compares them.
-        *(f'ALTER TABLE {t} ADD COLUMN "row_version" BIGINT NOT NULL DEFAULT 0' for t in VERSIONED),
-        *(f'ALTER TABLE stage_{t} ADD COLUMN "row_version" BIGINT' for t in VERSIONED),
-        _procedure(V2_TABLES, 3),
-    ),
-    (   # v4, "rollups" (central/rollups.py): per-day sums kept by apply_batch, built from the records there.
-        _rollups_step,
-    ),
-    (   # v5: per-node writer accounts; apply_batch refuses a batch with another node's rows.
-        W.TABLE_DDL,
-        W.check_procedure(V2_TABLES),
-        _procedure(V2_TABLES, 5, with_rollups=True),
-    ),
-    (   # v6, "job counts" (central/rollups.py): job counts and peaks in rollup_day(_node)'s cells.
-        rollups.job_counts_step,
-    ),
-    (   # v7, "remediations": the nodes' remediation attempts; apply_batch and its owner check learn them,
-        # and a writer reads one GPU's attempts through remediation_history (self-contained: renumber freely).
-        _table_ddl("remediations"),
-        _stage_ddl("remediations"),
-        W.check_procedure(RECORD_TABLES),
-        _procedure(RECORD_TABLES, 7, with_rollups=True),
-        REMEDIATION_HISTORY_DDL,
-    ),
-    (   # v8, "coarse rollups" (central/rollups.py): rollup_month, rollup_node_day, rollup_node_month.
-        rollups.coarse_step,
-    ),
-    (   # v9, "push plans" (central/rollup_push.py): rollups_before's join orders fixed, its pieces cut once.
-        *rollup_push.procedures(),
-    ),
-    (   # v10, "partition rollups" (central/rollups.py): rollup_partition_day, built from rollup_day.
-        rollups.partition_step,
-    ),
-    (   # v11: each run's SLUID (Slurm 25.11+; NULL before) in jobs and job_gpus, as on the nodes (node
-        # schema v10); a server made at v11 has the columns from v1's CREATE TABLE already.  The view's
-        # columns were fixed when it was made: made again to show the new one.
-        *(stmt for t in VERSIONED for stmt in (
-            f'ALTER TABLE {t} ADD COLUMN IF NOT EXISTS "sluid" {_TYPES["sluid"]}',
-            f'ALTER TABLE stage_{t} ADD COLUMN IF NOT EXISTS "sluid" {_TYPES["sluid"]}')),
-        "ALTER TABLE job_gpus ADD INDEX IF NOT EXISTS job_gpus_sluid (sluid)",
-        "CREATE OR REPLACE VIEW job_gpus_current AS SELECT * FROM job_gpus WHERE withdrawn = 0",
-        _procedure(RECORD_TABLES, 11, with_rollups=True),
-    ),
-]
-assert len(MIGRATIONS) == SCHEMA_VERSION
-
-
-def stage_sql(table: str) -> str:
-    """One staged row: batch, the node's columns, shipped_at, withdrawn (multi-row with executemany)."""
-    cols = ("batch",) + staged_columns(table) + ("shipped_at", "withdrawn")
-    return f"INSERT INTO stage_{table} ({_q(cols)}) VALUES ({', '.join(['%s'] * len(cols))})"
-
-
-def withdraw_row(table: str, key: Sequence[Any], shipped_at: float) -> Tuple[Any, ...]:
-    """The staged values of a tombstone: the key, nothing else."""
-    return tuple(key) + (None,) * (len(staged_columns(table)) - KEYS[table]) + (shipped_at, 1)
 
 
 def grants(target: Target, writer: Optional[str] = None, reporter: str = "slurm_gpu_reporter",
