@@ -631,3 +631,30 @@ def test_node_name_names_every_percent_n_path():
     cfg = config.defaults().for_node("gpu04")
     assert cfg.path_value("remediation", "lock_file") == "/run/slurm-gpu/remediate-gpu04.lock"
     assert cfg.replace("store", database="/x/%n.db").path_value("store", "database") == "/x/gpu04.db"
+
+
+class AdminDrainsRightAfterTheFirstLook(MemSlurm):
+    """slurmctld where an admin drains the node for maintenance just after remediate first read it."""
+
+    ADMIN = "maintenance: PSU swap [alice]"
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.looks = 0
+
+    def node(self, name):
+        info = super().node(name)
+        self.looks += 1
+        if self.looks == 1:
+            self.reason = self.ADMIN  # after this answer: the admin's drain lands before remediate's next step
+        return info
+
+
+def test_an_admins_drain_that_lands_after_remediates_first_look_is_never_overwritten_or_resumed(sim_node, tmp_path):
+    node = _node(sim_node, tmp_path)
+    simgpu.set_gpu(node.state, 1, remapped_pending=1)
+    backend = AdminDrainsRightAfterTheFirstLook(reason=PROLOG_REASON)
+    out = _run(node, backend)
+    assert backend.reason == backend.ADMIN and "DRAIN" in backend.flags, (out, backend.actions)
+    assert not [a for a in backend.actions if a[0] in ("drain", "resume")], backend.actions
+    assert "gpu.1.resets" not in simgpu.read_state(node.state), out

@@ -268,9 +268,10 @@ def _open_steps(env: Env, info: Any) -> Optional[Outcome]:
 
 def _clean_verification(env: Env) -> str:
     from slurm_gpu.hooks.verifyjob import clean_leftover
-    return clean_leftover(env.cfg, env.backend, env.node,
-                          lambda text: env.backend.drain(env.node, _reason.format_reason(text, "remediate: verify")),
-                          env.log)
+
+    def drain(text: str) -> None:
+        _hold(env, _reason.format_reason(text, "remediate: verify"))
+    return clean_leftover(env.cfg, env.backend, env.node, drain, env.log)
 
 
 def _remediate(env: Env) -> Outcome:
@@ -411,11 +412,22 @@ def _finish(env: Env, ids: Sequence[int], outcome: str, detail: str) -> None:
             env.store.finish_remediation(i, outcome, detail, env.now())
 
 
-def _redrain(env: Env, fault: str, step: str) -> str:
+def _hold(env: Env, text: str) -> str:
+    """Put our `text` on the node remediate acts on: only while its reason is still one of our automatic
+    ones, or it is in service (a fault found on it: drained is the safe side).  '' once set, else why
+    not: an admin who drained the node since remediate last read it keeps the node and the reason.
+    Slurm has no compare-and-set for a reason, so the read comes right before the write."""
+    now = env.backend.node(env.node)
+    if (now.drained or now.down) and not _reason.is_automatic(now.reason):
+        return f"reason changed meanwhile ({now.reason or 'none'})"
+    env.backend.drain(env.node, text)
+    return ""
+
+
+def _redrain(env: Env, fault: str, step: str) -> Tuple[str, str]:
+    """(our reason for the step, '' or why it was not set: _hold)."""
     text = _reason.format_reason(fault, f"remediate: {step}")
-    if not env.dry_run:
-        env.backend.drain(env.node, text)
-    return text
+    return text, ("" if env.dry_run else _hold(env, text))
 
 
 def _try_reset(env: Env, info: Any, run: Any, targets: List[R.Remedy], fault: str) -> Outcome:
@@ -427,7 +439,9 @@ def _try_reset(env: Env, info: Any, run: Any, targets: List[R.Remedy], fault: st
     if env.dry_run:
         return Outcome(env.node, "reset", "would-reset", f"{env.node}: would reset GPU "
                                                          f"{','.join(str(r.gpu_index) for r in targets)}: {fault}")
-    _redrain(env, fault, "reset")
+    _, taken = _redrain(env, fault, "reset")
+    if taken:
+        return Outcome(env.node, "reset", "left-alone", f"{env.node}: {taken}: no reset; the admin's drain stays")
     again = env.backend.node(env.node)  # a job Slurm placed before our drain took effect
     if _slurm_busy(again):
         return Outcome(env.node, "reset", "busy", f"{env.node}: {_slurm_busy(again)} after the drain; no reset")
@@ -590,7 +604,7 @@ def _verify_actively(env: Env, run: Any, info: Any, fault: str) -> str:
 
     def drain(text: str) -> None:
         env.resumed_by_verify = ""
-        env.backend.drain(env.node, _reason.format_reason(text, "remediate: verify"))
+        _hold(env, _reason.format_reason(text, "remediate: verify"))
 
     gpus = int(getattr(info, "gpus_configured", 0) or len(getattr(getattr(run, "snapshot", None), "gpus", ())) or 0)
     result = verify_node(env.cfg, env.backend, env.node, gpus, resume=resume, drain=drain, log=env.log,
@@ -734,10 +748,12 @@ def _reboot_breaker(env: Env, text: str) -> str:
     verdict = ask(env.cfg, env.backend, env.node, BRK.REBOOT, env.now(), env.log)
     if verdict.open:
         return verdict.text
+    before = env.backend.node(env.node).reason
+    taken = _hold(env, text)  # drained already: only the reason (and its time) changes, while it is ours
+    if taken:
+        return taken
     if BRK.Breaker.from_config(env.cfg).max_drained_pct >= 100:
         return ""
-    before = env.backend.node(env.node).reason
-    env.backend.drain(env.node, text)  # drained already: only the reason (and its time) changes
     second = confirm(env.cfg, env.backend, env.node, BRK.REBOOT, text, env.log,
                      withdraw=lambda: env.backend.drain(env.node, before or text))
     return second.text if second.open else ""
@@ -763,8 +779,9 @@ def _returned_by_slurm(env: Env, info: Any, row: Dict[str, Any]) -> Outcome:
     if found:
         _finish(env, [row["id"]], "failed", drain_fault(found))
         text = _reason.format_reason(drain_fault(found), "remediate: verify after reboot")
-        env.backend.drain(env.node, text)
-        return Outcome(env.node, "reboot", "failed", f"{what}; the check failed: drained again: {text}")
+        taken = _hold(env, text)
+        done = f"drained again: {text}" if not taken else f"not drained by us: {taken}"
+        return Outcome(env.node, "reboot", "failed", f"{what}; the check failed: {done}")
     _finish(env, [row["id"]], "resumed", "returned to service by Slurm; checked")
     return Outcome(env.node, "reboot", "resumed", f"{what}; checked: healthy")
 
@@ -776,8 +793,8 @@ def _rma(env: Env, run: Any, r: R.Remedy, why: str) -> Outcome:
     if env.dry_run:
         return Outcome(env.node, "rma", "would-rma", f"{env.node}: would mark for RMA: {text}")
     _row(env, run, r, "rma", "rma", why or r.source)
-    env.backend.drain(env.node, text)
-    return Outcome(env.node, "rma", "rma", f"{env.node}: {text}")
+    taken = _hold(env, text)
+    return Outcome(env.node, "rma", "rma", f"{env.node}: {text}" + (f" (reason not set: {taken})" if taken else ""))
 
 
 def _write_skew(cfg: Any, skew_s: float, log: Any) -> None:
