@@ -155,7 +155,8 @@ def job_record(backend: Any, job_id: str) -> Optional[JobRecord]:
     rc, out, err = backend.run("sacct", ["-X", "-n", "-P", "-j", job_id, "--format=" + ",".join(fields)])
     if rc != 0:
         text = " ".join((err.strip() + " " + out.strip()).split()) or f"exit code {rc}"
-        if SLUID.match(job_id) and ("sluid" in text.lower() or "invalid job id" in text.lower()):
+        # 22.05: "fatal: Bad job/step specified: s..."; a sacct that knows the id but not the field: "Invalid field"
+        if SLUID.match(job_id) and any(w in text.lower() for w in ("sluid", "invalid job id", "bad job/step")):
             raise InputError(f"this Slurm's sacct takes no SLUID ({text})",
                              "SLUIDs are Slurm 26.05's: give the numeric job id (sacct -X -o JobID,Submit)")
         if "invalid job id" in text.lower():
