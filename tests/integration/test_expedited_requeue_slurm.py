@@ -13,7 +13,7 @@ import pytest
 import simgpu
 from testbed import slurm_version
 
-from .sites import Site, hooked_cluster, node_reasons, site_fixture
+from .sites import Site, hook_script, hooked_cluster, node_reasons, site_fixture
 
 pytestmark = pytest.mark.slurm
 
@@ -76,3 +76,39 @@ def test_a_job_that_succeeded_is_not_requeued_by_a_gpu_fault_in_its_epilog(clust
     assert _runs(cluster, job, 1) == [("COMPLETED", first)]
     reasons = {r["node"]: r["reason"] for r in node_reasons(cluster)}
     assert f"[epilog job {job}; check ecc_uncorrectable]" in reasons[first], reasons
+
+
+def test_a_bug_of_ours_in_the_epilog_requeues_nothing(site, slurm_testbed_factory, tmp_path):
+    """The epilog hits a bug of ours (an exception injected into its last step, through a
+    sitecustomize only this epilog's interpreter loads): it fails open, exit 0, so Slurm sees no
+    epilog failure.  From 25.11 a job that exited non-zero is then held, never requeued at once onto
+    another node by our mistake; on older versions nothing is requeued either."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(
+        "import slurm_gpu.hooks.epilog as epilog\n\n\n"
+        "def _bug(*args, **kwargs):\n    raise RuntimeError('injected: a bug of ours')\n\n\n"
+        "epilog.epilog_exit = _bug\n")
+    wrapper = tmp_path / "epilog-with-a-bug"
+    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={inject} exec {hook_script('slurm-gpu-epilog')}\n")
+    wrapper.chmod(0o755)
+    site.reset()
+    extra = "SlurmctldParameters=enable_expedited_requeue\n" if EXPEDITE else ""
+    cluster = slurm_testbed_factory(prolog=hook_script("slurm-gpu-prolog"), epilog=str(wrapper),
+                                    slurm_gpu_config=site.config(), prolog_epilog_timeout=60, extra_slurm_conf=extra)
+    job = cluster.sbatch("sleep 3; exit 3", args=(["--requeue=expedite"] if EXPEDITE else ["--requeue"]) +
+                         ["--gres=gpu:1"])
+    first = _fault_where_it_runs(cluster, site, job)
+    end = time.monotonic() + 60
+    while "internal-error" not in site.log(first):
+        assert time.monotonic() < end, site.log(first)
+        time.sleep(0.5)
+    assert "injected: a bug of ours" in site.log(first)
+    time.sleep(5)  # an expedited requeue starts the next run at once (under 2 s on 26.05): give it more
+    runs = _runs(cluster, job, 2, timeout=2)
+    # 26.05: ('REQUEUED', first), then the held record ('PENDING', 'None assigned'); no run anywhere else
+    assert runs[0][1] == first and all(state == "PENDING" for state, _ in runs[1:]), runs
+    assert cluster.job_info(job).get("JobState") != "RUNNING", cluster.job_info(job)
+    reasons = {r["node"]: r["reason"] for r in node_reasons(cluster)}
+    assert "Epilog error" not in reasons.get(first, ""), reasons  # Slurm saw no failed epilog
+    cluster.run("scancel", str(job), check=False)
