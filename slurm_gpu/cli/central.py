@@ -410,7 +410,7 @@ def _annotate_one(backend, srv, S, job_rows, cluster, job_id, restart, comment, 
         except InputError:
             old = None  # damaged: written again from the records
         if old is not None and not old.partial and old.restart == restart:
-            if energy and getattr(backend, "energies", {}).get(job_id) == 0:
+            if energy and backend.energies.get(job_id) == 0:
                 # complete, but Slurm holds no energy: the controller epilog's energy write failed
                 from slurm_gpu.hooks.ctld import energy_into_accounting
                 done, _ = energy_into_accounting(backend, job_id, cluster, False, job_rows(srv, cluster, job_id, restart),

@@ -29,9 +29,7 @@ site = site_fixture(RemediationSite, "reboot")
 @pytest.fixture
 def boot_held():
     """Set by the test to let the held boot go on: until then the node stays REBOOT_ISSUED, its slurmd stopped."""
-    held = threading.Event()
-    yield held
-    held.set()
+    return threading.Event()  # the cluster fixture sets it before the testbed stops
 
 
 @pytest.fixture
