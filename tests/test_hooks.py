@@ -80,6 +80,13 @@ def test_prolog_resets_clocks_enables_accounting_and_records_start(sim_node):
     for fn in ("nvmlDeviceSetPersistenceMode", "nvmlDeviceResetApplicationsClocks", "nvmlDeviceResetGpuLockedClocks",
                "nvmlDeviceResetMemoryLockedClocks", "nvmlDeviceSetAccountingMode", "nvmlDeviceClearAccountingPids"):
         assert fn in fns
+    # GPU 2 was read with persistence and accounting on: those modes are not written again,
+    # while its clocks are reset and the PIDs of earlier jobs cleared as on GPU 0.
+    on_already = [a["function"] for a in acts if a["gpu"] == 2]
+    assert "nvmlDeviceSetPersistenceMode" not in on_already and "nvmlDeviceSetAccountingMode" not in on_already
+    for fn in ("nvmlDeviceResetApplicationsClocks", "nvmlDeviceResetGpuLockedClocks", "nvmlDeviceResetMemoryLockedClocks",
+               "nvmlDeviceClearAccountingPids"):
+        assert fn in on_already, on_already
     starts = rows(node.db, "SELECT * FROM job_starts ORDER BY gpu_index")
     assert [s["gpu_index"] for s in starts] == [0, 2]
     assert starts[0]["energy_mj"] == 1_000_000_000 and starts[0]["gpu_uuid"].startswith("GPU-")

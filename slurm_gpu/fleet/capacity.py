@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Sequence, Tuple
 
-from slurm_gpu.slurm.model import NodeInfo, parse_gres
+from slurm_gpu.slurm.conf import parse_gres
+from slurm_gpu.slurm.model import NodeInfo
 
 CLUSTER = "(cluster)"
 UNTYPED = "(untyped)"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import select
-import signal
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -102,6 +101,7 @@ def call_in_child(fn: Callable[[], Any], timeout_s: float, name: str
     fn's value (or exception) must pickle.  A child still running after ``timeout_s`` is
     killed (SIGKILL) and reaped: nothing is left behind.  ``name`` goes into error texts."""
     import pickle
+    import signal  # both here: the hooks never fork (pyslurm's calls do), and signal's IntEnum costs 1.7 ms
     deadline = time.monotonic() + timeout_s
     rfd, wfd = os.pipe()
     pid = os.fork()

@@ -26,7 +26,7 @@ import threading
 import time
 import types
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Collection, Deque, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from slurm_gpu.errors import DriverLibraryMismatch, NvmlUnavailable, NvmlWriteError
 from slurm_gpu.gpu import snapshot as S
@@ -686,11 +686,14 @@ class NvmlReader:
 
     # -- writes (strict: a failure is an NvmlWriteError naming the GPU and the NVML error) ---
     def prepare(self, indices: Sequence[int], *, persistence: bool = False, reset_clocks: bool = False,
-                accounting: bool = False, power_cap_tolerance_pct: Optional[float] = None) -> Dict[int, Any]:
+                accounting: bool = False, power_cap_tolerance_pct: Optional[float] = None,
+                in_place: Optional[Mapping[int, Collection[str]]] = None) -> Dict[int, Any]:
         """Put GPUs into a known state, all GPUs in parallel.
 
         Returns {index: {operation: done} | NvmlWriteError}; done is False when the GPU does
-        not support the operation (nothing to reset is not an error).
+        not support the operation (nothing to reset is not an error).  `in_place` names, per
+        GPU, the set-operations whose state a read of this GPU moments ago already showed
+        (persistence or accounting on): those are reported done without a driver write.
         """
         p = pynvml
         ops: List[Tuple[str, Callable[..., Any], Tuple[Any, ...]]] = []
@@ -711,7 +714,11 @@ class NvmlReader:
 
         def task(w: _GpuReader, h: Any) -> Dict[str, bool]:
             done: Dict[str, bool] = {}
+            shown = in_place.get(w.index, ()) if in_place else ()
             for name, fn, args in ops:
+                if name in shown and name in _SET_ONLY_IF_OFF:
+                    done[name] = True
+                    continue
                 if name == "nvmlDeviceClearAccountingPids" and not done.get("nvmlDeviceSetAccountingMode"):
                     continue
                 try:
@@ -730,6 +737,9 @@ class NvmlReader:
 
 
 _NOT_AVAILABLE_U64 = 2**64 - 1
+# Writes that only turn a mode on: with the mode already on (read just before), they change nothing.
+# The clock and power resets and the clearing of accounting PIDs are done every time.
+_SET_ONLY_IF_OFF = frozenset({"nvmlDeviceSetPersistenceMode", "nvmlDeviceSetAccountingMode"})
 
 
 def _pynvml_version() -> str:

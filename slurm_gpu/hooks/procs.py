@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import time
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
 
@@ -214,6 +213,7 @@ def kill_leftovers(deps: HookDeps, job: JobEnv, gmap: JobGpuMap) -> Tuple[Dict[i
         log.warning("leftover-processes-not-killed", pids=",".join(map(str, everyone)))
         return {}, []
     log.warning("leftover-processes", pids=",".join(map(str, everyone)))
+    import signal  # here, not at the top: its IntEnum costs every prolog 1.7 ms, and few prologs kill
     targets = list(everyone)
     for sig, wait in ((signal.SIGTERM, cfg.get("hooks", "kill_grace_s")), (signal.SIGKILL, 2.0)):
         alive = [p for p in targets if deps.pid_alive(p)]

@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from slurm_gpu.config import node_name
 from slurm_gpu.errors import NvmlWriteError
-from slurm_gpu.gpu.snapshot import NodeSnapshot
+from slurm_gpu.gpu.snapshot import GpuSnapshot, NodeSnapshot
 from slurm_gpu.hooks.check import fault_check, log_results, read_and_judge
 from slurm_gpu.hooks.deps import HookDeps, map_gpus
 from slurm_gpu.hooks.drain import drain, gate_suspended
@@ -39,7 +39,7 @@ def _prolog(job: JobEnv, deps: HookDeps, t: float) -> FlowResult:
         housekeeping(deps, job, "prolog")
         return FlowResult(PROLOG_FAULT, seen)
     assert gmap is not None  # a mapping failure is a FAIL above
-    prepared = _prepare(deps, job, gmap)
+    prepared = _prepare(deps, job, gmap, snap)
     starts = []
     for jg in gmap.gpus:
         g = snap.gpu_at(jg.nvml_index)
@@ -80,22 +80,33 @@ def _job_gpu_snapshot(deps: HookDeps, job: JobEnv, seen: Observed
     return gmap, snap, results
 
 
-def _prepare(deps: HookDeps, job: JobEnv, gmap: JobGpuMap) -> Dict[int, Any]:
+def _prepare(deps: HookDeps, job: JobEnv, gmap: JobGpuMap, snap: NodeSnapshot) -> Dict[int, Any]:
     """Persistence, clock reset and accounting on the job's whole GPUs.
 
     A GPU the job holds MIG slices of is shared with whoever holds the others: resetting its
-    clocks or clearing its accounting would change their job, so only persistence is set."""
+    clocks or clearing its accounting would change their job, so only persistence is set.
+    A mode the snapshot just read as on is not set again (a driver write that changes nothing)."""
     cfg = deps.cfg
     sliced = set(gmap.instances())
     whole = [i for i in gmap.nvml_indices if i not in sliced]
+    in_place = {i: _modes_on(snap.gpu(i)) for i in gmap.nvml_indices}
     out = deps.reader.prepare(whole, persistence=cfg.get("hooks", "persistence_mode"),
                               reset_clocks=cfg.get("hooks", "reset_clocks"),
                               accounting=cfg.get("hooks", "accounting_mode"),
                               power_cap_tolerance_pct=cfg.get("health", "power_cap_tolerance_pct")
-                              if cfg.get("hooks", "reset_power_limit") else None) if whole else {}
+                              if cfg.get("hooks", "reset_power_limit") else None, in_place=in_place) if whole else {}
     if sliced:
         deps.job_log(job).info("mig-gpu-shared", gpus=",".join(map(str, sorted(sliced))),
                                note="clocks and accounting of a GPU with MIG slices are left alone")
         if cfg.get("hooks", "persistence_mode"):
-            out.update(deps.reader.prepare(sorted(sliced), persistence=True))
+            out.update(deps.reader.prepare(sorted(sliced), persistence=True, in_place=in_place))
     return out
+
+
+def _modes_on(g: Optional[GpuSnapshot]) -> Tuple[str, ...]:
+    """The set-operations whose mode this reading of the GPU shows on already."""
+    if g is None:
+        return ()
+    on = [op for op, r in (("nvmlDeviceSetPersistenceMode", g.persistence_mode),
+                           ("nvmlDeviceSetAccountingMode", g.accounting_mode)) if r.ok and r.value is True]
+    return tuple(on)

@@ -212,12 +212,77 @@ def node_gres_types(slurm_conf: str, node: str) -> List[str]:
     if found is None:
         raise GresConfigError(f"{slurm_conf}: no NodeName line for {node}",
                               "is SLURM_CONF this cluster's slurm.conf, and SLURMD_NODENAME this node?")
-    from slurm_gpu.slurm.model import parse_gres
     types: List[str] = []
     for name, typ, _count in parse_gres(found.get("gres", "")):
         if name.lower() == "gpu" and typ.lower() not in types:
             types.append(typ.lower())
     return types
+
+
+# ---------------------------------------------------------------- GRES strings
+
+_MULT = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4, "P": 1024 ** 5}
+
+
+def gres_count(text: str) -> Optional[int]:
+    """A GRES or TRES count as Slurm writes it ('4', '100K' = 102400), or None when it is none."""
+    m = re.fullmatch(r"(\d+)([KMGTP]?)", text)
+    return int(m.group(1)) * _MULT[m.group(2)] if m else None
+
+
+def _split_gres(gres: str) -> List[str]:
+    """Split at commas outside parentheses: 'gpu:a:2(IDX:0,2),mps:100' -> 2 items."""
+    items: List[str] = []
+    cur: List[str] = []
+    depth = 0
+    for ch in gres:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth = max(0, depth - 1)
+        if ch == "," and depth == 0:
+            items.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    items.append("".join(cur))
+    return [i.strip() for i in items if i.strip()]
+
+
+def parse_gres(gres: Optional[str]) -> List[Tuple[str, str, int]]:
+    """Slurm GRES text -> [(name, type, count)].
+
+    Handles ``gpu:h100:4(S:0-1)``, ``gpu:h100:2(IDX:0-1)``, ``gpu:4``, ``gpu`` (count 1),
+    ``gres/gpu:h100=4`` / ``gres/gpu=2`` (TRES spelling), ``mps:100K``, lists thereof,
+    and ``(null)`` / ``N/A`` / ``''`` (nothing).  Unparseable items are skipped.
+    """
+    out: List[Tuple[str, str, int]] = []
+    if not gres or gres.strip() in ("(null)", "N/A", "none", "None"):
+        return out
+    for item in _split_gres(gres.strip()):
+        item = re.sub(r"\(.*\)$", "", item).strip()  # drop (S:0-1) / (IDX:0-1)
+        if item.startswith("gres/"):
+            item = item[len("gres/"):]
+        if item.startswith("gres:"):
+            item = item[len("gres:"):]
+        if "=" in item:  # TRES spelling: gpu:h100=4
+            item = item.replace("=", ":", 1)
+        parts = item.split(":")
+        name = parts[0]
+        if not name:
+            continue
+        typ, count = "", 1
+        rest = parts[1:]
+        if rest:
+            n = gres_count(rest[-1])
+            if n is not None:
+                count = n
+                rest = rest[:-1]
+            elif len(rest) >= 2:
+                continue  # name:type:<garbage>
+            typ = ":".join(rest)
+        out.append((name, typ, count))
+    return out
 
 
 # --------------------------------------------------------------------------- gres.conf

@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, NamedTuple, Optional, S
 
 from slurm_gpu.errors import SlurmError, SlurmGpuError
 from slurm_gpu.slurm import reason as _reason
+from slurm_gpu.slurm.conf import gres_count, parse_gres
 
 DRAIN_FLAGS = frozenset({"DRAIN", "DRAINED", "DRAINING"})
 
@@ -76,66 +77,6 @@ def split_state(state: str) -> FrozenSet[str]:
     return frozenset(parts)
 
 
-# ---------------------------------------------------------------- GRES strings
-
-_MULT = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4, "P": 1024 ** 5}
-
-
-def _split_gres(gres: str) -> List[str]:
-    """Split at commas outside parentheses: 'gpu:a:2(IDX:0,2),mps:100' -> 2 items."""
-    items: List[str] = []
-    cur: List[str] = []
-    depth = 0
-    for ch in gres:
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth = max(0, depth - 1)
-        if ch == "," and depth == 0:
-            items.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    items.append("".join(cur))
-    return [i.strip() for i in items if i.strip()]
-
-
-def parse_gres(gres: Optional[str]) -> List[Tuple[str, str, int]]:
-    """Slurm GRES text -> [(name, type, count)].
-
-    Handles ``gpu:h100:4(S:0-1)``, ``gpu:h100:2(IDX:0-1)``, ``gpu:4``, ``gpu`` (count 1),
-    ``gres/gpu:h100=4`` / ``gres/gpu=2`` (TRES spelling), ``mps:100K``, lists thereof,
-    and ``(null)`` / ``N/A`` / ``''`` (nothing).  Unparseable items are skipped.
-    """
-    out: List[Tuple[str, str, int]] = []
-    if not gres or gres.strip() in ("(null)", "N/A", "none", "None"):
-        return out
-    for item in _split_gres(gres.strip()):
-        item = re.sub(r"\(.*\)$", "", item).strip()  # drop (S:0-1) / (IDX:0-1)
-        if item.startswith("gres/"):
-            item = item[len("gres/"):]
-        if item.startswith("gres:"):
-            item = item[len("gres:"):]
-        if "=" in item:  # TRES spelling: gpu:h100=4
-            item = item.replace("=", ":", 1)
-        parts = item.split(":")
-        name = parts[0]
-        if not name:
-            continue
-        typ, count = "", 1
-        rest = parts[1:]
-        if rest:
-            m = re.fullmatch(r"(\d+)([KMGTP]?)", rest[-1])
-            if m:
-                count = int(m.group(1)) * _MULT[m.group(2)]
-                rest = rest[:-1]
-            elif len(rest) >= 2:
-                continue  # name:type:<garbage>
-            typ = ":".join(rest)
-        out.append((name, typ, count))
-    return out
-
-
 def gpu_count(gres: Optional[str]) -> int:
     """Number of GPUs in a GRES text (sum over types)."""
     return sum(c for n, _t, c in parse_gres(gres) if n == "gpu")
@@ -152,10 +93,9 @@ def tres_gpu_count(tres: Optional[str]) -> Optional[int]:
     for item in tres.split(","):
         k, _, v = item.partition("=")
         k = k.strip()
-        m = re.fullmatch(r"(\d+)([KMGTP]?)", v.strip())
-        if not m:
+        n = gres_count(v.strip())
+        if n is None:
             continue
-        n = int(m.group(1)) * _MULT[m.group(2)]
         if k == "gres/gpu":
             total = n
         elif k.startswith("gres/gpu:"):

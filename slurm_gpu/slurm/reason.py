@@ -25,7 +25,6 @@ This module is imported by the prolog/epilog: standard library only.
 from __future__ import annotations
 
 import re
-import unicodedata
 from typing import Any, Optional
 
 PREFIX = "slurm-gpu:"
@@ -61,6 +60,7 @@ def sanitize(text: Any) -> str:
             text = str(text)
         except Exception:  # a hostile __str__ must not break a drain
             text = repr(type(text))
+    import unicodedata  # here: 1 ms of every hook's start, and only a drain writes a reason
     out = []
     for ch in text:
         if ch in "\t\n\r\v\f":
