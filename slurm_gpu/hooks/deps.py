@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Mapping, Optional, Protocol, Sequence, runtime_checkable
 
 from slurm_gpu.config import Config
 from slurm_gpu.hooks import procs
@@ -33,7 +33,8 @@ class GpuReader(Protocol):
     def accounting_many(self, indices: Sequence[int]) -> Dict[int, Any]: ...
 
     def prepare(self, indices: Sequence[int], *, persistence: bool = False, reset_clocks: bool = False,
-                accounting: bool = False, power_cap_tolerance_pct: Optional[float] = None) -> Dict[int, Any]: ...
+                accounting: bool = False, power_cap_tolerance_pct: Optional[float] = None,
+                in_place: Optional[Mapping[int, Collection[str]]] = None) -> Dict[int, Any]: ...
 
     def is_stuck(self, index: int) -> bool: ...
 
@@ -59,7 +60,8 @@ class NoGpus:
         raise self.error
 
     def prepare(self, indices: Sequence[int], *, persistence: bool = False, reset_clocks: bool = False,
-                accounting: bool = False, power_cap_tolerance_pct: Optional[float] = None) -> Dict[int, Any]:
+                accounting: bool = False, power_cap_tolerance_pct: Optional[float] = None,
+                in_place: Optional[Mapping[int, Collection[str]]] = None) -> Dict[int, Any]:
         raise self.error
 
     def is_stuck(self, index: int) -> bool:
