@@ -9,7 +9,7 @@ tables the rest of the package reads are derived from it:
 - `policy.judge.DEFAULT_SEVERITY`: the checks whose FAIL is a WARN unless the site says otherwise;
 - `policy.breaker.HARDWARE`: the checks whose FAIL always gates a job (the breaker never
   suspends them);
-- `policy.remedy.CHECK_REMEDY`: the checks with one remedy whatever the reading;
+- `remediation.remedy.CHECK_REMEDY`: the checks with one remedy whatever the reading;
 - the `check` label of `slurm_gpu_health_check_status` and friends (metrics/node.py);
 - the table in docs/hooks.md ("Every check"), which a test keeps equal to `markdown_table()`.
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Dict, FrozenSet, Tuple
 
-# remedy actions (policy/remedy.py uses the same words)
+# remedy actions (remediation/remedy.py uses the same words)
 RESET, REBOOT, RMA = "reset", "reboot", "rma"
 
 

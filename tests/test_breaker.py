@@ -371,19 +371,21 @@ def test_epilog_drains_once_the_storm_is_past_the_window(sim_node, tmp_path):
 # ------------------------------------------------------------------ remediate's reboots
 
 def test_remediate_asks_no_reboot_while_the_share_of_the_partition_is_rebooting(tmp_path):
-    from slurm_gpu.hooks import remediate as REM
+    from slurm_gpu.remediation import actions as ACT
+    from slurm_gpu.remediation.context import Env
     cfg = _cfg(tmp_path, pct=25.0)
     cluster = MemCluster(["gpu01", "gpu02", "gpu03", "gpu04"])
     cluster.reboot("gpu02", format_reason("GSP error", "remediate: reboot", check=P.REBOOT))
     cluster.drain("gpu01", format_reason("XID 79 fallen off the bus", "healthcheck", check="xid"))
-    env = REM.Env(cfg, cluster, _NoStore(), "gpu01", checker=lambda info: [])
-    out = REM._reboot(env, [], [], "XID 79 fallen off the bus")
+    env = Env(cfg, cluster, _NoStore(), "gpu01", checker=lambda info: [])
+    out = ACT.reboot(env, [], [], "XID 79 fallen off the bus")
     assert out.outcome == "breaker-open" and "breaker open for reboot" in out.message, out
     assert [a[0] for a in cluster.actions] == ["reboot", "drain"] and env.store.rows[-1]["outcome"] == "refused"
 
 
 def test_two_nodes_asking_for_a_reboot_at_once_reboot_only_the_share(tmp_path):
-    from slurm_gpu.hooks import remediate as REM
+    from slurm_gpu.remediation import actions as ACT
+    from slurm_gpu.remediation.context import Env
     cfg = _cfg(tmp_path, pct=25.0)
     t0 = float(int(time.time()))
     cluster = MemCluster(["gpu01", "gpu02", "gpu03", "gpu04"], clock=lambda: t0)
@@ -400,8 +402,8 @@ def test_two_nodes_asking_for_a_reboot_at_once_reboot_only_the_share(tmp_path):
         listing = real_nodes(names)
         return [n if n.name != "gpu01" else _node("gpu01", fault, t0) for n in listing] if calls[0] == 1 else listing
     cluster.nodes = nodes  # type: ignore[method-assign]
-    env = REM.Env(cfg, cluster, _NoStore(), "gpu02", checker=lambda info: [])
-    out = REM._reboot(env, [], [], "XID 79 fallen off the bus")
+    env = Env(cfg, cluster, _NoStore(), "gpu02", checker=lambda info: [])
+    out = ACT.reboot(env, [], [], "XID 79 fallen off the bus")
     assert out.outcome == "breaker-open" and "gpu02's drain withdrawn" in out.message, out
     assert not any(a[0] == "reboot" for a in cluster.actions)
     assert cluster.node("gpu02").reason == fault and cluster.node("gpu02").drained  # its own reason back

@@ -11,9 +11,9 @@ from typing import Set
 from slurm_gpu import checkcatalog as C
 from slurm_gpu import config
 from slurm_gpu.hooks import main as hook_main
-from slurm_gpu.hooks import verifyjob
 from slurm_gpu.metrics.node import check_label
-from slurm_gpu.policy import breaker, judge, remedy
+from slurm_gpu.policy import breaker, judge
+from slurm_gpu.remediation import remedy, verifyjob
 from slurm_gpu.store import apply
 
 PACKAGE = Path(C.__file__).parent

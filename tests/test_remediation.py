@@ -19,10 +19,11 @@ from slurm_gpu import config
 from slurm_gpu.errors import SlurmError
 from slurm_gpu.gpu.snapshot import NodeSnapshot
 from slurm_gpu.gpu.xid import XidEvent
-from slurm_gpu.hooks import remediate as REM
 from slurm_gpu.hooks.healthcheck import node_health_cycle
-from slurm_gpu.policy import remedy as R
 from slurm_gpu.policy.judge import CheckResult
+from slurm_gpu.remediation import actions as ACT
+from slurm_gpu.remediation import engine as REM
+from slurm_gpu.remediation import remedy as R
 from slurm_gpu.slurm import model as slurm
 from slurm_gpu.slurm import reason as _reason
 
@@ -66,7 +67,7 @@ def test_node_action_leaves_a_manual_fault_to_a_human_else_takes_the_strongest_s
 
 
 def test_docs_hooks_shows_the_remedy_map_as_generated():
-    assert R.markdown_table() in (DOCS / "hooks.md").read_text(), "regenerate the table from policy/remedy.py"
+    assert R.markdown_table() in (DOCS / "hooks.md").read_text(), "regenerate the table from remediation/remedy.py"
 
 
 def test_healthcheck_never_resumes_a_drain_remediate_owns():
@@ -332,8 +333,8 @@ def test_a_reset_fault_that_names_no_gpu_runs_no_reset_command_and_escalates():
     env = type("E", (), {"spawn": lambda self, *a, **k: ran.append(a), "say": lambda self, *a, **k: None,
                          "get": lambda self, k: 10.0, "node": "gpu01"})()
     node_wide = R.Remedy("xid", None, "", R.RESET, "NVIDIA XID catalog", "XID 48 on an unknown GPU")
-    assert REM._reset_gpus(env, None, [node_wide], [0])[0].endswith("names no GPU to reset")
-    assert REM._reset_gpus(env, None, [], []) == ("the fault names no GPU to reset", False)
+    assert ACT.reset_gpus(env, None, [node_wide], [0])[0].endswith("names no GPU to reset")
+    assert ACT.reset_gpus(env, None, [], []) == ("the fault names no GPU to reset", False)
     assert ran == []
 
 
@@ -393,7 +394,7 @@ def test_a_verification_that_fails_after_the_reboot_puts_our_reason_back(sim_nod
     assert _run(node, backend).outcome == "requested"
     backend.boot()
     simgpu.set_gpu(node.state, 1, remapped_pending=0, reset_sticky=0)
-    monkeypatch.setattr(REM, "_verify", lambda env, info: "pass 2 of 2: GPU 1 pending row remap")
+    monkeypatch.setattr(ACT, "verify_checks", lambda env, info: "pass 2 of 2: GPU 1 pending row remap")
     out = _run(node, backend)
     assert (out.action, out.outcome) == ("reboot", "failed"), out
     assert backend.reason.startswith("slurm-gpu: ") and "[remediate: verify after reboot]" in backend.reason

@@ -387,7 +387,7 @@ def test_a_central_server_that_is_down_leaves_node_bs_rows_logs_one_line_and_rem
 
 
 def test_central_rows_merge_with_the_nodes_own_once_per_node_and_id():
-    from slurm_gpu.hooks.remediate import SerialHistory
+    from slurm_gpu.remediation.context import SerialHistory
 
     class Rows:
         def remediations(self, serial):

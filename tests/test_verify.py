@@ -21,8 +21,8 @@ from slurm_gpu import config
 from slurm_gpu.cli import main
 from slurm_gpu.errors import ConfigError, SlurmError
 from slurm_gpu.hooks import battery as B
-from slurm_gpu.hooks import verifyjob as V
-from slurm_gpu.policy import remedy as R
+from slurm_gpu.remediation import remedy as R
+from slurm_gpu.remediation import verifyjob as V
 from slurm_gpu.slurm import model as slurm
 from slurm_gpu.slurm.cli_backend import CliBackend
 

@@ -460,7 +460,8 @@ def _remediate_after_check(cfg: Any, backend: Any, name: str, log: Any) -> Any:
     what slurmd allows a HealthCheckProgram, and slurmd must not kill it half-way."""
     from slurm_gpu.errors import SlurmGpuError
     from slurm_gpu.hooks import healthcheck as H
-    from slurm_gpu.hooks.remediate import run_on_node, verify_enabled
+    from slurm_gpu.remediation.engine import run_on_node
+    from slurm_gpu.remediation.verify import verify_enabled
     if verify_enabled(cfg):
         return _remediate_detached(cfg, name, log)
     try:

@@ -310,7 +310,7 @@ def remediation_cmd(app: Any, by: str, node_dbs: Sequence[str], **o: Any) -> Non
     RMA, else 0.
     """
     from slurm_gpu.fleet import remediation as FR
-    from slurm_gpu.policy.budget import Budget
+    from slurm_gpu.remediation.budget import Budget
     now = time.time()
     rows, source = _remediation_rows(app, node_dbs, o)
     view = FR.by_serial(rows, Budget.from_config(app.config), now)

@@ -50,7 +50,7 @@ def remediate(app, node_name, dry_run):
     from slurm_gpu.cli.admin import _backend, _log, this_node
     from slurm_gpu.errors import SlurmGpuError
     from slurm_gpu.hooks.healthcheck import default_checker
-    from slurm_gpu.hooks.remediate import run_on_node
+    from slurm_gpu.remediation.engine import run_on_node
     name = this_node(node_name)
     if os.geteuid() != 0 and not dry_run:
         raise SlurmGpuError("remediate must run as root: it resets GPUs and changes the node in Slurm",

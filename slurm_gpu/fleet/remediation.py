@@ -3,7 +3,7 @@
 Built from `remediations` rows (node schema v7+, central schema v7+: dicts with node, id, time,
 gpu_index, gpu_uuid, serial, fault_check, fault, action, outcome, detail, drain_time, finished)
 from the central server or from node databases.  A GPU is its serial: one moved to another node
-keeps its history.  The lemons are policy/budget.py's rule applied to the rows, the time from
+keeps its history.  The lemons are remediation/budget.py's rule applied to the rows, the time from
 drain to verified resume is finished - drain_time of the attempts that resumed the node.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from slurm_gpu.errors import InputError, StoreError
 from slurm_gpu.fleet.model import names
-from slurm_gpu.policy import budget as B
+from slurm_gpu.remediation import budget as B
 from slurm_gpu.store.liveread import FileRead, SourceChanged, connect, reread
 from slurm_gpu.store.schema import REMEDIATION_COLUMNS
 

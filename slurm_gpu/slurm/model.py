@@ -225,7 +225,7 @@ class SlurmBackend(abc.ABC):
         the node is idle and brings it back DOWN with the reason (remediation verifies, then resumes)."""
         raise SlurmError(f"the {self.name} backend cannot ask Slurm for a reboot", "set slurm_backend = \"cli\"")
 
-    # ------------------------------------------------------------ the verification job (hooks/verifyjob.py)
+    # ------------------------------------------------------------ the verification job (remediation/verifyjob.py)
     def _no_verify(self, what: str) -> SlurmError:
         return SlurmError(f"the {self.name} backend cannot {what}", "set slurm_backend = \"cli\"")
 

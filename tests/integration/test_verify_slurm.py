@@ -11,7 +11,7 @@ import time
 import pytest
 
 from slurm_gpu import config
-from slurm_gpu.hooks import verifyjob as V
+from slurm_gpu.remediation import verifyjob as V
 from slurm_gpu.slurm import reason as _reason
 from slurm_gpu.slurm.cli_backend import CliBackend
 

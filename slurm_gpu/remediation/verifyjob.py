@@ -53,7 +53,7 @@ ACCOUNTING_SETTLE_S = 3.0  # and for slurmctld's last update of the job record a
 RESERVATION_FIRST_SECOND_S = 1.05  # no job in the reservation's first second (verify_node)
 RESERVATION_SLACK_S = 300.0  # the reservation outlives the job's limits by this much
 KEEP_RESULTS = 20  # result files kept per node (verify/NODE-JOBID.json and .err)
-CHECKS = {B.DCGM: "verify_dcgm", B.NCCL: "verify_nccl", B.COMMAND: "verify_command"}  # policy/remedy.py CHECK_REMEDY
+CHECKS = {B.DCGM: "verify_dcgm", B.NCCL: "verify_nccl", B.COMMAND: "verify_command"}  # remedy.py CHECK_REMEDY
 
 
 class VerifyFailure(NamedTuple):
@@ -110,7 +110,7 @@ def write_script(directory: str, node: str, argv: List[str]) -> str:
                          "install slurm-gpu under a path without spaces")
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(B.__file__))))
     text = (f"#!{sys.executable}\n"
-            f"# slurm-gpu verification job for {node} (slurm_gpu/hooks/verifyjob.py)\n"
+            f"# slurm-gpu verification job for {node} (slurm_gpu/remediation/verifyjob.py)\n"
             "import sys\n"
             f"sys.path.insert(0, {package_root!r})\n"
             f"sys.argv = {argv!r}\n"

@@ -16,7 +16,8 @@ REBOOT: reboot the node through Slurm.  RMA: replace the board; the drain stays.
 MANUAL: slurm-gpu knows no safe automatic remedy (thermal, links, configuration, versions):
 the drain stays for a human, as before this module existed.
 
-Pure and standard library only: the healthcheck (on the hook path) may import it.
+Pure and standard library only.  Remediation's alone: the hook path (prolog, epilog) imports nothing
+of slurm_gpu.remediation (.importlinter, the hook-path contract).
 """
 from __future__ import annotations
 
