@@ -1,5 +1,5 @@
 """Time text -> unix seconds: the conversions that Slurm's output, kernel logs and the report's
---since/--until share.  Each caller keeps its own grammar (slurm/cli_backend.py: Slurm's local
+--since/--until share.  Each caller keeps its own grammar (slurm/cli_text.py: Slurm's local
 ISO form; gpu/xid.py: log-line prefixes; report/timespec.py: relative specs such as now-2days).
 
 Local wall-clock times (what Slurm, syslog and `dmesg -T` print) follow Python's rule for a

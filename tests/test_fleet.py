@@ -29,7 +29,7 @@ from slurm_gpu.fleet import capacity, memory, model, versions, xids
 from slurm_gpu.fleet import central as fc
 from slurm_gpu.fleet.model import Gpu, Point
 from slurm_gpu.gpu import xidcatalog
-from slurm_gpu.slurm.cli_backend import node_from_fields, parse_show_line
+from slurm_gpu.slurm.cli_text import node_from_fields, parse_show_line
 
 pytestmark = pytest.mark.host_only  # neither Slurm's version nor Python's: once, on the host (docs/testbed.md)
 

@@ -21,8 +21,8 @@ from click.testing import CliRunner
 from slurm_gpu.cli import main
 from slurm_gpu.errors import InputError
 from slurm_gpu.gpu.snapshot import GpuSnapshot, MigDevice, NodeSnapshot, NvLink, failed, unsupported, value
+from slurm_gpu.gres import collect, inventory
 from slurm_gpu.gres import generate as gres
-from slurm_gpu.gres import inventory
 from slurm_gpu.slurm import hostlist
 
 HERE = Path(__file__).resolve().parent
@@ -405,29 +405,29 @@ def test_gpu_whose_minor_number_fails_is_refused_by_name():
     snap = NodeSnapshot("n1", 0.0, gpus=(_gpu(0), _gpu(1, minor_number=failed("nvmlDeviceGetMinorNumber", "GPU is lost"))))
     with pytest.raises(inventory.InventoryError, match=r"node n1: GPU 1 \(GPU-1\): minor_number could not be read "
                                                          r"\(error: nvmlDeviceGetMinorNumber GPU is lost\)"):
-        inventory.inventory_from_snapshot(snap)
+        collect.inventory_from_snapshot(snap)
 
 
 def test_failed_nvlink_read_is_refused_rather_than_writing_wrong_links():
     link = NvLink(0, value(True), failed("nvmlDeviceGetNvLinkRemotePciInfo", "Unknown Error"))
     snap = NodeSnapshot("n1", 0.0, gpus=(_gpu(0, nvlinks=value((link,))),))
     with pytest.raises(inventory.InventoryError, match="NvLink 0 could not be read"):
-        inventory.inventory_from_snapshot(snap)
+        collect.inventory_from_snapshot(snap)
 
 
 def test_hyperthread_siblings_count_as_one_slurm_core(tmp_path):
     # 2 sockets x 4 cores x 2 threads: CPUs 0-3 and 8-11 are socket 0's cores 0-3.
-    topo = inventory.read_cpu_topology(str(fake_sysfs(tmp_path / "sys", sockets=2, cores=4, threads=2)))
+    topo = collect.read_cpu_topology(str(fake_sysfs(tmp_path / "sys", sockets=2, cores=4, threads=2)))
     assert topo[0] == topo[8] == 0 and topo[4] == topo[12] == 4
     snap = NodeSnapshot("n1", 0.0, gpus=(_gpu(0, cpu_affinity=value((0, 1, 2, 3, 8, 9, 10, 11))),
                                          _gpu(1, cpu_affinity=value((4, 5, 6, 7, 12, 13, 14, 15)))))
-    inv = inventory.inventory_from_snapshot(snap, cpu_to_core=topo)
+    inv = collect.inventory_from_snapshot(snap, cpu_to_core=topo)
     assert [inventory.format_cpulist(g.cores) for g in inv.gpus] == ["0-3", "4-7"]
     assert [inventory.format_cpulist(g.cpu_affinity) for g in inv.gpus] == ["0-3,8-11", "4-7,12-15"]
 
 
 def test_unreadable_topology_falls_back_to_cpu_ids(tmp_path):
-    assert inventory.read_cpu_topology(str(tmp_path / "nope")) is None
+    assert collect.read_cpu_topology(str(tmp_path / "nope")) is None
 
 
 def _mig_snap(minor: int = 0):
@@ -437,7 +437,7 @@ def _mig_snap(minor: int = 0):
 
 
 def test_mig_caps_come_from_the_gpu_minor_in_mig_minors():
-    inv = inventory.inventory_from_snapshot(_mig_snap(minor=1), mig_minors=inventory.read_mig_minors(str(GOLDEN / "mig-minors")))
+    inv = collect.inventory_from_snapshot(_mig_snap(minor=1), mig_minors=collect.read_mig_minors(str(GOLDEN / "mig-minors")))
     m = inv.gpus[0].mig_devices[0]
     # gpu1/gi1: 3 + 135 + 9 = 147, its ci0 148 (driver numbering, see tests/golden/gres/mig-minors)
     assert (m.profile, m.gi_cap_minor, m.ci_cap_minor) == ("3g.20gb", 147, 148)
@@ -447,18 +447,18 @@ def test_mig_device_missing_from_mig_minors_is_an_error(tmp_path):
     p = tmp_path / "mig-minors"
     p.write_text("config 1\nmonitor 2\ngpu0/gi1/access 12\n")
     with pytest.raises(inventory.InventoryError, match=r"no 'gpu0/gi1/ci0/access' in .*mig-minors"):
-        inventory.inventory_from_snapshot(_mig_snap(), mig_minors_path=str(p))
+        collect.inventory_from_snapshot(_mig_snap(), mig_minors_path=str(p))
 
 
 def test_mig_enabled_without_mig_devices_is_an_error():
     snap = NodeSnapshot("n1", 0.0, gpus=(_gpu(0, mig_mode_current=value(True), mig_devices=value(())),))
     with pytest.raises(inventory.InventoryError, match="MIG mode is enabled but no MIG devices exist"):
-        inventory.inventory_from_snapshot(snap)
+        collect.inventory_from_snapshot(snap)
 
 
 def test_gpu_without_nvlink_support_has_no_peers():
     snap = NodeSnapshot("n1", 0.0, gpus=(_gpu(0, nvlinks=unsupported("nvmlDeviceGetNvLinkState")),))
-    assert inventory.inventory_from_snapshot(snap).gpus[0].nvlink_peers == ()
+    assert collect.inventory_from_snapshot(snap).gpus[0].nvlink_peers == ()
 
 
 # --- output, templates, CLI ----------------------------------------------------------------------

@@ -35,8 +35,8 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu.errors import InputError
+from slurm_gpu.gres import collect, inventory
 from slurm_gpu.gres import generate as gres
-from slurm_gpu.gres import inventory
 from slurm_gpu.slurm import conf as slurmconf
 
 OLD = (22, 5, 8)
@@ -229,8 +229,8 @@ def test_inventory_keeps_the_instance_memory_and_full_profile():
     g = GpuSnapshot(index=0, minor_number=value(0), uuid=value("GPU-0"), name=value("NVIDIA A100-SXM4-80GB"),
                     pci_bus_id=value("00000000:18:00.0"), cpu_affinity=value((0, 1)), mig_mode_current=value(True),
                     mig_devices=value(devs))
-    inv = inventory.inventory_from_snapshot(NodeSnapshot("n1", 0.0, gpus=(g,)),
-                                            mig_minors={"gpu0/gi1/access": 12, "gpu0/gi1/ci0/access": 13})
+    inv = collect.inventory_from_snapshot(NodeSnapshot("n1", 0.0, gpus=(g,)),
+                                          mig_minors={"gpu0/gi1/access": 12, "gpu0/gi1/ci0/access": 13})
     m = inv.gpus[0].mig_devices[0]
     assert (m.profile, m.memory_mib) == ("1c.3g.40gb", 40192)
     again = inventory.from_json(json.loads(inventory.dumps(inv)), "x").gpus[0].mig_devices[0]

@@ -21,8 +21,10 @@ from slurm_gpu.errors import ExitCode, NvmlUnavailable, SlurmError
 from slurm_gpu.hooks.healthcheck import node_health_cycle
 from slurm_gpu.slurm import backend as slurm_backend
 from slurm_gpu.slurm import model as slurm
-from slurm_gpu.slurm.cli_backend import CliBackend, parse_show_line, split_records
-from slurm_gpu.slurm.model import NodeInfo, gpu_count, parse_gres, split_state, tres_gpu_count
+from slurm_gpu.slurm.cli_backend import CliBackend
+from slurm_gpu.slurm.cli_text import parse_show_line, split_records
+from slurm_gpu.slurm.conf import parse_gres
+from slurm_gpu.slurm.model import NodeInfo, gpu_count, split_state, tres_gpu_count
 from slurm_gpu.slurm.reason import format_reason
 
 FAKE_PYSLURM = Path(__file__).resolve().parent / "fake_pyslurm"
@@ -90,7 +92,7 @@ def test_show_line_with_spaces_in_values_parses():
 
 
 def test_reason_with_brackets_equals_and_fake_suffix_is_read_whole():
-    from slurm_gpu.slurm.cli_backend import node_from_fields
+    from slurm_gpu.slurm.cli_text import node_from_fields
     info = node_from_fields(parse_show_line(LINE_DRAINED))
     assert info.reason == HOSTILE_REASON
     assert info.reason_user == "root"

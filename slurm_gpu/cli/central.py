@@ -1,7 +1,6 @@
 """`slurm-gpu central init` and `slurm-gpu db push`: the cluster's SQL server (docs/central.md)."""
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Any, Optional
@@ -186,33 +185,6 @@ class _bar:
             self.bar.__exit__(*exc)
 
 
-def _cluster(app, conn) -> str:
-    """The cluster name for health events and drains, which the node database keeps without it."""
-    name = app.config.get("", "cluster_name") or os.environ.get("SLURM_CLUSTER_NAME", "")
-    if name:
-        return name
-    name = _slurm_conf_cluster(os.environ.get("SLURM_CONF") or app.config.get("", "slurm_conf"))
-    if name:
-        return name
-    row = conn.execute("SELECT cluster FROM jobs ORDER BY end_time DESC LIMIT 1").fetchone()
-    if row and row[0]:
-        return row[0]
-    raise InputError("cannot tell this node's cluster name", "set cluster_name in the config")
-
-
-def _slurm_conf_cluster(path: str) -> str:
-    """ClusterName= of slurm.conf, '' when unreadable or absent."""
-    from slurm_gpu.slurm.conf import GresConfigError, config_lines
-    try:
-        for _where, line in config_lines(path):
-            key, _, value = line.partition("=")
-            if key.strip().lower() == "clustername":
-                return value.split()[0].strip('"') if value.split() else ""
-    except GresConfigError:
-        pass
-    return ""
-
-
 def _age(oldest: Optional[float]) -> str:
     if oldest is None:
         return "none"
@@ -251,34 +223,28 @@ def push(app, database, url, password_file, max_seconds, batch_size, status_only
     node database runs at a time: a second one says so on stderr and exits 0.  Connecting
     and each exchange end within central.timeout_s in all, however slowly the server answers.
     """
-    from slurm_gpu.central import push as P
-    from slurm_gpu.store.node import Store
+    from slurm_gpu.central.admin import Outbox
+    from slurm_gpu.central.push import PushBusy
     cfg = app.config
-    store = Store(database or cfg.path_value("store", "database"), cfg.path_value("store", "spool_dir"),
-                  cfg.get("store", "busy_timeout_s"))
-    if not os.path.lexists(store.path):
-        raise InputError(f"no database at {store.path}", "nothing has been recorded on this node yet, or --db names another file")
-    conn = store.connect()
-    try:
-        if status_only:
-            _print_backlog(P.backlog(conn), P.last_push_time(conn))
+    with Outbox(cfg, database) as outbox:
+        try:
+            if status_only:
+                _print_backlog(outbox.backlog(), outbox.last_push_time())
+                return
+            cluster = outbox.cluster(cfg)
+            from slurm_gpu.central.server import Central
+            show = sys.stderr.isatty() if progress is None else progress
+            with outbox.lock():
+                before = outbox.backlog()
+                with Central.from_config(cfg, url, password_file) as srv, \
+                        click.progressbar(length=before.total, label="pushing", file=sys.stderr) if show and before.total \
+                        else _NoBar() as bar:
+                    result = outbox.push(srv, cluster, batch_size or cfg.get("central", "batch_size"), max_seconds,
+                                         progress=bar.update)
+        except PushBusy:
+            click.echo(f"slurm-gpu: another `db push` of {outbox.path} is running; this one ships nothing", err=True)
             return
-        cluster = _cluster(app, conn)
-        from slurm_gpu.central.server import Central
-        show = sys.stderr.isatty() if progress is None else progress
-        with P.push_lock(store.path):
-            before = P.backlog(conn)
-            with Central.from_config(cfg, url, password_file) as srv, \
-                    click.progressbar(length=before.total, label="pushing", file=sys.stderr) if show and before.total \
-                    else _NoBar() as bar:
-                result = P.Pusher(conn, srv, cluster, batch_size or cfg.get("central", "batch_size"), max_seconds,
-                                  progress=bar.update).run()
-    except P.PushBusy:
-        click.echo(f"slurm-gpu: another `db push` of {store.path} is running; this one ships nothing", err=True)
-        return
-    finally:
-        store.close()
-    _print_result(result, f"{store.path} -> {srv.target.describe()}", quiet)
+    _print_result(result, f"{outbox.path} -> {srv.target.describe()}", quiet)
 
 
 def _print_result(result, where: str, quiet: bool) -> None:
@@ -336,6 +302,7 @@ def annotate(app, url, password_file, since, job_ids, dry_run, progress):
     whose summary was already complete (the controller epilog's energy write failed). Needs
     the reporter account and Slurm's sacct/sacctmgr as an operator.
     """
+    from slurm_gpu.central.admin import jobs_with_records
     from slurm_gpu.central.server import Central, job_rows
     from slurm_gpu.report.timespec import parse_time
     from slurm_gpu.slurm.cli_backend import CliBackend
@@ -349,7 +316,7 @@ def annotate(app, url, password_file, since, job_ids, dry_run, progress):
     backend = CliBackend(cfg)
     energy = bool(cfg.get("job_summary", "energy_tres")) and not dry_run and backend.energy_tres_settable()
     with Central.from_config(cfg, url, password_file, long_queries=True) as srv:
-        jobs = _annotate_candidates(srv, since_s, job_ids)
+        jobs = jobs_with_records(srv, since_s, job_ids)
         comments = _admin_comments(backend, jobs)
         counts = {"written": 0, "completed": 0, "partial": 0, "kept": 0, "energy": 0, "foreign": 0, "unknown": 0,
                   "failed": 0}
@@ -376,16 +343,6 @@ def annotate(app, url, password_file, since, job_ids, dry_run, progress):
                f"{counts['unknown']} not in Slurm's accounting, {counts['failed']} failed")
     if failures:
         raise failures[0]
-
-
-def _annotate_candidates(srv, since_s, job_ids):
-    """(cluster, job id, latest restart) of the jobs with records on the server."""
-    sql = ('SELECT cluster, job_id, MAX(restart_count) FROM job_gpus_current WHERE 1 = 1'
-           + (" AND end_time >= %s" if since_s is not None else "")
-           + (f" AND job_id IN ({', '.join(['%s'] * len(job_ids))})" if job_ids else "")
-           + " GROUP BY cluster, job_id ORDER BY cluster, job_id")
-    params = ((since_s,) if since_s is not None else ()) + tuple(job_ids)
-    return [(c, int(j), int(r)) for c, j, r in srv.execute(sql, params)]
 
 
 def _admin_comments(backend, jobs):

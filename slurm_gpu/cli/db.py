@@ -14,13 +14,6 @@ def db():
     """Inspect and repair this node's usage database."""
 
 
-def _store(app, database, spool):
-    from slurm_gpu.store.node import Store
-    cfg = app.config
-    return Store(database or cfg.path_value("store", "database"), spool or cfg.path_value("store", "spool_dir"),
-                 cfg.get("store", "busy_timeout_s"))
-
-
 _db_opt = click.option("--db", "--database", "database", metavar="PATH",
                        help="Database file (default: store.database; %n there is the short host name outside a hook).")
 _spool_opt = click.option("--spool", metavar="DIR", help="Spool directory (default: store.spool_dir).")
@@ -45,7 +38,8 @@ def check(app, database, spool):
     Exit 0 when healthy with an empty spool, 1 otherwise.
     """
     from slurm_gpu.store.diagnose import DatabaseProblem, database_problems
-    st = _store(app, database, spool)
+    from slurm_gpu.store.maintenance import node_store, table_counts
+    st = node_store(app.config, database, spool)
     if not os.path.lexists(st.path):
         # Not corruption: nothing has written here yet, or %n / --db points elsewhere.
         problems = [DatabaseProblem(f"no database at {st.path}", _missing_hint(app, database))]
@@ -53,7 +47,7 @@ def check(app, database, spool):
         problems = database_problems(st.path)
     sp = st.spool_status()
     if not problems:
-        counts = _counts(st.path)
+        counts = table_counts(st.path)
         click.echo(f"{st.path}: ok (" + ", ".join(f"{t} {n}" for t, n in counts.items()) + ")")
     for p in problems:
         click.echo(p.text if st.path in p.text else f"{st.path}: {p.text}")
@@ -102,18 +96,6 @@ def _missing_hint(app, database) -> str:
     return hint
 
 
-def _counts(path):
-    """Rows per table, read-only: {table: rows}, in the schema's order."""
-    import sqlite3
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        tables = [t for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-                  if not t.startswith("sqlite_")]
-        return {t: conn.execute('SELECT COUNT(*) FROM "%s"' % t.replace('"', '""')).fetchone()[0] for t in tables}
-    finally:
-        conn.close()
-
-
 @db.command()
 @_db_opt
 @_spool_opt
@@ -129,10 +111,11 @@ def ingest(app, database, spool, from_log):
     or that is not root's own is moved to <spool>/quarantine/ and the others go on.
     """
     from slurm_gpu.store.diagnose import describe_error
+    from slurm_gpu.store.maintenance import node_store
     st = None
     replay_problems = []
     try:
-        st = _store(app, database, spool)
+        st = node_store(app.config, database, spool)
         if from_log:
             done, found, replay_problems = _replay(st, from_log)
             click.echo(f"{done} record(s) replayed from {from_log} ({found} found)")

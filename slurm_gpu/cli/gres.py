@@ -17,7 +17,7 @@ def _local_inventory(cfg, snapshot_path: Optional[str], hostname: Optional[str],
 
     from slurm_gpu import config as config_mod
     from slurm_gpu.gpu.snapshot import SnapshotFormatError, node_from_json
-    from slurm_gpu.gres import inventory
+    from slurm_gpu.gres import collect
 
     if snapshot_path:
         try:
@@ -38,13 +38,13 @@ def _local_inventory(cfg, snapshot_path: Optional[str], hostname: Optional[str],
             reader.close()
         host = hostname or config_mod.node_name()
     topo_dir = cfg.get("gres", "cpu_topology_dir")
-    topo = inventory.read_cpu_topology(topo_dir)
+    topo = collect.read_cpu_topology(topo_dir)
     if topo is None:
         click.echo(f"slurm-gpu: warning: CPU topology in {topo_dir} unreadable; Cores= uses CPU ids "
                    "(wrong on nodes with hyper-threading)", err=True)
-    return inventory.inventory_from_snapshot(snap, host, topo, mig_minors_path=cfg.get("gres", "mig_minors_path"),
-                                             state=state,
-                                             warn=lambda text: click.echo(f"slurm-gpu: warning: {text}", err=True))
+    return collect.inventory_from_snapshot(snap, host, topo, mig_minors_path=cfg.get("gres", "mig_minors_path"),
+                                           state=state,
+                                           warn=lambda text: click.echo(f"slurm-gpu: warning: {text}", err=True))
 
 
 def _write(path: Optional[str], text: str) -> None:

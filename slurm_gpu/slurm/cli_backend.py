@@ -9,14 +9,14 @@
   ``scontrol update NodeName=<hostlist> ...`` changes them all (see SlurmBackend.drain_many).
 * Jobs: ``scontrol -o show job`` while slurmctld knows the job, then ``sacct --json``,
   falling back to ``sacct -P`` where ``--json`` is missing or its schema is not understood.
-* The verification job (hooks/verifyjob.py): ``scontrol create|delete|show reservation``,
+* The verification job (remediation/verifyjob.py): ``scontrol create|delete|show reservation``,
   ``sbatch --parsable``, ``scancel JOB`` / ``scancel --reservation=NAME``, the job's state from
   ``scontrol -o show job``, then ``sacct -X -P``.
 
 Binaries are looked up in ``slurm_bin_dir``, then PATH, then /usr/bin, /usr/local/bin,
 /opt/slurm/bin (slurmd runs hooks without PATH).  The environment is passed through —
 SLURM_CONF matters — with ``SLURM_TIME_FORMAT=standard`` so timestamps parse.  Every call has
-``timeout = slurm_timeout_s``.
+``timeout = slurm_timeout_s``.  What the tools print is parsed in slurm/cli_text.py.
 """
 from __future__ import annotations
 
@@ -29,19 +29,27 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurm_gpu.errors import NotInAccounting, SlurmError
 from slurm_gpu.slurm import hostlist
+from slurm_gpu.slurm.cli_text import (
+    blank_null,
+    gres_from_tres,
+    job_from_sacct_json,
+    job_from_scontrol,
+    node_from_fields,
+    parse_kv,
+    parse_show_line,
+    split_records,
+)
 from slurm_gpu.slurm.hostlist import compress
 from slurm_gpu.slurm.model import (
     NodeInfo,
     NodeLookup,
     SlurmBackend,
     final_job_facts,
-    gpu_count,
     hostlist_batches,
     select_nodes,
-    split_state,
     tres_gpu_count,
 )
-from slurm_gpu.timefmt import SLURM_ISO, slurm_to_unix
+from slurm_gpu.timefmt import slurm_to_unix
 
 FALLBACK_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin")
 PING_HINT = "check that slurmctld is running and reachable: `scontrol ping` (SLURM_CONF={conf})"
@@ -53,83 +61,10 @@ _UNREACHABLE = ("unable to contact slurm controller", "socket timed out", "conne
 _NO_CONFIG = ("could not establish a configuration source", "unable to process configuration file",
               "unable to read configuration")
 _DENIED = ("access/permission denied", "permission denied", "invalid user id", "access denied")
-_KEY = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/]*)=")
-_REASON_TAIL = re.compile(r" \[([^\[\]@\s]*)@(" + SLURM_ISO + r")\](?=$|\s+[A-Z][A-Za-z_]*=)")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
 _NODE_GRES = re.compile(r"\bNodes=(\S+) CPU_IDs=\S* Mem=\S* GRES=(\S*)")
+_SDIAG_TIME = re.compile(r"^sdiag output at .*\((\d+)\)\s*$", re.M)
 _NOT_FOUND = re.compile(r"^Node (\S+) not found$")  # scontrol show node, per unknown name (on stdout in 22.05)
-
-
-def _kv(text: str) -> Dict[str, str]:
-    """'A=1 B=two words C=3' -> {'A': '1', 'B': 'two words', 'C': '3'} (values may hold spaces)."""
-    out: Dict[str, str] = {}
-    matches = list(_KEY.finditer(text))
-    for i, m in enumerate(matches):
-        end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
-        out.setdefault(m.group(1), text[m.end():end].strip())
-    return out
-
-
-def parse_show_line(line: str) -> Dict[str, str]:
-    """One ``scontrol -o show node`` line -> dict.  ``Reason`` may contain anything (spaces,
-    '=', brackets); it ends at Slurm's own `` [user@time]`` suffix, split into ReasonUser and
-    ReasonTime."""
-    line = line.rstrip("\n")
-    m = re.search(r"(?:^|\s)Reason=", line)
-    if not m:
-        return _kv(line)
-    out = _kv(line[: m.start()])
-    tail = line[m.end():]
-    ends = list(_REASON_TAIL.finditer(tail))
-    if ends:
-        end = ends[-1]
-        out["Reason"] = tail[: end.start()]
-        out["ReasonUser"] = end.group(1)
-        out["ReasonTime"] = end.group(2)
-        for k, v in _kv(tail[end.end():]).items():
-            out.setdefault(k, v)
-    else:
-        out["Reason"] = tail.strip()
-    return out
-
-
-def node_from_fields(f: Dict[str, str]) -> NodeInfo:
-    state = f.get("State", "")
-    gres = f.get("Gres", "")
-    gres_used = f.get("GresUsed", "")
-    used = gpu_count(gres_used) if gres_used else None
-    if not used:
-        used = tres_gpu_count(f.get("AllocTRES")) or 0
-    reason = f.get("Reason", "")
-    if reason in ("(null)", "None"):
-        reason = ""
-    return NodeInfo(
-        name=f.get("NodeName", ""),
-        state=state,
-        states=split_state(state),
-        reason=reason,
-        reason_user=f.get("ReasonUser", ""),
-        reason_time=slurm_to_unix(f.get("ReasonTime")),
-        gres="" if gres == "(null)" else gres,
-        gres_used="" if gres_used in ("(null)", "N/A") else gres_used,
-        gpus_configured=gpu_count(gres) or (tres_gpu_count(f.get("CfgTRES")) or 0),
-        gpus_allocated=used,
-        partitions=tuple(p for p in f.get("Partitions", "").split(",") if p and p != "(null)"),
-    )
-
-
-def split_records(out: str) -> List[str]:
-    """Lines of ``scontrol -o`` output; a line not starting a record (a reason holding a newline
-    set by some other tool) is glued back onto the one before."""
-    recs: List[str] = []
-    for line in out.splitlines():
-        if not line.strip():
-            continue
-        if recs and not re.match(r"^(NodeName|JobId)=", line):
-            recs[-1] += " " + line.strip()
-        else:
-            recs.append(line)
-    return recs
 
 
 class CliBackend(SlurmBackend):
@@ -334,7 +269,7 @@ class CliBackend(SlurmBackend):
                 return None
             self._raise(rc, out, err, f"scontrol show reservation {name}")
         for line in out.splitlines():
-            fields = _kv(line)
+            fields = parse_kv(line)
             if fields.get("ReservationName") == name:
                 return fields
         return None
@@ -353,9 +288,9 @@ class CliBackend(SlurmBackend):
         job_id = int(job_id)
         rc, out, err = self.run("scontrol", ["-o", "show", "job", str(job_id)])
         if rc == 0 and out.strip():
-            recs = [_kv(r) for r in split_records(out)]
+            recs = [parse_kv(r) for r in split_records(out)]
             f = next((r for r in recs if r.get("JobId") == str(job_id)), recs[0])
-            return f.get("JobState", ""), _none(f.get("NodeList")), _none(f.get("Reason"))
+            return f.get("JobState", ""), blank_null(f.get("NodeList")), blank_null(f.get("Reason"))
         if rc != 0 and "invalid job id" not in (err + out).lower():
             self._raise(rc, out, err, f"scontrol show job {job_id}", job=job_id)
         rc, out, err = self.run("sacct", ["-X", "-n", "-P", "-j", str(job_id), "--format=JobIDRaw,State,NodeList,Reason"])
@@ -364,7 +299,7 @@ class CliBackend(SlurmBackend):
         for line in out.splitlines():
             vals = line.split("|")
             if len(vals) >= 4 and vals[0].strip() == str(job_id):
-                return (vals[1].split() or [""])[0], _none(vals[2]), _none(vals[3])
+                return (vals[1].split() or [""])[0], blank_null(vals[2]), blank_null(vals[3])
         raise SlurmError(f"unknown job {job_id}: not in slurmctld nor in accounting (sacct)",
                          "the job id may be mistyped, or accounting (slurmdbd) is not enabled")
 
@@ -459,7 +394,7 @@ class CliBackend(SlurmBackend):
                 return "", None
             self._raise(rc, out, err, f"scontrol show job {job_id}", job=int(job_id))
         line = split_records(out)[0]
-        fields = _kv(line)
+        fields = parse_kv(line)
         comment = fields.get("AdminComment", "")
         groups = [(m.group(1), m.group(2)) for m in _NODE_GRES.finditer(line)]
         has_gpus = bool(tres_gpu_count(fields.get("TRES", ""))) or "gpu" in fields.get("JOB_GRES", "")
@@ -552,9 +487,9 @@ class CliBackend(SlurmBackend):
         job_id = int(job_id)
         rc, out, err = self.run("scontrol", ["-o", "show", "job", str(job_id)])
         if rc == 0 and out.strip():
-            recs = [_kv(r) for r in split_records(out)]
+            recs = [parse_kv(r) for r in split_records(out)]
             recs = [r for r in recs if r.get("JobId") == str(job_id)] or recs
-            return final_job_facts(_job_from_scontrol(recs[0], job_id))
+            return final_job_facts(job_from_scontrol(recs[0], job_id))
         low = (err + out).lower()
         if rc != 0 and "invalid job id" not in low:
             self._raise(rc, out, err, f"scontrol show job {job_id}", job=job_id)
@@ -565,7 +500,7 @@ class CliBackend(SlurmBackend):
             rc, out, err = self.run("sacct", ["--json", "-j", str(job_id)])
             if rc == 0:
                 try:
-                    facts = _job_from_sacct_json(json.loads(out), job_id)
+                    facts = job_from_sacct_json(json.loads(out), job_id)
                     self._sacct_json = True
                     if facts is not None:
                         return final_job_facts(facts)
@@ -588,69 +523,7 @@ class CliBackend(SlurmBackend):
                 tres = d["AllocTRES"]
                 return final_job_facts({"job_id": job_id, "user": d["User"], "account": d["Account"], "partition": d["Partition"],
                                "state": d["State"].split()[0] if d["State"] else "", "nodes": d["NodeList"],
-                               "gres": _gres_from_tres(tres), "tres": tres, "start_time": slurm_to_unix(d["Start"]),
+                               "gres": gres_from_tres(tres), "tres": tres, "start_time": slurm_to_unix(d["Start"]),
                                "end_time": slurm_to_unix(d["End"]), "source": "slurmdbd"})
         raise SlurmError(f"unknown job {job_id}: not in slurmctld nor in accounting (sacct)",
                          "the job id may be mistyped, or accounting (slurmdbd) is not enabled")
-
-
-_SDIAG_TIME = re.compile(r"^sdiag output at .*\((\d+)\)\s*$", re.M)
-
-
-def _gres_from_tres(tres: str) -> str:
-    n = tres_gpu_count(tres)
-    return f"gpu:{n}" if n else ""
-
-
-def _none(v: Optional[str]) -> str:
-    return "" if v in (None, "(null)", "N/A", "None") else str(v)
-
-
-def _job_from_scontrol(f: Dict[str, str], job_id: int) -> Dict[str, Any]:
-    user = re.sub(r"\(\d+\)$", "", f.get("UserId", ""))
-    gres = _none(f.get("TresPerNode")) or _none(f.get("Gres"))
-    # 22.05 spells it gres:gpu:1, 25.11 gres/gpu:1 (observed): 'gpu:1' either way
-    gres = ",".join(re.sub(r"^gres[:/]", "", item) for item in gres.split(",")) if gres else ""
-    return {"job_id": job_id, "user": user, "account": _none(f.get("Account")), "partition": _none(f.get("Partition")),
-            "state": f.get("JobState", ""), "nodes": _none(f.get("NodeList")), "gres": gres,
-            "tres": _none(f.get("AllocTRES")) or _none(f.get("TRES")), "start_time": slurm_to_unix(f.get("StartTime")),
-            "end_time": slurm_to_unix(f.get("EndTime")), "source": "slurmctld"}
-
-
-def _num(v: Any) -> Optional[float]:
-    """sacct --json numbers: 22.05 plain ints, 23.02+ {"set": bool, "number": int}."""
-    if isinstance(v, dict):
-        if not v.get("set", True) or v.get("infinite"):
-            return None
-        v = v.get("number")
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
-        return float(v)
-    return None
-
-
-def _job_from_sacct_json(data: Dict[str, Any], job_id: int) -> Optional[Dict[str, Any]]:
-    for j in data["jobs"]:
-        if int(_num(j.get("job_id")) or -1) != job_id:
-            continue
-        state = j.get("state", {})
-        cur = state.get("current") if isinstance(state, dict) else state
-        if isinstance(cur, list):
-            cur = "+".join(str(c) for c in cur)
-        t = j.get("time", {})
-        alloc = (j.get("tres") or {}).get("allocated") or []
-        parts = []
-        for item in alloc:
-            typ, name, cnt = item.get("type", ""), item.get("name") or "", _num(item.get("count"))
-            if cnt is None:
-                continue
-            parts.append(f"{typ}/{name}={int(cnt)}" if name else f"{typ}={int(cnt)}")
-        tres = ",".join(parts)
-        user = j.get("user")
-        if not isinstance(user, str):
-            user = (j.get("association") or {}).get("user", "")
-        return {"job_id": job_id, "user": user or "", "account": j.get("account") or "",
-                "partition": j.get("partition") or "", "state": str(cur or ""), "nodes": j.get("nodes") or "",
-                "gres": _gres_from_tres(tres), "tres": tres, "start_time": _num(t.get("start")),
-                "end_time": _num(t.get("end")), "source": "slurmdbd"}
-    return None
-
