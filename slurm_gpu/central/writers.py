@@ -98,10 +98,40 @@ def native_hash(password: str) -> str:
     return "*" + hashlib.sha1(hashlib.sha1(password.encode("latin-1")).digest()).hexdigest().upper()
 
 
+def read_password(path: str) -> str:
+    """The password in `path` (first line): refused unless a regular file, not a symlink, owned by
+    root or by us, and unreadable by group and others."""
+    hint = f"create it with `install -m 600 -o root /dev/null {path}` and write the password into it"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise CentralError(f"central.password_file {path}: no such file", hint) from None
+    except OSError as e:
+        why = "is a symlink" if e.errno in (40,) else (e.strerror or str(e))
+        raise CentralError(f"central.password_file {path}: cannot open ({why})", hint) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CentralError(f"central.password_file {path}: not a regular file", hint)
+        if st.st_uid not in (0, os.geteuid()):
+            raise CentralError(f"central.password_file {path}: owned by uid {st.st_uid}, not root",
+                               f"chown root {path} && chmod 600 {path}")
+        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise CentralError(f"central.password_file {path}: readable or writable by group/others "
+                               f"(mode {stat.S_IMODE(st.st_mode):04o})", f"chmod 600 {path}")
+        data = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    text = data.decode("utf-8", "replace").splitlines()
+    password = text[0].rstrip("\r") if text else ""
+    if not password:
+        raise CentralError(f"central.password_file {path}: empty", "write the account's password into it (one line)")
+    return password
+
+
 def password_for(directory: str, account: str, create: bool = True) -> str:
     """The account's password from DIR/ACCOUNT.password; a new random one written there (0600,
     never through a symlink) when the file is missing.  '' when missing and not `create`."""
-    from slurm_gpu.central.server import read_password
     path = os.path.join(directory, f"{account}.password")
     if os.path.lexists(path):
         return read_password(path)

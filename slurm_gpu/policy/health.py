@@ -16,6 +16,7 @@ from slurm_gpu.config import Config
 from slurm_gpu.gpu.snapshot import NodeSnapshot
 from slurm_gpu.gpu.xid import XidEvent
 from slurm_gpu.policy import checks
+from slurm_gpu.policy.checks import registry
 from slurm_gpu.policy.checks.thermal import CLOCK_EVENT_NAMES  # noqa: F401  (re-exported)
 from slurm_gpu.policy.judge import FAIL, PASS, SKIP, WARN, CheckResult, Context, Judge, drain_fault, failures, worst  # noqa: F401  (re-exported)
 
@@ -60,7 +61,7 @@ def evaluate(
     idle_set: Set[int] = {g.index for g in judged} if idle is True else set(idle or ())
     ctx = Context(cfg, {k: cfg.get("health", k) for k in _HEALTH_KEYS}, snap, judged, idle_set, expected_count,
                   xid_events, xid_problem, xid_undated, now, recorded_events, recorded_problem)
-    for check in checks.NODE_CHECKS["before"]:
+    for check in registry.NODE_CHECKS["before"]:
         check(j, ctx)
     for g in judged:
         if g.unreachable:
@@ -68,9 +69,9 @@ def evaluate(
                   "the GPU may have fallen off the bus: check dmesg for XID 79/48, reset the GPU or reboot the node")
             continue
         j.add("responsive", PASS, g, "responds")
-        for check in checks.GPU_CHECKS:
+        for check in registry.GPU_CHECKS:
             check(j, g, ctx)
-    for check in checks.NODE_CHECKS["after"]:
+    for check in registry.NODE_CHECKS["after"]:
         check(j, ctx)
     return j.out
 

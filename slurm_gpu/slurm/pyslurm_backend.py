@@ -244,6 +244,11 @@ class PyslurmBackend(SlurmBackend):
     def resume(self, name: str) -> None:
         self._modify(name, f"resume {name}", state="RESUME")
 
+    def ctld_time(self) -> float:
+        """slurmctld's clock through `sdiag` (the command-line tools): pyslurm has no call for it."""
+        from slurm_gpu.slurm.cli_backend import CliBackend
+        return CliBackend(None, timeout_s=self.timeout_s).ctld_time()
+
     def version(self) -> str:
         return str(getattr(self.ps, "__version__", ""))
 

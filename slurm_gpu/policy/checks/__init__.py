@@ -1,7 +1,7 @@
 """The one registry of health checks, filled by the family modules beside it.
 
 A family module (memory, thermal, links, processes, versions, xids) decorates each check with
-`gpu_check` (run once per judged, reachable GPU: fn(judge, gpu, ctx)) or `node_check` (run once:
+`registry.gpu_check` (run once per judged, reachable GPU: fn(judge, gpu, ctx)) or `registry.node_check` (run once:
 fn(judge, ctx), phase "before" the GPUs or "after" them).  Checks run in registration order,
 which is the order of FAMILIES and, within a family, of definition: the first FAIL becomes the
 drain reason, so the order is part of the behaviour.  A new check touches two files: its family
@@ -10,29 +10,17 @@ tests/test_checkcatalog.py fails until both exist).
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, TypeVar
+from slurm_gpu.policy.checks import registry
 
-Check = Callable[..., None]
-GPU_CHECKS: List[Check] = []
-NODE_CHECKS: Dict[str, List[Check]] = {"before": [], "after": []}
-F = TypeVar("F", bound=Check)
-
-FAMILIES = ("memory", "thermal", "links", "versions", "processes", "xids")
-
-
-def gpu_check(fn: F) -> F:
-    GPU_CHECKS.append(fn)
-    return fn
-
-
-def node_check(phase: str) -> Callable[[F], F]:
-    def register(fn: F) -> F:
-        NODE_CHECKS[phase].append(fn)
-        return fn
-    return register
+# The order the families' checks run in.  It used to be whatever order the modules happened to be
+# imported in (policy/health.py imports thermal first); this is that order, now kept on purpose.
+FAMILIES = ("thermal", "links", "memory", "processes", "versions", "xids")
+_RANK = {f: i for i, f in enumerate(FAMILIES)}
 
 
 def load() -> None:
-    """Import every family once (their decorators fill the registry)."""
-    # Importing a family registers its checks; Python imports each module once.
+    """Import every family once (their decorators fill the registry), then put the registry in
+    FAMILIES order (a stable sort: within a family, the order of definition)."""
     from slurm_gpu.policy.checks import links, memory, processes, thermal, versions, xids  # noqa: F401
+    for checks in (registry.GPU_CHECKS, *registry.NODE_CHECKS.values()):
+        checks.sort(key=lambda fn: _RANK[fn.__module__.rsplit(".", 1)[-1]])

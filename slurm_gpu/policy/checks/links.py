@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from slurm_gpu.gpu.snapshot import FABRIC_STATE_COMPLETED, FABRIC_STATE_NAMES, FABRIC_STATE_NOT_SUPPORTED, GpuSnapshot
-from slurm_gpu.policy.checks import gpu_check
+from slurm_gpu.policy.checks.registry import gpu_check
 from slurm_gpu.policy.judge import FAIL, PASS, SKIP, WARN, Context, Judge
 
 # NVML return codes a fabric registration reports in its status (nvml.h); others by number.

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from slurm_gpu.gpu.snapshot import GpuSnapshot
-from slurm_gpu.policy.checks import gpu_check
+from slurm_gpu.policy.checks.registry import gpu_check
 from slurm_gpu.policy.judge import FAIL, Context, Judge, Verdict
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from slurm_gpu.gpu.snapshot import GpuSnapshot
-from slurm_gpu.policy.checks import gpu_check
+from slurm_gpu.policy.checks.registry import gpu_check
 from slurm_gpu.policy.judge import FAIL, PASS, SKIP, Context, Judge
 
 CLOCK_EVENT_NAMES = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Dict, List, Sequence
 
 from slurm_gpu.gpu.snapshot import GpuSnapshot, was_read
-from slurm_gpu.policy.checks import gpu_check, node_check
+from slurm_gpu.policy.checks.registry import gpu_check, node_check
 from slurm_gpu.policy.judge import FAIL, PASS, SKIP, Context, Judge
 
 

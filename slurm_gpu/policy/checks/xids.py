@@ -7,7 +7,7 @@ from typing import Any, Dict, Tuple
 from slurm_gpu.gpu.snapshot import RECOVERY_ACTION_NAMES, GpuSnapshot
 from slurm_gpu.gpu.xid import XidEvent, bus_key
 from slurm_gpu.gpu.xidcatalog import action_for
-from slurm_gpu.policy.checks import gpu_check, node_check
+from slurm_gpu.policy.checks.registry import gpu_check, node_check
 from slurm_gpu.policy.judge import FAIL, PASS, SKIP, WARN, Context, Judge
 
 # What each recovery action asks of an admin (nvml.h, nvmlDeviceGpuRecoveryAction_t; NVIDIA's XID catalog).
