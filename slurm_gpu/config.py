@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import stat
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from slurm_gpu.checkcatalog import JUDGED
 from slurm_gpu.errors import ConfigError
@@ -264,8 +264,16 @@ def metrics_enabled(cfg: Any) -> bool:
         return False
 
 
-class Config:
-    """Validated configuration: ``cfg.get("health", "max_temperature_c")`` or ``cfg.health.max_temperature_c``."""
+if TYPE_CHECKING:
+    from slurm_gpu.configtypes import Sections as _Typed  # each section and key with its type, for mypy
+else:
+    _Typed = object
+
+
+class Config(_Typed):
+    """Validated configuration: ``cfg.health.max_temperature_c`` (typed: slurm_gpu/configtypes.py,
+    generated from SCHEMA) or ``cfg.get("health", "max_temperature_c")`` (Any: for a key named at
+    run time)."""
 
     def __init__(self, values: Mapping[str, Mapping[str, Any]], path: Optional[str] = None,
                  node: Optional[str] = None):
@@ -543,3 +551,36 @@ def reference_markdown() -> str:
             lines.append(f"| `{k}` | {tname} | `{default}` | {spec.doc} |")
         lines.append("")
     return "\n".join(lines)
+
+
+_TYPE_SPELLING = {str: "str", int: "int", float: "float", bool: "bool", list: "List[Any]", dict: "Dict[str, Any]"}
+
+
+def _class_name(section: str) -> str:
+    return "".join(part.capitalize() for part in section.split("_"))
+
+
+def types_source() -> str:
+    """slurm_gpu/configtypes.py, generated from SCHEMA: one class per section whose attributes
+    are the section's keys with their types, so that ``cfg.remediation.verify_passes`` is an
+    int to mypy (Config takes these attributes under TYPE_CHECKING; at run time they are read
+    through Config.__getattr__).  tests/test_config_env.py keeps the file equal to this."""
+    out = ['"""The configuration\'s sections as types, for mypy only: generated from SCHEMA in',
+           "slurm_gpu/config.py by `python -m slurm_gpu.config --types > slurm_gpu/configtypes.py`;",
+           'never edit by hand (tests/test_config_env.py fails until the two agree)."""',
+           "from __future__ import annotations", "", "from typing import Any, Dict, List", ""]
+    for section, keys in SCHEMA.items():
+        if not section:
+            continue
+        out += ["", f"class {_class_name(section)}:"]
+        out += [f"    {k}: {_TYPE_SPELLING[spec.type]}" for k, spec in keys.items()]
+        out.append("")
+    out += ["", "class Sections:", '    """The whole file: the top-level keys, then one attribute per section."""', ""]
+    out += [f"    {k}: {_TYPE_SPELLING[spec.type]}" for k, spec in SCHEMA[""].items()]
+    out += [f"    {section}: {_class_name(section)}" for section in SCHEMA if section]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+    print(types_source() if sys.argv[1:] == ["--types"] else reference_markdown(), end="")

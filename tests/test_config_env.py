@@ -126,6 +126,22 @@ def test_docs_config_reference_lists_every_key():
     assert config.reference_markdown() in text, "regenerate docs/config.md: python -m slurm_gpu.config"
 
 
+def test_the_typed_sections_are_the_schema():
+    """mypy reads each key's type from slurm_gpu/configtypes.py: a key added to SCHEMA without
+    regenerating it would be an attribute mypy does not know, one retyped would lie."""
+    typed = pathlib.Path(config.__file__).with_name("configtypes.py").read_text()
+    assert typed == config.types_source(), "regenerate: python -m slurm_gpu.config --types > slurm_gpu/configtypes.py"
+
+
+def test_a_section_read_as_an_attribute_is_the_value_get_returns():
+    cfg = config.defaults().replace("remediation", verify_passes=5)
+    for section, keys in config.SCHEMA.items():
+        for key in keys:
+            got = getattr(cfg, key) if not section else getattr(getattr(cfg, section), key)
+            assert got == cfg.get(section, key)
+    assert cfg.remediation.verify_passes == 5
+
+
 # --- Slurm hook environment --------------------------------------------------------------------
 
 def test_job_gpus_parsing():
