@@ -29,19 +29,21 @@ exactly as the report's calendar cuts a day bucket (report/query.py).  The days 
 zone, chosen when the rollups are built (`central init --rollup-tz`) and kept in `meta`.
 
 Names in the key columns may be NULL in job_gpus but not in a primary key: they are stored as ''
-with a bit in `nulls` (1 user, 2 account, 4 partition, 8 gpu_model) saying which were NULL.
+with a bit in `nulls` (1 user, 2 account, 4 partition, 8 gpu_model: slurm_gpu/groupkeys.py) saying
+which were NULL.
 
 The month, week and node tables (v8, "coarse rollups") are sums of these cells: see their section
 below.  A push applies its whole change in `rollups_before`, before the job_gpus upsert, each
 table once (`rollups_after` is left empty for the apply_batch that calls it): central/rollup_push.py.
 
-These migration steps are "rollups" (v4), "job counts" (v6) and "coarse rollups" (v8): their DDL
-is all here; central/schema.py appends them to MIGRATIONS.
+The tables' DDL is all here; the migration steps that make and fill them, "rollups" (v4), "job
+counts" (v6), "coarse rollups" (v8) and "partition rollups" (v10), are central/rollup_steps.py's.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from slurm_gpu import groupkeys
 from slurm_gpu.config import IDLE_THRESHOLD_PCT  # the rollups' idle threshold (re-exported)
 from slurm_gpu.timefmt import wall_clock_to_unix
 
@@ -59,8 +61,10 @@ MEM_UTIL = "CASE WHEN mem_util_mean_pct > 100 THEN 100.0 WHEN mem_util_mean_pct 
 IDLE = f"(gpu_util_mean_pct < {IDLE_THRESHOLD_PCT!r} AND gpu_util_mean_pct >= 0)"
 OUT_OF_RANGE = "(gpu_util_mean_pct NOT BETWEEN 0 AND 100 OR mem_util_mean_pct NOT BETWEEN 0 AND 100)"
 
-GROUP_COLUMNS = ("user", "account", "partition", "gpu_model")
-NULL_BITS = {c: 1 << i for i, c in enumerate(GROUP_COLUMNS)}
+# The group columns of every cell (slurm_gpu/groupkeys.py), in the order of their bits in `nulls`.
+_GROUPS = sorted((k for k in groupkeys.KEYS if k.null_bit), key=lambda k: k.null_bit)
+GROUP_COLUMNS = tuple(k.column for k in _GROUPS)
+NULL_BITS = {k.column: k.null_bit for k in _GROUPS}
 # (column, the contribution of one record's piece of t seconds inside a day)
 _T = "(LEAST(end_time, d_end) - GREATEST(start_time, d_start))"
 SUMS: Tuple[Tuple[str, str], ...] = (
@@ -313,55 +317,6 @@ def job_counts(srv: Any, first_day: int = 0, temporary: bool = False) -> None:
         srv.execute(_counts_assign(t, _name(t, temporary), f"SELECT * FROM {jobs} WHERE day >= {int(first_day)}"))
 
 
-def fill_days(srv: Any, utc: bool, zone_name: str) -> None:
-    srv.execute("DELETE FROM rollup_days")
-    rows = day_rows(utc)
-    for i in range(0, len(rows), 5000):
-        srv.executemany("INSERT INTO rollup_days (day, label, d_start, d_end) VALUES (%s, %s, %s, %s)", rows[i:i + 5000])
-    for name, value in (("rollup_zone", zone_name), ("rollup_idle_threshold_pct", repr(IDLE_THRESHOLD_PCT))):
-        srv.execute("INSERT INTO meta (name, value) VALUES (%s, %s) ON DUPLICATE KEY UPDATE value = VALUES(value)",
-                    (name, value))
-
-
-def migration_step(utc: bool, zone_name: str, progress: Optional[Callable[[int, int], None]] = None,
-                   apply_batch: Sequence[str] = ()) -> Callable[[Any], None]:
-    """The schema step "rollups" as a callable of the migration: tables, days, procedures (and
-    `apply_batch`, the DDL of the one that calls them), then the rollups of the records already
-    there in one serializable transaction that pushes wait for; the caller commits it."""
-    from slurm_gpu.central import rollup_push  # (it builds on this module)
-
-    def step(srv: Any) -> None:
-        for ddl in (DAYS_DDL, *(sum_table_ddl(t) for t in SUM_TABLES), jobs_table_ddl(), *rollup_push.procedures(),
-                    *apply_batch):
-            srv.execute(ddl)
-        srv.commit()  # (the reads before): the next transaction is the serializable one
-        srv.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
-        srv.execute("START TRANSACTION")
-        fill_days(srv, utc, zone_name)
-        for t in ("rollup_day", "rollup_day_node", "rollup_jobs"):
-            srv.execute(f"DELETE FROM {t}")
-        build(srv, progress=progress, counts=False)  # the v6 step that follows counts the jobs
-    return step
-
-
-def job_counts_step(srv: Any) -> None:
-    """The schema step "job counts" (v6) from v5's rollups: the cells' job counts and peaks and the
-    rows' kinds as columns, the procedures that keep them, then their values from the rollup_jobs
-    rows already there (themselves built from the records) in one serializable transaction."""
-    from slurm_gpu.central import rollup_push  # (it builds on this module)
-    for t in SUM_TABLES:
-        srv.execute(f"ALTER TABLE {t} " + ", ".join(f"ADD COLUMN IF NOT EXISTS {c}" for c in JOB_FIGURES_DDL))
-    srv.execute("ALTER TABLE rollup_jobs " + ", ".join(
-        [f"ADD COLUMN IF NOT EXISTS {c}" for c in KINDS_DDL] + ["DROP INDEX IF EXISTS rollup_jobs_day"]
-        + [f"ADD {k.replace('KEY ', 'KEY IF NOT EXISTS ', 1)}" for k in JOBS_KEYS]))
-    for ddl in rollup_push.procedures():
-        srv.execute(ddl)
-    srv.commit()  # (ALTER TABLE commits anyway): the next transaction is the serializable one
-    srv.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
-    srv.execute("START TRANSACTION")
-    job_counts(srv)
-
-
 REBUILT = ("rollup_day", "rollup_day_node", "rollup_jobs", *COARSE_TABLES)
 
 
@@ -479,7 +434,6 @@ COARSE: Dict[str, Tuple[str, Tuple[str, ...], Optional[str]]] = {
     "rollup_node_month": ("rollup_node_day", ("node", "gpu_model", "nulls"), "month_day"),
     "rollup_partition_day": ("rollup_day", ("partition", "gpu_model", "nulls"), None),
 }
-V8_COARSE = COARSE_TABLES[:4]  # what schema v8 made (v10: rollup_partition_day)
 assert tuple(COARSE) == COARSE_TABLES
 
 
@@ -505,16 +459,6 @@ def coarse_table_ddl(table: str, temporary: bool = False) -> str:
             *JOB_FIGURES_DDL, f"PRIMARY KEY ({_q(_coarse_pk(table))})", f"KEY {table}_day (day)"]
     return (f"CREATE {'TEMPORARY ' if temporary else ''}TABLE IF NOT EXISTS {_name(table, temporary)} (\n    "
             + ",\n    ".join(cols) + f"\n) {TAIL}")
-
-
-DAYS_MONTH_DDL = ("ALTER TABLE rollup_days ADD COLUMN IF NOT EXISTS month_day INT NOT NULL DEFAULT 0, "
-                  "ADD COLUMN IF NOT EXISTS week_day INT NOT NULL DEFAULT 0, "
-                  "ADD KEY IF NOT EXISTS rollup_days_month (month_day), ADD KEY IF NOT EXISTS rollup_days_week (week_day)")
-# Each day's month by its label (days are numbered one per calendar day): the zone the days were
-# cut in needs not be this host's.
-# Day 0, 1990-01-01, was a Monday: ISO weeks begin on the days divisible by 7.
-DAYS_MONTH_FILL = ("UPDATE rollup_days SET month_day = day - (CAST(SUBSTRING(label, 9, 2) AS UNSIGNED) - 1), "
-                   "week_day = day - day MOD 7")
 
 
 def _coarse_select(table: str, source: str, first: str, later: str, peak: str, figures: Sequence[str],
@@ -577,26 +521,3 @@ def period0(srv: Any, first_day: int) -> int:
         return 0
     row = srv.execute("SELECT LEAST(month_day, week_day) FROM rollup_days WHERE day = %s", (int(first_day),))
     return int(row[0][0]) if row else int(first_day)
-
-
-def coarse_step(srv: Any, tables: Sequence[str] = V8_COARSE, months: bool = True) -> None:
-    """The schema step "coarse rollups" (v8; v10 with rollup_partition_day): rollup_days' months
-    (v8 only: `months`), the tables, the procedures that keep them, then their cells from the day
-    tables already there, in one serializable transaction."""
-    from slurm_gpu.central import rollup_push  # (it builds on this module)
-    for ddl in ((DAYS_MONTH_DDL,) if months else ()) + tuple(coarse_table_ddl(t) for t in tables) \
-            + tuple(rollup_push.procedures()):
-        srv.execute(ddl)
-    srv.commit()  # (DDL commits anyway): the next transaction is the serializable one
-    srv.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
-    srv.execute("START TRANSACTION")
-    if months:
-        srv.execute(DAYS_MONTH_FILL)
-    for t in tables:
-        srv.execute(f"DELETE FROM {t}")
-    coarse_build(srv, tables=tables)
-
-
-def partition_step(srv: Any) -> None:
-    """The schema step "partition rollups" (v10): rollup_partition_day from rollup_day."""
-    coarse_step(srv, ("rollup_partition_day",), months=False)

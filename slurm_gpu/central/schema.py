@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Callable, List, Sequence, Tuple, Union
 
-from slurm_gpu.central import rollup_push, rollups
+from slurm_gpu.central import rollup_push, rollup_steps
 from slurm_gpu.central import writers as W
 
 if TYPE_CHECKING:
@@ -120,14 +120,15 @@ _TYPES = {
 # Besides the key columns: a record's times may be unknown only in jobs; in job_gpus they are the record.
 _NOT_NULL_IN = {"job_gpus": ("start_time", "end_time")}
 
-# Group keys of `report --by` with a covering index (as on the nodes: report/query.py).
-REPORT_INDEX_KEYS = ("user", "account", "partition", "node", "gpu_model")
+# Group keys of `report --by` with a covering index (as on the nodes: slurm_gpu/groupkeys.py), as
+# v1 made them: a migration's text never changes (a key indexed later gets a migration of its own).
+_V1_INDEX_KEYS = ("user", "account", "partition", "node", "gpu_model")
 _COVERED = ("end_time", "start_time", "withdrawn", "gpu_util_mean_pct", "mem_util_mean_pct", "max_memory_bytes",
             "energy_j")
 _INDEXES = {
     "jobs": ("KEY jobs_end (end_time)",),
     "job_gpus": ("KEY job_gpus_end (end_time)", "KEY job_gpus_span (span_s)", "KEY job_gpus_sluid (sluid)",
-                 *(f'KEY job_gpus_by_{k} ("{k}", {", ".join(_COVERED)})' for k in REPORT_INDEX_KEYS)),
+                 *(f'KEY job_gpus_by_{k} ("{k}", {", ".join(_COVERED)})' for k in _V1_INDEX_KEYS)),
     "health_events": ("KEY health_events_time (time)",),
     "drains": ("KEY drains_time (time)",),
     "gpu_inventory": ("KEY gpu_inventory_time (time)",),
@@ -226,7 +227,7 @@ def _procedure(tables: Sequence[str] = RECORD_TABLES, version: int = SCHEMA_VERS
 
 def _rollups_step(srv: "Central") -> None:
     tz, progress = getattr(srv, "migrate_options", ("utc", None))
-    rollups.migration_step(tz == "utc", _zone_name(tz), progress, [_procedure(V2_TABLES, 4, with_rollups=True)])(srv)
+    rollup_steps.migration_step(tz == "utc", _zone_name(tz), progress, [_procedure(V2_TABLES, 4, with_rollups=True)])(srv)
 
 
 def _zone_name(tz: str) -> str:
@@ -267,7 +268,7 @@ MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
         _procedure(V2_TABLES, 5, with_rollups=True),
     ),
     (   # v6, "job counts" (central/rollups.py): job counts and peaks in rollup_day(_node)'s cells.
-        rollups.job_counts_step,
+        rollup_steps.job_counts_step,
     ),
     (   # v7, "remediations": the nodes' remediation attempts; apply_batch and its owner check learn them,
         # and a writer reads one GPU's attempts through remediation_history (self-contained: renumber freely).
@@ -278,13 +279,13 @@ MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
         REMEDIATION_HISTORY_DDL,
     ),
     (   # v8, "coarse rollups" (central/rollups.py): rollup_month, rollup_node_day, rollup_node_month.
-        rollups.coarse_step,
+        rollup_steps.coarse_step,
     ),
     (   # v9, "push plans" (central/rollup_push.py): rollups_before's join orders fixed, its pieces cut once.
         *rollup_push.procedures(),
     ),
     (   # v10, "partition rollups" (central/rollups.py): rollup_partition_day, built from rollup_day.
-        rollups.partition_step,
+        rollup_steps.partition_step,
     ),
     (   # v11: each run's SLUID (Slurm 25.11+; NULL before) in jobs and job_gpus, as on the nodes (node
         # schema v10); a server made at v11 has the columns from v1's CREATE TABLE already.  The view's

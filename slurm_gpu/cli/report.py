@@ -189,7 +189,7 @@ def _run(fn: Callable[[], None]) -> None:
 
 @click.group("report", invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--by", "by", multiple=True, metavar="KEYS",
-              help="Group by user, account, partition, node, gpu-model, cluster, day, week or month; comma list "
+              help=f"Group by {', '.join(BY_CHOICES[:-1])} or {BY_CHOICES[-1]}; comma list "
                    "(e.g. --by account,month), at most one of day/week/month. Default: user.")
 @_window_options
 @_common_options

@@ -5,20 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
+from slurm_gpu import groupkeys
 from slurm_gpu.config import IDLE_THRESHOLD_PCT
 from slurm_gpu.errors import InputError
 from slurm_gpu.report.timespec import format_time, time_zone
 
-# --by keys: name -> SQL expression over job_gpus (time keys come from the calendar join).
-GROUP_KEYS: Dict[str, str] = {
-    "user": '"user"',
-    "account": '"account"',
-    "partition": '"partition"',
-    "node": '"node"',
-    "gpu-model": '"gpu_model"',
-    "cluster": '"cluster"',
-}
-TIME_KEYS = ("day", "week", "month")
+# --by keys (slurm_gpu/groupkeys.py): name -> SQL expression over job_gpus (time keys come from the calendar join).
+GROUP_KEYS: Dict[str, str] = {k.name: f'"{k.column}"' for k in groupkeys.KEYS}
+TIME_KEYS = groupkeys.TIME_KEYS
 BY_CHOICES = tuple(GROUP_KEYS) + TIME_KEYS
 
 

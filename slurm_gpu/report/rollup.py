@@ -15,15 +15,15 @@ job counts where it lies in one group on consecutive days, central/rollups.py; e
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
+from slurm_gpu import groupkeys
 from slurm_gpu.central import rollups as R
 from slurm_gpu.report import sql as S
 from slurm_gpu.report.calendar import calendar
 from slurm_gpu.report.query import GROUP_KEYS, TIME_KEYS, Query
 
-_KEY_COLUMN = {"user": "user", "account": "account", "partition": "partition", "gpu-model": "gpu_model",
-               "node": "node", "cluster": "cluster"}
+_KEY_COLUMN = groupkeys.COLUMN  # a key's column: the record's, and the rollup tables' that keep it
 
 
 def _col(name: str) -> str:
@@ -54,6 +54,13 @@ def plan(src: Any, by: Sequence[str]) -> Plan:
         return Plan(f"--idle-threshold {q.idle_threshold_pct:g} is not the rollups' {info['rollup_idle_threshold_pct']}")
     if q.job_id is not None:
         return Plan("one job")
+    version = int(info.get("schema_version", R.PARTITION_VERSION))
+    unit = next((k for k in by if k in TIME_KEYS), None)
+    asked = _asked(by, q)
+    tables = _tables(asked, unit, version)
+    if tables is None:  # a key (or a filter's) no rollup table keeps: the records have it
+        lost = asked - _carried("rollup_day_node")
+        return Plan("the rollups keep no " + ", ".join(k.name for k in groupkeys.KEYS if k.column in lost))
     ex = src.conn.execute
     first = ex("SELECT MIN(day), MAX(day) FROM rollup_day").fetchone()
     if first is None or first[0] is None:
@@ -68,7 +75,6 @@ def plan(src: Any, by: Sequence[str]) -> Plan:
               (max(d_lo, first[0]), min(d_hi, first[1]))).fetchall()
     whole_lo = ex("SELECT d_start FROM rollup_days WHERE day = ?", (d_lo,)).fetchone()[0] if q.since_s is not None else None
     whole_hi = ex("SELECT d_end FROM rollup_days WHERE day = ?", (d_hi,)).fetchone()[0] if q.until_s is not None else None
-    unit = next((k for k in by if k in TIME_KEYS), None)
     buckets: List[Tuple[float, float, str]] = []
     if not used:
         return Plan("no rollup rows in the window's whole days")
@@ -78,7 +84,7 @@ def plan(src: Any, by: Sequence[str]) -> Plan:
         buckets = calendar(lo, hi, unit, q.tz)
         if not _in_one_bucket(used, buckets):
             return Plan(f"the rollups' days ({info['rollup_zone']}) are not the {unit}s of --tz {q.tz}")
-    return _build(src, by, unit, buckets, (d_lo, d_hi), (whole_lo, whole_hi), used, info)
+    return _build(src, by, unit, tables, buckets, (d_lo, d_hi), (whole_lo, whole_hi), used, info)
 
 
 def _in_one_bucket(used: Sequence[Tuple[Any, ...]], buckets: Sequence[Tuple[float, float, str]]) -> bool:
@@ -111,20 +117,32 @@ _PERIODS = {"rollup_month": ("month_day", "month"), "rollup_week": ("week_day", 
             "rollup_node_month": ("month_day", "month")}
 
 
-def _tables(by: Sequence[str], q: Query, unit: Optional[str], version: int) -> Tuple[str, Optional[str]]:
+def _asked(by: Sequence[str], q: Query) -> FrozenSet[str]:
+    """The record columns the grouping's keys and the query's filters tell apart."""
+    return frozenset(k.column for k in groupkeys.KEYS
+                     if k.name in by or (k.filter_field and getattr(q, k.filter_field)))
+
+
+def _carried(table: str) -> FrozenSet[str]:
+    """The record columns a rollup table's cells keep apart (besides the day)."""
+    own = R.COARSE[table][1] if table in R.COARSE else (*R.SUM_TABLES[table], *R.GROUP_COLUMNS)
+    return frozenset(("cluster", *own))
+
+
+def _tables(asked: FrozenSet[str], unit: Optional[str], version: int) -> Optional[Tuple[str, Optional[str]]]:
     """(the day table, the week or month table or None) whose keys carry the grouping and the
-    filters, and whose periods fit in the buckets (weeks for --by week, months otherwise)."""
+    filters (`asked`), the fewest cells first, and whose periods fit in the buckets (weeks for
+    --by week, months otherwise); None: no rollup table keeps them apart."""
     coarse = version >= R.COARSE_VERSION
-    no_user = not any(k in by for k in ("user", "account")) and not q.users and not q.accounts
-    if "node" not in by and not q.nodes and no_user and version >= R.PARTITION_VERSION:
+    if version >= R.PARTITION_VERSION and asked <= _carried("rollup_partition_day"):
         # (365 x partitions x models cells a year, where rollup_month has 12 x every group's)
         return "rollup_partition_day", None
-    if "node" not in by and not q.nodes:
+    if asked <= _carried("rollup_day"):
         period = None if unit == "day" or not coarse else "rollup_week" if unit == "week" else "rollup_month"
         return "rollup_day", period
-    if not coarse or any(k in by for k in ("user", "account", "partition")) or q.users or q.accounts or q.partitions:
-        return "rollup_day_node", None
-    return "rollup_node_day", None if unit in ("day", "week") else "rollup_node_month"
+    if coarse and asked <= _carried("rollup_node_day"):
+        return "rollup_node_day", None if unit in ("day", "week") else "rollup_node_month"
+    return ("rollup_day_node", None) if asked <= _carried("rollup_day_node") else None
 
 
 def _periods(src: Any, table: str, window: Tuple[int, int], used: Sequence[Tuple[Any, ...]],
@@ -300,13 +318,12 @@ def _edges(q: Query, buckets: Sequence[Tuple[float, float, str]], days: Tuple[in
     return out
 
 
-def _build(src: Any, by: Sequence[str], unit: Optional[str], buckets: List[Tuple[float, float, str]],
-           days: Tuple[int, int], whole: Tuple[Optional[float], Optional[float]], used: Sequence[Any],
-           info: Dict[str, str]) -> Plan:
+def _build(src: Any, by: Sequence[str], unit: Optional[str], tables: Tuple[str, Optional[str]],
+           buckets: List[Tuple[float, float, str]], days: Tuple[int, int], whole: Tuple[Optional[float], Optional[float]],
+           used: Sequence[Any], info: Dict[str, str]) -> Plan:
     q = src.query
     params: Dict[str, Any] = {}
     kind = _kind(by, q)
-    tables = _tables(by, q, unit, int(info.get("schema_version", R.PARTITION_VERSION)))
     months = _periods(src, tables[1], days, used, buckets) if tables[1] is not None else None
     sums, day_jobs, read = _rollup_parts(by, buckets, q, params, days, kind, tables, months, used)
     jobs = [day_jobs]

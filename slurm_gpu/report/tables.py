@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
+
+from slurm_gpu import groupkeys
 
 SUMMARY_COLUMNS = ("jobs", "gpu_hours_alloc", "gpu_hours_used", "gpu_util_mean_pct", "mem_util_mean_pct",
                    "peak_memory_gib", "energy_kwh", "gpu_hours_idle", "gpu_hours_no_util")
@@ -74,6 +76,9 @@ def figures(row: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
+# The --by keys whose groups never share a job (slurm_gpu/groupkeys.py): their job counts add up.
+ONE_GROUP_PER_JOB: FrozenSet[str] = frozenset(k.name for k in groupkeys.KEYS if k.one_per_job)
+
 SUM_FIELDS = ("jobs", "alloc_s", "util_pct_s", "util_known_s", "mem_pct_s", "mem_known_s", "energy_j", "idle_s",
               "clamped_s")
 
@@ -122,7 +127,7 @@ def total(raws: Sequence[Dict[str, Any]], by: Sequence[str]) -> Dict[str, Any]:
     out: Dict[str, Any] = {k: None for k in by}
     out[by[0]] = "TOTAL"
     # A job appears in several groups when grouping by node, model or time: its count is not additive.
-    out["jobs"] = acc.row["jobs"] if all(k in ("user", "account", "partition", "cluster") for k in by) else None
+    out["jobs"] = acc.row["jobs"] if all(k in ONE_GROUP_PER_JOB for k in by) else None
     out.update(figures(acc.row))
     return out
 

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
+from slurm_gpu import groupkeys
 from slurm_gpu.store import record
 
 SCHEMA_VERSION = 10
 
-# Group-by columns of `slurm-gpu report` with a covering index (v2), and the columns the index
-# carries after the key: everything report.summary reads, so the table itself is never touched.
-REPORT_INDEX_KEYS = ("user", "account", "partition", "node", "gpu_model")
+# Group-by columns of `slurm-gpu report` with a covering index (slurm_gpu/groupkeys.py), and the
+# columns the index carries after the key: everything report.summary reads, so the table itself is
+# never touched.  The indexes of v2 are v2's own list: a migration's text never changes.
+REPORT_INDEX_KEYS: Tuple[str, ...] = groupkeys.INDEXED
+_V2_INDEX_KEYS = ("user", "account", "partition", "node", "gpu_model")
 COVERED = ("start_time", "end_time", "job_id", "cluster", "gpu_util_mean_pct", "mem_util_mean_pct",
            "max_memory_bytes", "energy_j")
 
@@ -182,7 +185,7 @@ MIGRATIONS: List[Tuple[str, ...]] = [
         "DROP INDEX IF EXISTS job_gpus_user",
         "DROP INDEX IF EXISTS job_gpus_account",
         *(f"CREATE INDEX IF NOT EXISTS job_gpus_by_{col} ON job_gpus ({col}, {', '.join(COVERED)})"
-          for col in REPORT_INDEX_KEYS),
+          for col in _V2_INDEX_KEYS),
         "CREATE INDEX IF NOT EXISTS job_gpus_duration ON job_gpus ((end_time - start_time))",
     ),
     # v3: a MIG slice is recorded under its own MIG UUID (gpu_uuid) with its GPU's UUID beside
