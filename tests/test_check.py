@@ -304,7 +304,7 @@ def test_accounting_stats_work_without_pynvmls_private_function_lookup(sim_node,
 
     import pynvml
 
-    from slurm_gpu.gpu import nvml
+    from slurm_gpu.gpu import nvml_read
     node = sim_node(simgpu.h100_sxm(1))
     now_us = int(_time.time() * 1e6)
     simgpu.set_gpu(node.state, 0, acct=[dict(pid=4242, gpu_util=70, mem_util=20, max_mem_bytes=5 << 30,
@@ -317,13 +317,13 @@ def test_accounting_stats_work_without_pynvmls_private_function_lookup(sim_node,
                 raise AttributeError(name)
             return getattr(pynvml, name)
 
-    monkeypatch.setattr(nvml, "pynvml", WithoutPrivateLookup())
+    monkeypatch.setattr(nvml_read, "pynvml", WithoutPrivateLookup())
     os.environ["SIMNVML_STATE"] = str(node.state)
     cfg = config.load(str(node.config))
     reader = NvmlReader(cfg.nvml_library, cfg.nvml_timeout_s)
     (rec,) = reader.accounting_many([0])[0].value
     assert (rec.pid, rec.gpu_utilization_pct, rec.max_memory_bytes) == (4242, 70, 5 << 30)
-    assert nvml._NoMaxMemory().maxMemoryUsage == nvml._NOT_AVAILABLE_U64
+    assert nvml_read._NoMaxMemory().maxMemoryUsage == nvml_read._NOT_AVAILABLE_U64
 
 
 # --- fleet checks: spare rows per bank, one VBIOS per model, a pinned driver --------------------------------

@@ -14,3 +14,11 @@ def test_pynvml_comes_without_ctypes_util_and_ctypes_util_stays_the_real_one():
             "assert n.pynvml.find_library('c') == ctypes.util.find_library('c'), 'find_library'; print('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_the_per_gpu_reads_use_the_one_pynvml_the_gateway_imported():
+    """gpu/nvml_read.py imports no pynvml itself: gpu/nvml.py hands it the module it imported, error codes included."""
+    from slurm_gpu.gpu import nvml, nvml_read
+    assert nvml_read.pynvml is nvml.pynvml
+    assert nvml.pynvml.NVML_ERROR_GPU_IS_LOST in nvml_read.FATAL_CODES
+    assert nvml.pynvml.NVML_ERROR_NOT_SUPPORTED in nvml_read.UNSUPPORTED_CODES

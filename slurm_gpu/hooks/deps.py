@@ -15,7 +15,8 @@ from slurm_gpu.slurm.jobenv import JobEnv
 if TYPE_CHECKING:  # types only: the hook path imports the store when it writes, not before
     from slurm_gpu.gpu.snapshot import NodeSnapshot
     from slurm_gpu.slurm.model import SlurmBackend
-    from slurm_gpu.store.node import IngestReport, StartLookup, Written
+    from slurm_gpu.store.ingest import IngestReport
+    from slurm_gpu.store.node import StartLookup, Written
     from slurm_gpu.store.record import Record
 
 
