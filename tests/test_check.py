@@ -176,6 +176,27 @@ def test_hung_gpu_fails_within_deadline_others_reported(sim_node):
     assert sorted(r["gpu_index"] for r in temps) == [0, 1, 3]
 
 
+def test_slow_gpus_are_read_beside_each_other_not_in_turn(sim_node):
+    """One worker reads a fast driver; a call that lasts brings more workers, so four GPUs that
+    each take 0.4 s in one call cost about 0.4 s, not 1.6 s (all under the deadline: no FAIL)."""
+    node = sim_node(simgpu.h100_sxm(4))
+    node.write_config(nvml_timeout_s=5.0)
+    for i in range(4):
+        simgpu.inject_hang(node.state, i, "nvmlDeviceGetTemperature", 0.4)
+    cfg = config.load(str(node.config))
+    os.environ["SIMNVML_STATE"] = str(node.state)
+    reader = NvmlReader(cfg.nvml_library, cfg.nvml_timeout_s)
+    try:
+        reader.identities()
+        t0 = time.monotonic()
+        snap = reader.snapshot()
+        took = time.monotonic() - t0
+    finally:
+        reader.close()
+    assert [g.temperature_c.ok for g in snap.gpus] == [True] * 4
+    assert took < 1.2, took
+
+
 def test_check_exit_codes_and_human_output(sim_node):
     node = sim_node(simgpu.h100_sxm(2))
     cp = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "check"], env=node.env(), capture_output=True, text=True)

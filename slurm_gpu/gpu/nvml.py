@@ -11,11 +11,13 @@ abandoned and reported with ``unreachable = "NVML call X timed out after Ns"`` w
 other GPUs are reported normally.  An abandoned thread stays blocked in C; the process
 exits regardless (daemon thread), and that GPU is never touched again by this reader.
 
-Workers take GPUs from a shared queue, and their number doubles every `_GROW_S` while GPUs are
-still waiting: a slow or hung GPU soon has the others read beside it (up to one worker per
-GPU), and a driver that answers in microseconds (most calls, most of the time) is read by one
-or two threads.  Eight threads contending for the GIL around every ctypes call cost four
-times the reads themselves (measured: 8 simulated GPUs, 22 ms against 5.5 ms read in turn).
+Workers take GPUs from a shared queue.  One starts at once; while GPUs still wait, their number
+doubles (every `_SLOW_CALL_S` at most) when a call has lasted `_SLOW_CALL_S` (a slow or hung GPU:
+the others are read beside it, up to one worker per GPU) or the read has lasted `_BUSY_S` (a
+driver slow on every call).  A driver that answers in microseconds (most calls, most of the time)
+is read by one thread: eight threads contending for the GIL around every ctypes call cost four
+times the reads themselves (measured: 8 simulated GPUs, 22 ms against 5.5 ms read in turn), and
+doubling on the clock alone added a second worker to every read that took over 5 ms.
 """
 from __future__ import annotations
 
@@ -81,9 +83,10 @@ else:
     pynvml = _load_pynvml()
 nvml_read.bind(pynvml)  # the per-GPU reads (gpu/nvml_read.py) go through this one import
 
-# While GPUs wait in the queue, the workers double every _GROW_S: for n GPUs, all have a worker
-# after log2(n) * _GROW_S at the latest.
-_GROW_S = 0.005
+# While GPUs wait in the queue, the workers double when a call has lasted _SLOW_CALL_S, or the
+# read _BUSY_S: behind a hung GPU, all n GPUs have a worker after about log2(n) * _SLOW_CALL_S.
+_SLOW_CALL_S = 0.005
+_BUSY_S = 0.02
 
 
 def _work(queue: "Deque[OneGpuReader]") -> None:
@@ -94,6 +97,15 @@ def _work(queue: "Deque[OneGpuReader]") -> None:
         except IndexError:
             return
         reader.run()
+
+
+def _a_call_lasted(readers: List[OneGpuReader], now: float, seconds: float) -> bool:
+    """Whether one of these GPUs is in an NVML call that began `seconds` ago or earlier."""
+    for r in readers:
+        with r.lock:
+            if r.current is not None and now - r.started >= seconds:
+                return True
+    return False
 
 
 def _run_with_deadline(fn: Callable[[], Any], timeout_s: float, name: str) -> Any:
@@ -276,15 +288,17 @@ class NvmlReader:
         """Until every GPU is done or abandoned: add workers while GPUs wait in the queue, and
         abandon a GPU whose current call is past the deadline."""
         workers = 0
+        started = time.monotonic()
         grow_at = 0.0
         pending = [r for r in readers if not r.done.is_set()]
         while pending:
             now = time.monotonic()
             if queue and now >= grow_at:
-                for _ in range(min(len(queue), max(1, workers))):  # doubling
-                    threading.Thread(target=_work, args=(queue,), name=f"nvml-worker{workers}", daemon=True).start()
-                    workers += 1
-                grow_at = now + _GROW_S
+                if workers == 0 or now - started >= _BUSY_S or _a_call_lasted(pending, now, _SLOW_CALL_S):
+                    for _ in range(min(len(queue), max(1, workers))):  # doubling
+                        threading.Thread(target=_work, args=(queue,), name=f"nvml-worker{workers}", daemon=True).start()
+                        workers += 1
+                grow_at = now + _SLOW_CALL_S
             pending, wake = self._abandon_overdue(pending, now)
             if pending:
                 if queue:
