@@ -7,6 +7,7 @@ import os
 from typing import Any, Callable, ContextManager, List, Optional, Sequence, Tuple
 
 from slurm_gpu.central import push as P
+from slurm_gpu.config import Config
 from slurm_gpu.errors import InputError
 from slurm_gpu.store.maintenance import latest_job_cluster, node_store
 
@@ -14,7 +15,7 @@ from slurm_gpu.store.maintenance import latest_job_cluster, node_store
 class Outbox:
     """A node database opened for `db push` (store.database, or --db); close() or a with-block closes it."""
 
-    def __init__(self, cfg: Any, database: Optional[str] = None):
+    def __init__(self, cfg: Config, database: Optional[str] = None):
         self._store = node_store(cfg, database)
         self.path = self._store.path
         if not os.path.lexists(self.path):
@@ -41,12 +42,12 @@ class Outbox:
         """One push of this database at a time (P.PushBusy when another holds it)."""
         return P.push_lock(self.path)
 
-    def cluster(self, cfg: Any) -> str:
+    def cluster(self, cfg: Config) -> str:
         """The cluster name for health events and drains, which the node database keeps without it."""
-        name = cfg.get("", "cluster_name") or os.environ.get("SLURM_CLUSTER_NAME", "")
+        name = cfg.cluster_name or os.environ.get("SLURM_CLUSTER_NAME", "")
         if name:
             return name
-        name = _slurm_conf_cluster(os.environ.get("SLURM_CONF") or cfg.get("", "slurm_conf"))
+        name = _slurm_conf_cluster(os.environ.get("SLURM_CONF") or cfg.slurm_conf)
         if name:
             return name
         name = latest_job_cluster(self._conn)

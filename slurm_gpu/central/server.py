@@ -38,6 +38,7 @@ from slurm_gpu.central.schema import (  # noqa: F401  (the schema's public names
     withdraw_row,
 )
 from slurm_gpu.central.writers import read_password
+from slurm_gpu.config import Config
 from slurm_gpu.errors import CentralError, WriterRefused
 
 DEFAULT_PORT = 3306
@@ -255,18 +256,18 @@ class Central:
             raise
 
     @classmethod
-    def from_config(cls, cfg: Any, url: Optional[str] = None, password_file: Optional[str] = None,
+    def from_config(cls, cfg: Config, url: Optional[str] = None, password_file: Optional[str] = None,
                     long_queries: bool = False) -> "Central":
-        url = url or cfg.get("central", "url")
+        url = url or cfg.central.url
         if not url:
             raise CentralError("no central server configured", "set central.url in the config (docs/central.md)")
         target = parse_url(url)
-        path = password_file or cfg.get("central", "password_file")
+        path = password_file or cfg.central.password_file
         password = read_password(path)
         check_password(password, path)
         return cls(target, password,
-                   cfg.get("central", "timeout_s"),
-                   cfg.get("central", "query_timeout_s") if long_queries else None)
+                   cfg.central.timeout_s,
+                   cfg.central.query_timeout_s if long_queries else None)
 
     def error(self, e: BaseException) -> CentralError:
         message, hint = describe_error(e, self.target, self._password)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Se
 import click
 
 from slurm_gpu.cli import dry_run_option, node_name_option, nvml_lib_option, output_options, print_error
+from slurm_gpu.config import Config
 from slurm_gpu.errors import ExitCode, InputError
 from slurm_gpu.slurm.model import BatchResult
 
@@ -453,7 +454,7 @@ def _run_health(app, node_name: Optional[str], *, allow_resume: bool, dry_run: b
     sys.exit(outcome.exit_code)
 
 
-def _remediate_after_check(cfg: Any, backend: Any, name: str, log: Any) -> Any:
+def _remediate_after_check(cfg: Config, backend: Any, name: str, log: Any) -> Any:
     """healthcheck's remediation (remediation.enabled): its outcome, or None when it could not run (one line,
     logged; the healthcheck's own verdict, already given to Slurm, is the exit code).  With verify.enabled
     it runs as a `slurm-gpu remediate` of its own, in a session of its own: a verification job outlasts
@@ -479,7 +480,7 @@ def _remediate_after_check(cfg: Any, backend: Any, name: str, log: Any) -> Any:
     return done
 
 
-def _remediate_detached(cfg: Any, name: str, log: Any) -> None:
+def _remediate_detached(cfg: Config, name: str, log: Any) -> None:
     import subprocess
     argv = [sys.executable, "-m", "slurm_gpu.cli"] + (["--config", cfg.path] if cfg.path else []) + \
         ["remediate", "--node-name", name]

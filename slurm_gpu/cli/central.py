@@ -69,7 +69,7 @@ def init(app, url, password_file, check_only, cluster, writers, group, writer, p
             _init_check(srv, C, W, version, cluster, plan, password_dir)
             return
         with _bar(progress, "building rollups") as bar:
-            before, after = srv.migrate(rollup_tz or app.config.get("report", "tz"), bar.step)
+            before, after = srv.migrate(rollup_tz or app.config.report.tz, bar.step)
         if before == after:
             click.echo(f"{srv.target.describe()}: schema version {after}, already current (the push's rollup "
                        "procedures made again with this release's statements)", err=True)
@@ -145,7 +145,7 @@ def rollup(app, url, password_file, rebuild, since, progress):
     from slurm_gpu.central import rollups as R
     from slurm_gpu.central import server as C
     from slurm_gpu.report.timespec import parse_time
-    since_s = parse_time(since, now_s=time.time(), tz=app.config.get("report", "tz"), option="--since") if since else None
+    since_s = parse_time(since, now_s=time.time(), tz=app.config.report.tz, option="--since") if since else None
     with C.Central.from_config(app.config, url, password_file, long_queries=True) as srv:
         srv.require_current()
         with _bar(progress, "rebuilding rollups") as bar:
@@ -239,7 +239,7 @@ def push(app, database, url, password_file, max_seconds, batch_size, status_only
                 with Central.from_config(cfg, url, password_file) as srv, \
                         click.progressbar(length=before.total, label="pushing", file=sys.stderr) if show and before.total \
                         else _NoBar() as bar:
-                    result = outbox.push(srv, cluster, batch_size or cfg.get("central", "batch_size"), max_seconds,
+                    result = outbox.push(srv, cluster, batch_size or cfg.central.batch_size, max_seconds,
                                          progress=bar.update)
         except PushBusy:
             click.echo(f"slurm-gpu: another `db push` of {outbox.path} is running; this one ships nothing", err=True)
@@ -310,11 +310,11 @@ def annotate(app, url, password_file, since, job_ids, dry_run, progress):
     cfg = app.config
     if since is None and not job_ids:
         raise InputError("say which jobs: --since TIME or --job JOBID", "e.g. slurm-gpu central annotate --since now-1day")
-    if cfg.get("job_summary", "field") == "off":
+    if cfg.job_summary.field == "off":
         raise InputError("job_summary.field is 'off' in the config", "set it to 'AdminComment' to write summaries")
     since_s = parse_time(since, option="--since") if since else None
     backend = CliBackend(cfg)
-    energy = bool(cfg.get("job_summary", "energy_tres")) and not dry_run and backend.energy_tres_settable()
+    energy = bool(cfg.job_summary.energy_tres) and not dry_run and backend.energy_tres_settable()
     with Central.from_config(cfg, url, password_file, long_queries=True) as srv:
         jobs = jobs_with_records(srv, since_s, job_ids)
         comments = _admin_comments(backend, jobs)

@@ -89,7 +89,7 @@ def _say_spool(sp, spool_dir) -> None:
 
 def _missing_hint(app, database) -> str:
     hint = "it is created by the first hook run or `slurm-gpu db ingest`"
-    if not database and "%n" in str(app.config.get("store", "database")):
+    if not database and "%n" in str(app.config.store.database):
         from slurm_gpu.config import node_name
         hint += (f"; store.database contains %n, which outside a hook is {node_name()!r} ($SLURMD_NODENAME, "
                  "else the short host name): give --db PATH or set SLURMD_NODENAME to look at another node's")

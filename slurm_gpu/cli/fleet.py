@@ -89,13 +89,13 @@ class _server:
         from slurm_gpu.fleet import central as fc
         cfg = self.app.config
         url = None if self.o["db"] in (None, "central") else self.o["db"]
-        if url is None and not cfg.get("central", "url"):
+        if url is None and not cfg.central.url:
             raise InputError("no central server and no inventory directory",
                              "give --db mysql://USER@HOST/DB, set central.url, or use --inventory-dir DIR")
         self.srv = Central.from_config(cfg, url, self.o["password_file"], long_queries=True)
         try:
             fc.open_snapshot(self.srv)
-            cluster = fc.choose_cluster(self.srv, self.o["cluster"] or cfg.get("", "cluster_name"))
+            cluster = fc.choose_cluster(self.srv, self.o["cluster"] or cfg.cluster_name)
         except BaseException:
             self.srv.close()
             raise
@@ -182,8 +182,8 @@ def versions_cmd(app: Any, **o: Any) -> None:
     data = _load(app, o, None, now, history=False)
     model.with_slurm(data, *_slurm_nodes(app, o))
     cfg = app.config
-    pins = versions.Pins(cfg.get("health", "required_driver_version"), cfg.get("fleet", "expected_cuda_version"),
-                         cfg.get("fleet", "expected_vbios"))
+    pins = versions.Pins(cfg.health.required_driver_version, cfg.fleet.expected_cuda_version,
+                         cfg.fleet.expected_vbios)
     rows = versions.versions_view(data, pins)
     _emit(o, f"GPU versions: {data.source}", rows, versions.COLUMNS,
           ("partition", "model", "component", "nodes", "majority", "pinned", "status", "outliers", "off_pin",
@@ -215,7 +215,7 @@ def memory_cmd(app: Any, since: Optional[str], **o: Any) -> None:
     model.with_slurm(data, *_slurm_nodes(app, o))
     if o["inventory_dir"]:
         data.notes.append("inventory files hold the current state only: no correctable-ECC growth rates")
-    rows = memory.memory_view(data, app.config.get("health", "max_retired_pages"))
+    rows = memory.memory_view(data, app.config.health.max_retired_pages)
     _emit(o, f"GPU memory health: {data.source}", rows, memory.COLUMNS, memory.TABLE_COLUMNS, _notes(data),
           lambda r: r["list"] in (memory.RMA, memory.RESET))
     _exit(any(r["list"] == memory.RMA for r in rows))
@@ -239,7 +239,7 @@ def capacity_cmd(app: Any, reserve_pct: Optional[float], fmt: str, as_json: bool
     """
     from slurm_gpu.fleet import capacity
     from slurm_gpu.slurm.backend import get_backend
-    pct = app.config.get("fleet", "reserve_pct") if reserve_pct is None else reserve_pct
+    pct = app.config.fleet.reserve_pct if reserve_pct is None else reserve_pct
     nodes = get_backend(app.config).nodes()
     rows = capacity.capacity_view(nodes, pct)
     notes = [] if rows else ["Slurm lists no GPUs (no node has gpu GRES)"]
@@ -333,7 +333,7 @@ def _remediation_rows(app: Any, node_dbs: Sequence[str], o: Dict[str, Any]) -> T
         files = FR.node_files(node_dbs)
         return [r for f in files for r in FR.node_rows(f)], f"{len(files)} node database(s)"
     from slurm_gpu.fleet import central as fc
-    if o["db"] in (None, "central") and not app.config.get("central", "url"):
+    if o["db"] in (None, "central") and not app.config.central.url:
         raise InputError("no central server and no node database",
                          "give --db mysql://USER@HOST/DB, set central.url, or use --node-db PATH")
     with _server(app, o) as (srv, cluster):

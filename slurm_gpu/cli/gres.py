@@ -31,18 +31,18 @@ def _local_inventory(cfg, snapshot_path: Optional[str], hostname: Optional[str],
     else:
         from slurm_gpu.gpu.nvml import NvmlReader
 
-        reader = NvmlReader(cfg.get("", "nvml_library"), cfg.get("", "nvml_timeout_s"), cfg.get("", "nvidia_version_file"))
+        reader = NvmlReader(cfg.nvml_library, cfg.nvml_timeout_s, cfg.nvidia_version_file)
         try:
             snap = reader.snapshot(inventory=True)
         finally:
             reader.close()
         host = hostname or config_mod.node_name()
-    topo_dir = cfg.get("gres", "cpu_topology_dir")
+    topo_dir = cfg.gres.cpu_topology_dir
     topo = collect.read_cpu_topology(topo_dir)
     if topo is None:
         click.echo(f"slurm-gpu: warning: CPU topology in {topo_dir} unreadable; Cores= uses CPU ids "
                    "(wrong on nodes with hyper-threading)", err=True)
-    return collect.inventory_from_snapshot(snap, host, topo, mig_minors_path=cfg.get("gres", "mig_minors_path"),
+    return collect.inventory_from_snapshot(snap, host, topo, mig_minors_path=cfg.gres.mig_minors_path,
                                            state=state,
                                            warn=lambda text: click.echo(f"slurm-gpu: warning: {text}", err=True))
 
@@ -146,14 +146,14 @@ def gres_conf(app, inventories: Tuple[str, ...], type_naming: Optional[str], slu
     if check_file and (output or slurm_conf_lines):
         raise InputError("--check compares and writes nothing", "drop --output/--slurm-conf-lines, or run twice")
     cfg = app.config
-    naming = type_naming or cfg.get("gres", "type_naming")
+    naming = type_naming or cfg.gres.type_naming
     if inventories:
         invs = inventory.load_all(inventories)
     else:
         invs = [_local_inventory(cfg, snapshot_path, None)]
-    groups_out = gres.build(invs, naming, cfg.get("gres", "type_map"), groups,
-                            slurm_version or cfg.get("gres", "slurm_version") or None)
-    tdir = cfg.get("gres", "template_dir")
+    groups_out = gres.build(invs, naming, cfg.gres.type_map, groups,
+                            slurm_version or cfg.gres.slurm_version or None)
+    tdir = cfg.gres.template_dir
     if slurm_conf_lines:
         _write(output, gres.render_slurm_conf_lines(groups_out, tdir))
         return

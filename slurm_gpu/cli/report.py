@@ -119,7 +119,7 @@ def _build_query(ctx: click.Context, o: Dict[str, Any], job_id: Optional[int] = 
     from slurm_gpu.report.timespec import parse_time
 
     cfg = _config(ctx)
-    tz = o.get("tz") or cfg.get("report", "tz")
+    tz = o.get("tz") or cfg.report.tz
     now = time.time()
     since = parse_time(o["since"], now_s=now, tz=tz, option="--since") if o.get("since") else None
     until = parse_time(o["until"], now_s=now, tz=tz, option="--until") if o.get("until") else None
@@ -129,12 +129,12 @@ def _build_query(ctx: click.Context, o: Dict[str, Any], job_id: Optional[int] = 
         users=split_list(o.get("users") or ()), accounts=split_list(o.get("accounts") or ()),
         partitions=split_list(o.get("partitions") or ()), nodes=split_list(o.get("nodes") or ()),
         clusters=split_list(o.get("clusters") or ()),
-        idle_threshold_pct=cfg.get("report", "idle_threshold_pct") if threshold is None else threshold,
+        idle_threshold_pct=cfg.report.idle_threshold_pct if threshold is None else threshold,
         tz=tz, job_id=job_id,
     )
     dbs: Sequence[str] = o.get("dbs") or ()
     if not dbs:
-        dbs = list(cfg.get("report", "sources")) or [cfg.path_value("store", "database")]
+        dbs = list(cfg.report.sources) or [cfg.path_value("store", "database")]
     return query, list(dbs)
 
 

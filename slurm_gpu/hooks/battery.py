@@ -31,6 +31,8 @@ import subprocess
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from slurm_gpu.config import Config
+
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 DCGM, NCCL, COMMAND = "dcgm", "nccl", "command"
 EMPTY_HINT = "install DCGM or nccl-tests, or set verify.commands"
@@ -63,7 +65,7 @@ class Settings(NamedTuple):
     timeout_s: float = 1800.0
 
     @classmethod
-    def from_config(cls, cfg: Any) -> "Settings":
+    def from_config(cls, cfg: Config) -> "Settings":
         def get(key: str) -> Any:
             return cfg.get("verify", key)
         return cls(str(get("dcgmi")), int(get("dcgm_level")), tuple(get("nccl_command")),

@@ -23,17 +23,18 @@ import os
 import time
 from typing import Any, Callable, Dict, Iterable, Optional
 
+from slurm_gpu.config import Config
 from slurm_gpu.errors import SlurmGpuError
 from slurm_gpu.policy import breaker as P
 
 STATE_NAME = "breaker-reset.json"
 
 
-def state_path(cfg: Any) -> str:
+def state_path(cfg: Config) -> str:
     return os.path.join(os.path.dirname(cfg.path_value("store", "database")) or ".", STATE_NAME)
 
 
-def read_resets(cfg: Any) -> Dict[str, float]:
+def read_resets(cfg: Config) -> Dict[str, float]:
     """check (or P.ANY) -> unix time of the last reset on this node; {} when none or unreadable."""
     try:
         with open(state_path(cfg), "rb") as f:
@@ -43,7 +44,7 @@ def read_resets(cfg: Any) -> Dict[str, float]:
         return {}
 
 
-def write_reset(cfg: Any, check: str, now: float) -> str:
+def write_reset(cfg: Config, check: str, now: float) -> str:
     """Record a reset of `check` (P.ANY: every check) at `now`; strict: raises OSError.  Returns the path."""
     path = state_path(cfg)
     resets = read_resets(cfg)
@@ -59,7 +60,7 @@ def write_reset(cfg: Any, check: str, now: float) -> str:
     return path
 
 
-def ask(cfg: Any, backend: Any, node: str, check: str, now: float, log: Any = None, **ids: Any) -> P.Verdict:
+def ask(cfg: Config, backend: Any, node: str, check: str, now: float, log: Any = None, **ids: Any) -> P.Verdict:
     """May this node be drained (or rebooted) for `check` now?  Never raises."""
     b = P.Breaker.from_config(cfg)
     if b.max_drained_pct >= 100:
@@ -77,7 +78,7 @@ def ask(cfg: Any, backend: Any, node: str, check: str, now: float, log: Any = No
     return verdict
 
 
-def confirm(cfg: Any, backend: Any, node: str, check: str, reason: str, log: Any = None,
+def confirm(cfg: Config, backend: Any, node: str, check: str, reason: str, log: Any = None,
             sleep: Optional[Callable[[float], None]] = None, clock: Callable[[], float] = time.time,
             withdraw: Optional[Callable[[], None]] = None, **ids: Any) -> P.Verdict:
     """Right after this node drained for `check` with `reason`: wait breaker.settle_s, count again and
@@ -107,7 +108,7 @@ def confirm(cfg: Any, backend: Any, node: str, check: str, reason: str, log: Any
     return verdict
 
 
-def ask_all(cfg: Any, backend: Any, node: str, checks: Iterable[str], now: float, log: Any = None, **ids: Any) -> str:
+def ask_all(cfg: Config, backend: Any, node: str, checks: Iterable[str], now: float, log: Any = None, **ids: Any) -> str:
     """The prolog's question for a FAIL of only non-hardware checks: the breaker's text when it is
     open for every one of them (the gate may then be suspended), else ''."""
     texts = []
@@ -119,7 +120,7 @@ def ask_all(cfg: Any, backend: Any, node: str, checks: Iterable[str], now: float
     return "; ".join(texts)
 
 
-def write_metric(cfg: Any, states: Dict[str, float], log: Any = None, clear_others: bool = False) -> None:
+def write_metric(cfg: Config, states: Dict[str, float], log: Any = None, clear_others: bool = False) -> None:
     """slurm_gpu_breaker_open{check}: merge these checks' states into slurm_gpu_breaker.prom.  Never raises."""
     try:
         directory = cfg.path_value("metrics", "textfile_dir")

@@ -21,13 +21,13 @@ if TYPE_CHECKING:  # types only: the hook path imports pynvml when it first read
 
 def make_reader(cfg: Config, library: Optional[str] = None) -> "NvmlReader":
     from slurm_gpu.gpu.nvml import NvmlReader
-    return NvmlReader(library=library if library is not None else cfg.get("", "nvml_library"),
-                      timeout_s=cfg.get("", "nvml_timeout_s"), version_file=cfg.get("", "nvidia_version_file"))
+    return NvmlReader(library=library if library is not None else cfg.nvml_library,
+                      timeout_s=cfg.nvml_timeout_s, version_file=cfg.nvidia_version_file)
 
 
 def read_xids(cfg: Config, now: Optional[float] = None) -> xid.XidReading:
-    source = cfg.get("xid", "source").replace("%n", getattr(cfg, "node", None) or node_name())
-    return xid.read(source, cfg.get("xid", "window_s"), timeout_s=cfg.get("", "nvml_timeout_s"), now=now)
+    source = cfg.xid.source.replace("%n", getattr(cfg, "node", None) or node_name())
+    return xid.read(source, cfg.xid.window_s, timeout_s=cfg.nvml_timeout_s, now=now)
 
 
 def check_node(
@@ -63,7 +63,7 @@ def recorded_stuck_clocks(cfg: Config, now: float) -> Tuple[Optional[List[Dict[s
     if not health.Judge(cfg).enabled("stuck_clocks"):
         return None, ""
     from slurm_gpu.store.diagnose import describe_error, recent_health_events
-    since = now - float(cfg.get("health", "stuck_clocks_recent_s"))
+    since = now - float(cfg.health.stuck_clocks_recent_s)
     try:
         return recent_health_events(cfg.path_value("store", "database"), "stuck_clocks", since), ""
     except Exception as e:  # a locked, corrupt or foreign file: the other checks still run

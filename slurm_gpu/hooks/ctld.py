@@ -19,6 +19,7 @@ import os
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from slurm_gpu.config import Config
 from slurm_gpu.errors import CentralError, SlurmGpuError
 from slurm_gpu.hooks.main import _describe, _exit, _Run
 
@@ -62,9 +63,9 @@ def _ctld(run: _Run, sleep) -> str:
     if job_id is None:
         run.problem("bad-environment", error=f"SLURM_JOB_ID={run.job!r} is not a job id")
         return "bad-environment"
-    if cfg.get("job_summary", "field") == "off":
+    if cfg.job_summary.field == "off":
         return "off"
-    if not cfg.get("central", "url"):
+    if not cfg.central.url:
         run.log.info("summary-skipped", job=job_id, why="no central server (central.url) on the controller")
         return "no-central"
     try:
@@ -74,13 +75,13 @@ def _ctld(run: _Run, sleep) -> str:
         return "failed"
 
 
-def _summarise(run: _Run, cfg: Any, job_id: int, sleep) -> str:
+def _summarise(run: _Run, cfg: Config, job_id: int, sleep) -> str:
     from slurm_gpu.slurm.cli_backend import CliBackend
     from slurm_gpu.store import summary as S
     env = dict(run.env)
-    env.setdefault("SLURM_CONF", cfg.get("", "slurm_conf"))  # slurmctld does not pass it
+    env.setdefault("SLURM_CONF", cfg.slurm_conf)  # slurmctld does not pass it
     backend = CliBackend(cfg, env=env)
-    cluster = run.env.get("SLURM_CLUSTER_NAME") or cfg.get("", "cluster_name")
+    cluster = run.env.get("SLURM_CLUSTER_NAME") or cfg.cluster_name
     restart = _int(run.env, "SLURM_JOB_RESTART_COUNT") or 0
     comment, gpu_nodes = backend.job_summary_target(job_id)
     if comment and not S.is_ours(comment):
@@ -109,7 +110,7 @@ def _summarise(run: _Run, cfg: Any, job_id: int, sleep) -> str:
         run.log.info("summary-skipped", job=job_id, why="AdminComment belongs to another tool (in accounting)")
         return "foreign"
     tries = _write(run, backend, job_id, cluster, text, sleep)
-    if cfg.get("job_summary", "energy_tres"):
+    if cfg.job_summary.energy_tres:
         _energy_into_accounting(run, backend, job_id, cluster, summary.partial, rows)
     run.log.info("summary", job=job_id, tries=tries if tries > 1 else None, gpus=len(summary.gpus), bytes=len(text),
                  partial=int(summary.partial),
@@ -184,13 +185,13 @@ def _named(env: Mapping[str, str]) -> str:
     return f"{leader}+{offset}" if leader is not None and offset is not None else ""
 
 
-def _wait_for_rows(cfg: Any, cluster: str, job_id: int, restart: int, gpu_nodes: Optional[List[str]],
+def _wait_for_rows(cfg: Config, cluster: str, job_id: int, restart: int, gpu_nodes: Optional[List[str]],
                    run: _Run, sleep) -> List[dict]:
     """The job's rows once every GPU node has pushed, or what arrived by job_summary.wait_s."""
     from slurm_gpu.central.server import Central, job_rows
     # Leave the write ~10 s of the hook's own deadline.
     left_for_hook = run.deadline_s - (time.monotonic() - run.started) - 10.0
-    until = time.monotonic() + max(0.0, min(cfg.get("job_summary", "wait_s"), left_for_hook))
+    until = time.monotonic() + max(0.0, min(cfg.job_summary.wait_s, left_for_hook))
     with Central.from_config(cfg) as central:
         while True:
             central.rollback()  # a new snapshot: see what the nodes pushed since the last look

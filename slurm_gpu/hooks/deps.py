@@ -121,7 +121,7 @@ class HookDeps:
         # (pid, job) -> does the process belong to the job?  Only those are ever killed.
         self.owns = procs.process_belongs_to_job if owns is None else owns
         # Default: $SLURM_CONF (slurmd sets it), else the config's slurm_conf.
-        self.slurm_conf = slurm_conf or os.environ.get("SLURM_CONF") or cfg.get("", "slurm_conf")
+        self.slurm_conf = slurm_conf or os.environ.get("SLURM_CONF") or cfg.slurm_conf
         # Unix time slurmd started this hook process (hooks/main.py sets it; None: deps.now() when
         # the flow begins).  Python's start-up and imports come before the flow's first clock read.
         self.started = started

@@ -77,7 +77,7 @@ def drain_node(deps: HookDeps, job: JobEnv, source: str, fault: str, check: str 
     from slurm_gpu.slurm.reason import format_reason
     reason = format_reason(fault, f"{source} job {job.job_id}", check=check)
     drained, outcome, kept = False, "off", None
-    if deps.cfg.get("hooks", "drain_on_fault"):
+    if deps.cfg.hooks.drain_on_fault:
         try:
             backend = deps.backend()
             info = backend.node(job.node)
@@ -119,7 +119,7 @@ def gate_suspended(deps: HookDeps, job: JobEnv, results: Sequence[CheckResult]) 
     HARDWARE) always gates: a job never starts on a broken GPU."""
     from slurm_gpu.policy.breaker import gate_suspended as may_suspend
     checks = [r.check for r in health.failures(results)]
-    if not deps.cfg.get("hooks", "drain_on_fault") or not may_suspend(checks):
+    if not deps.cfg.hooks.drain_on_fault or not may_suspend(checks):
         return False
     from slurm_gpu.hooks.breaker import ask_all
     try:

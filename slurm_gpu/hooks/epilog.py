@@ -85,7 +85,7 @@ def _read_accounting(deps: HookDeps, job: JobEnv, gmap: JobGpuMap) -> Dict[int, 
 
 
 def _reset_after(deps: HookDeps, job: JobEnv, gmap: JobGpuMap, snap: NodeSnapshot) -> None:
-    if not deps.cfg.get("hooks", "reset_clocks"):
+    if not deps.cfg.hooks.reset_clocks:
         return
     sliced = gmap.instances()
     whole = [g.index for g in snap.gpus if not g.unreachable and g.index not in sliced]

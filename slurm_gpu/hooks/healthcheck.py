@@ -7,6 +7,7 @@ import time as _time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
+from slurm_gpu.config import Config
 from slurm_gpu.errors import DriverLibraryMismatch, ExitCode, NvmlUnavailable, SlurmGpuError
 from slurm_gpu.gpu.deadline import call_with_deadline
 from slurm_gpu.slurm import reason as _reason
@@ -84,7 +85,7 @@ def node_health_cycle(
     return outcome
 
 
-def _record_run(cfg: Any, node_name: str, kept: List[Any], refused: List[DriverLibraryMismatch], outcome: Any) -> None:
+def _record_run(cfg: Config, node_name: str, kept: List[Any], refused: List[DriverLibraryMismatch], outcome: Any) -> None:
     """What the check read into the node database, or nvmlInit's mismatch."""
     # A check that overran may still be running: what it read is not this run's.
     if kept and getattr(outcome, "action", "") != "timeout":
@@ -193,7 +194,7 @@ def _drain_unhealthy(backend: SlurmBackend, info: Any, node_name: str, fault: st
                          unhealthy)
 
 
-def _breaker_log(cfg: Any) -> Any:
+def _breaker_log(cfg: Config) -> Any:
     try:
         from slurm_gpu.hooks.log import HookLog
         return HookLog.from_config("healthcheck", cfg)
@@ -225,7 +226,7 @@ def _settle_healthy(backend: SlurmBackend, info: Any, node_name: str, worst: str
     return HealthOutcome(node_name, worst, "none", f"{node_name}: {worst}: healthy ({info.state})", "", res)
 
 
-def record_observations(cfg: Any, run: Any, node: str) -> None:
+def record_observations(cfg: Config, run: Any, node: str) -> None:
     """The fleet's history from a healthcheck that read every GPU (schema v6, store/observations.py):
     each GPU's inventory row when anything in it changed or inventory.record_every_s has passed,
     and every dated XID it read that the database does not hold yet; `db push` ships them.
@@ -239,9 +240,9 @@ def record_observations(cfg: Any, run: Any, node: str) -> None:
         # Best effort: a database busy with the hooks' writes must not hold the run up for long
         # (Slurm kills HealthCheckProgram after 60 s); the next run records what this one missed.
         store = Store(cfg.path_value("store", "database"), cfg.path_value("store", "spool_dir"),
-                      min(cfg.get("store", "busy_timeout_s"), 2.0))
+                      min(cfg.store.busy_timeout_s, 2.0))
         try:
-            store.record_inventory(obs.inventory_rows(snap, node, snap.taken_at), cfg.get("inventory", "record_every_s"),
+            store.record_inventory(obs.inventory_rows(snap, node, snap.taken_at), cfg.inventory.record_every_s,
                                    _time.time())
             store.record_xids(obs.xid_rows(getattr(run, "xid_events", ()), snap, node))
         finally:
@@ -262,14 +263,14 @@ def mismatch_event(e: DriverLibraryMismatch, node: str, now: float, since: Any) 
                        key=f"{e.kernel_version}|{e.library_version}|after {since!r}")
 
 
-def record_mismatch(cfg: Any, e: DriverLibraryMismatch, node: str) -> None:
+def record_mismatch(cfg: Config, e: DriverLibraryMismatch, node: str) -> None:
     """The mismatch as a health event in the node database (`db push` ships it; `fleet versions`
     lists the node while the event is newer than its inventory).  Never raises."""
     try:
         from slurm_gpu.store.node import Store
         from slurm_gpu.store.record import Health
         store = Store(cfg.path_value("store", "database"), cfg.path_value("store", "spool_dir"),
-                      min(cfg.get("store", "busy_timeout_s"), 2.0))
+                      min(cfg.store.busy_timeout_s, 2.0))
         try:
             since: Any
             try:
@@ -283,7 +284,7 @@ def record_mismatch(cfg: Any, e: DriverLibraryMismatch, node: str) -> None:
         _not_recorded(cfg, node, err, "mismatch-not-recorded")
 
 
-def _not_recorded(cfg: Any, node: str, e: Exception, event: str = "inventory-not-recorded") -> None:
+def _not_recorded(cfg: Config, node: str, e: Exception, event: str = "inventory-not-recorded") -> None:
     from slurm_gpu.store.diagnose import describe_error
     error = describe_error(e)
     hint = "the next healthcheck tries again; `slurm-gpu db check` looks at the database"
@@ -312,7 +313,7 @@ def _drain_state(outcome: HealthOutcome) -> Any:
     return None
 
 
-def write_metrics(cfg: Any, run: Any, outcome: HealthOutcome, now: Any = None, mismatch: Any = None) -> None:
+def write_metrics(cfg: Config, run: Any, outcome: HealthOutcome, now: Any = None, mismatch: Any = None) -> None:
     """The node file after a healthcheck: the drain state, the spool and the push backlog, and
     with an Observed (run) every GPU and every check; with a DriverLibraryMismatch (mismatch)
     slurm_gpu_driver_library_mismatch with both versions.  Never raises; nothing when the run did
@@ -345,7 +346,7 @@ def write_metrics(cfg: Any, run: Any, outcome: HealthOutcome, now: Any = None, m
 # config (cli/admin.py only prints what these decide)
 
 
-def default_checker(cfg: Any) -> Callable[[Any], list]:
+def default_checker(cfg: Config) -> Callable[[Any], list]:
     """The real GPU check: hooks/check.check_node, expecting the GPU count Slurm has configured.
 
     When Slurm has no GPU of the node allocated, every GPU must be idle: leftover processes
@@ -358,14 +359,14 @@ def default_checker(cfg: Any) -> Callable[[Any], list]:
         idle = True if getattr(info, "gpus_allocated", 1) == 0 else None
         # Slurm counts MIG slices as GPUs; the driver counts physical GPUs: take the number of
         # GPUs gres.conf names when it can be read.
-        conf = os.environ.get("SLURM_CONF") or cfg.get("", "slurm_conf")
+        conf = os.environ.get("SLURM_CONF") or cfg.slurm_conf
         expected = configured_gpus(conf, info.name) or info.gpus_configured or None
         _snap, results = check_node(cfg, expected_count=expected, idle=idle)
         return results
     return check
 
 
-def record_drains(cfg: Any, drains: Sequence[Any]) -> str:
+def record_drains(cfg: Config, drains: Sequence[Any]) -> str:
     """Drains (store/record.Drain) into this node's database, like the hooks' own; '' when written,
     else the warning line.  A drain of several nodes run from one machine is recorded in that
     machine's database (store.database).  Never raises: the drain itself never depends on this."""
@@ -385,7 +386,7 @@ def record_drains(cfg: Any, drains: Sequence[Any]) -> str:
     return ""
 
 
-def healthcheck_cycle(cfg: Any, backend: SlurmBackend, name: str, checker: Any, *, allow_resume: bool, dry_run: bool,
+def healthcheck_cycle(cfg: Config, backend: SlurmBackend, name: str, checker: Any, *, allow_resume: bool, dry_run: bool,
                       deadline_s: float, context: str, log: Any, warn: Callable[[str], None]) -> HealthOutcome:
     """One cycle of `healthcheck` (or `drain --unhealthy`, context) and the record of the drain it tried.
 
@@ -413,7 +414,7 @@ def _reason_context(context: str) -> str:
     return _reason.HEALTHCHECK if context == "healthcheck" else context
 
 
-def _warn_unless_recorded(cfg: Any, drains: Sequence[Any], warn: Callable[[str], None]) -> None:
+def _warn_unless_recorded(cfg: Config, drains: Sequence[Any], warn: Callable[[str], None]) -> None:
     line = record_drains(cfg, drains)
     if line:
         warn(line)
@@ -424,7 +425,7 @@ TURN_WAIT_MAX_S = 10.0
 
 
 @contextmanager
-def taking_turns(cfg: Any, node: str, deadline_s: float, log: Any) -> Iterator[Optional[float]]:
+def taking_turns(cfg: Config, node: str, deadline_s: float, log: Any) -> Iterator[Optional[float]]:
     """The runs of one node's healthcheck (and `drain --unhealthy`) take turns, under the node's lock
     (hooks.healthcheck_lock_file, %n: the node checked).  slurmd starts HealthCheckProgram every
     HealthCheckInterval whether or not the last run ended; two at once would act on readings taken
@@ -434,7 +435,7 @@ def taking_turns(cfg: Any, node: str, deadline_s: float, log: Any) -> Iterator[O
     acts; this one leaves).  A lock that cannot be opened is logged and the run goes on unlocked:
     a broken /run must not keep a faulty GPU in service."""
     from slurm_gpu.hooks.nodelock import node_lock
-    path = str(cfg.get("hooks", "healthcheck_lock_file")).replace("%n", node)
+    path = str(cfg.hooks.healthcheck_lock_file).replace("%n", node)
     wait_s = min(TURN_WAIT_MAX_S, deadline_s / 4)
     t0 = _time.monotonic()
     try:
@@ -456,9 +457,9 @@ def busy_outcome(node: str) -> HealthOutcome:
     return HealthOutcome(node, "SKIP", "busy", f"{node}: the healthcheck before this one still runs; it decides")
 
 
-def remediates(cfg: Any, outcome: HealthOutcome, dry_run: bool, checker: Any) -> bool:
+def remediates(cfg: Config, outcome: HealthOutcome, dry_run: bool, checker: Any) -> bool:
     """healthcheck runs `remediate` after its own cycle when remediation.enabled, on a node it left drained by us."""
-    return (not dry_run and checker is None and cfg.get("remediation", "enabled")
+    return (not dry_run and checker is None and cfg.remediation.enabled
             and outcome.action in ("drained", "kept-drained", "left-alone") and bool(outcome.reason))
 
 

@@ -21,6 +21,8 @@ import sys
 import time
 from typing import Any, Mapping, Optional
 
+from slurm_gpu.config import Config
+
 # Fixed on purpose: it must not depend on the config it reports. slurmd passes hooks none of
 # our environment, so in production only the constant is used; the variable is for tests.
 FALLBACK_LOG = "/var/log/slurm-gpu/hooks-error.log"
@@ -101,9 +103,9 @@ class HookLog(_Levels):
                 self.problems.append(f"syslog unavailable: {e}")
 
     @classmethod
-    def from_config(cls, hook: str, cfg: Any, stderr: bool = False) -> "HookLog":
-        return cls(hook, cfg.get("log", "syslog"), cfg.path_value("log", "file") if cfg.get("log", "file") else "",
-                   cfg.get("log", "level"), stderr)
+    def from_config(cls, hook: str, cfg: Config, stderr: bool = False) -> "HookLog":
+        return cls(hook, cfg.log.syslog, cfg.path_value("log", "file") if cfg.log.file else "",
+                   cfg.log.level, stderr)
 
     def event(self, event: str, level: str = "info", **fields: Any) -> str:
         parts = [f"{self.hook}", event] + [f"{k}={_quote(v)}" for k, v in fields.items() if v is not None]

@@ -23,8 +23,10 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Optional, Tuple
 
-# Deliberately no click, jinja2 or sqlite-utils here: start-up time is part of every job start.
 from slurm_gpu import config as config_mod
+
+# Deliberately no click, jinja2 or sqlite-utils here: start-up time is part of every job start.
+from slurm_gpu.config import Config
 from slurm_gpu.errors import ConfigError, DriverLibraryMismatch, InputError, NvmlUnavailable, SlurmGpuError
 from slurm_gpu.hooks.log import HookLog, fallback_path, write_fallback
 
@@ -86,9 +88,9 @@ class _Run:
         self.fail_open("deadline-exceeded", deadline_s=self.deadline_s)
         _exit(self.fail_code)
 
-    def configure(self, cfg: Any) -> None:
+    def configure(self, cfg: Config) -> None:
         self.log = HookLog.from_config(self.name, cfg)
-        self.fail_code = 0 if cfg.get("hooks", "fail_open") else 1
+        self.fail_code = 0 if cfg.hooks.fail_open else 1
         self.arm(cfg.get("hooks", f"{self.name}_deadline_s"))
 
     def problem(self, event: str, **fields: Any) -> None:
@@ -151,7 +153,7 @@ def _run(run: _Run, flow: Optional[Flow]) -> int:
         run.problem("config-error", error=err.message, hint=f"{err.hint}; fix the file, then run `slurm-gpu check`")
     from slurm_gpu.slurm import jobenv
     try:
-        job = jobenv.from_env(run.env, default_node=config_mod.node_name(), default_cluster=cfg.get("", "cluster_name"))
+        job = jobenv.from_env(run.env, default_node=config_mod.node_name(), default_cluster=cfg.cluster_name)
     except InputError as e:
         return run.fail_open("bad-environment", error=e.message, hint=e.hint)
     run.job, run.node = job.job_id, job.node
@@ -168,7 +170,7 @@ def _run(run: _Run, flow: Optional[Flow]) -> int:
 NVML_CHECK = "nvml"  # the check a drain for an unusable driver names (reason, circuit breaker)
 
 
-def _nvml_unavailable(run: _Run, cfg: Any, job: Any, e: NvmlUnavailable, config_broken: bool) -> int:
+def _nvml_unavailable(run: _Run, cfg: Config, job: Any, e: NvmlUnavailable, config_broken: bool) -> int:
     if not job.gpus:
         run.log.error("nvml-unavailable", job=job.job_id, node=job.node, error=e.message)
         return 0

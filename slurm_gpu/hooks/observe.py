@@ -74,6 +74,6 @@ def seen_drain(seen: Optional[Observed], d: Optional[R.Drain], check: str) -> No
 def seen_start(seen: Observed, deps: HookDeps, gmap: JobGpuMap, snap: NodeSnapshot, prepared: Dict[int, Any]) -> None:
     """For the metrics: the GPUs (and slices) the job now holds, and where persistence is on now."""
     seen.held = [(snap.gpu(jg.nvml_index), jg) for jg in gmap.gpus]
-    if deps.cfg.get("hooks", "persistence_mode"):
+    if deps.cfg.hooks.persistence_mode:
         seen.persistence_on = [i for i, out in prepared.items()
                                if isinstance(out, dict) and out.get("nvmlDeviceSetPersistenceMode")]

@@ -208,14 +208,14 @@ def kill_leftovers(deps: HookDeps, job: JobEnv, gmap: JobGpuMap) -> Tuple[Dict[i
     if not found:
         return {}, []
     everyone = sorted({p for ps in found.values() for p in ps})
-    if not cfg.get("hooks", "kill_leftovers"):
+    if not cfg.hooks.kill_leftovers:
         # The site kills nothing: the leftover_processes check reports them instead.
         log.warning("leftover-processes-not-killed", pids=",".join(map(str, everyone)))
         return {}, []
     log.warning("leftover-processes", pids=",".join(map(str, everyone)))
     import signal  # here, not at the top: its IntEnum costs every prolog 1.7 ms, and few prologs kill
     targets = list(everyone)
-    for sig, wait in ((signal.SIGTERM, cfg.get("hooks", "kill_grace_s")), (signal.SIGKILL, 2.0)):
+    for sig, wait in ((signal.SIGTERM, cfg.hooks.kill_grace_s), (signal.SIGKILL, 2.0)):
         alive = [p for p in targets if deps.pid_alive(p)]
         for p in alive:
             try:

@@ -90,15 +90,15 @@ def _prepare(deps: HookDeps, job: JobEnv, gmap: JobGpuMap, snap: NodeSnapshot) -
     sliced = set(gmap.instances())
     whole = [i for i in gmap.nvml_indices if i not in sliced]
     in_place = {i: _modes_on(snap.gpu(i)) for i in gmap.nvml_indices}
-    out = deps.reader.prepare(whole, persistence=cfg.get("hooks", "persistence_mode"),
-                              reset_clocks=cfg.get("hooks", "reset_clocks"),
-                              accounting=cfg.get("hooks", "accounting_mode"),
-                              power_cap_tolerance_pct=cfg.get("health", "power_cap_tolerance_pct")
-                              if cfg.get("hooks", "reset_power_limit") else None, in_place=in_place) if whole else {}
+    out = deps.reader.prepare(whole, persistence=cfg.hooks.persistence_mode,
+                              reset_clocks=cfg.hooks.reset_clocks,
+                              accounting=cfg.hooks.accounting_mode,
+                              power_cap_tolerance_pct=cfg.health.power_cap_tolerance_pct
+                              if cfg.hooks.reset_power_limit else None, in_place=in_place) if whole else {}
     if sliced:
         deps.job_log(job).info("mig-gpu-shared", gpus=",".join(map(str, sorted(sliced))),
                                note="clocks and accounting of a GPU with MIG slices are left alone")
-        if cfg.get("hooks", "persistence_mode"):
+        if cfg.hooks.persistence_mode:
             out.update(deps.reader.prepare(sorted(sliced), persistence=True, in_place=in_place))
     return out
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, Optional
 
-from slurm_gpu.config import metrics_enabled
+from slurm_gpu.config import Config, metrics_enabled
 from slurm_gpu.metrics import jobs as J
 from slurm_gpu.metrics import node as N
 from slurm_gpu.metrics.catalog import NODE_FILE, REMEDIATION_FILE, USAGE_FILE
@@ -25,7 +25,7 @@ enabled = metrics_enabled  # are metrics on? (config.py: the one answer)
 class _Writer:
     """One hook run's writes: the first failure per directory is logged, once."""
 
-    def __init__(self, cfg: Any, log: Any, hook: str, **ids: Any):
+    def __init__(self, cfg: Config, log: Any, hook: str, **ids: Any):
         self.textfile = cfg.path_value("metrics", "textfile_dir")
         self.mapping = cfg.path_value("metrics", "dcgm_job_mapping_dir")
         self.cfg, self.log, self.hook, self.ids = cfg, log, hook, ids
@@ -82,7 +82,7 @@ def _node_update(obs: Observed, source: str, now: float) -> N.NodeUpdate:
 MISMATCH = "slurm_gpu_driver_library_mismatch"
 
 
-def mismatch(cfg: Any, log: Any, hook: str, node: str, kernel: str, library: str, now: float) -> None:
+def mismatch(cfg: Config, log: Any, hook: str, node: str, kernel: str, library: str, now: float) -> None:
     """nvmlInit refused with LIB_RM_VERSION_MISMATCH: the one series says so, with both versions."""
     w = _Writer(cfg, log, hook, node=node)
     obs = Observed()
@@ -95,7 +95,7 @@ def write_node(directory: str, up: N.NodeUpdate) -> None:
     merge(directory, NODE_FILE, lambda old: N.apply(old, up))
 
 
-def prolog(cfg: Any, log: Any, job: Any, obs: Observed, now: float) -> None:
+def prolog(cfg: Config, log: Any, job: Any, obs: Observed, now: float) -> None:
     w = _Writer(cfg, log, "prolog", job=job.job_id, node=job.node)
     w.do(w.textfile, "node", lambda: write_node(w.textfile, _node_update(obs, "prolog", now)))
     if obs.held:
@@ -103,7 +103,7 @@ def prolog(cfg: Any, log: Any, job: Any, obs: Observed, now: float) -> None:
         w.do(w.mapping, "dcgm-mapping", lambda: J.map_job(w.mapping, job.job_id, [J.mapping_name(jg) for _, jg in obs.held]))
 
 
-def epilog(cfg: Any, log: Any, job: Any, obs: Observed, now: float, store: Any = None,
+def epilog(cfg: Config, log: Any, job: Any, obs: Observed, now: float, store: Any = None,
            live: Optional[J.Liveness] = None) -> None:
     w = _Writer(cfg, log, "epilog", job=job.job_id, node=job.node)
     mine = str(job.job_id)
@@ -115,7 +115,7 @@ def epilog(cfg: Any, log: Any, job: Any, obs: Observed, now: float, store: Any =
     cleanup(w, live or J.Liveness(time.time()))  # file times are the wall clock's
 
 
-def healthcheck(cfg: Any, log: Any, node: str, obs: Observed, now: float, extra: Any = None,
+def healthcheck(cfg: Config, log: Any, node: str, obs: Observed, now: float, extra: Any = None,
                 live: Optional[J.Liveness] = None) -> None:
     """extra: () -> samples of node-level values (spool, unpushed records) merged in too."""
     w = _Writer(cfg, log, "healthcheck", node=node)
@@ -129,11 +129,11 @@ def healthcheck(cfg: Any, log: Any, node: str, obs: Observed, now: float, extra:
     cleanup(w, live or J.Liveness(time.time()))
 
 
-def write_usage(cfg: Any, directory: str, conn: Any) -> None:
+def write_usage(cfg: Config, directory: str, conn: Any) -> None:
     from slurm_gpu.metrics.usage import account_sums, usage_samples
     sums = account_sums(conn)
     merge(directory, USAGE_FILE,
-          lambda old: usage_samples(sums, old, cfg.get("metrics", "by_account"), cfg.get("metrics", "max_accounts")))
+          lambda old: usage_samples(sums, old, cfg.metrics.by_account, cfg.metrics.max_accounts))
 
 
 def write_remediation(directory: str, conn: Any) -> None:

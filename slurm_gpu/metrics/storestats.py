@@ -12,6 +12,7 @@ import sqlite3
 from typing import Any
 from urllib.parse import quote
 
+from slurm_gpu.config import Config
 from slurm_gpu.metrics.textfile import Samples
 
 SPOOL = "slurm_gpu_spool_records"
@@ -19,14 +20,14 @@ UNPUSHED = "slurm_gpu_unpushed_records"
 OLDEST = "slurm_gpu_unpushed_oldest_timestamp_seconds"
 
 
-def store_samples(cfg: Any) -> Samples:
+def store_samples(cfg: Config) -> Samples:
     """{family: series} of the spool and the push backlog; a family left out could not be read,
     one given empty is known to have no series (no unshipped record: no oldest time)."""
     out: Samples = {}
     spool = spool_records(cfg)
     if spool is not None:
         out[SPOOL] = {(): float(spool)}
-    if cfg.get("central", "url"):
+    if cfg.central.url:
         backlog = unpushed(cfg.path_value("store", "database"))
         if backlog is not None:
             total, oldest = backlog
@@ -35,7 +36,7 @@ def store_samples(cfg: Any) -> Samples:
     return out
 
 
-def spool_records(cfg: Any) -> Any:
+def spool_records(cfg: Config) -> Any:
     """Records waiting in the spool (None: the directory cannot be read)."""
     from slurm_gpu.store.node import Store
     status = Store(cfg.path_value("store", "database"), cfg.path_value("store", "spool_dir")).spool_status()

@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import Any, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
 from slurm_gpu import checkcatalog as catalog
+from slurm_gpu.config import Config
 from slurm_gpu.slurm.reason import is_ours, reason_check
 
 # Checks whose FAIL in the prolog always gates the job (issue 26 item 5): the GPU itself is broken,
@@ -54,9 +55,9 @@ class Breaker(NamedTuple):
     settle_s: float = 2.0
 
     @classmethod
-    def from_config(cls, cfg: Any) -> "Breaker":
-        return cls(float(cfg.get("breaker", "max_drained_pct")), float(cfg.get("breaker", "window_s")),
-                   float(cfg.get("breaker", "settle_s")))
+    def from_config(cls, cfg: Config) -> "Breaker":
+        return cls(float(cfg.breaker.max_drained_pct), float(cfg.breaker.window_s),
+                   float(cfg.breaker.settle_s))
 
 
 class Verdict(NamedTuple):

@@ -84,7 +84,7 @@ class Judge:
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.severity: Dict[str, str] = dict(DEFAULT_SEVERITY)
-        self.severity.update(cfg.get("health", "severity"))
+        self.severity.update(cfg.health.severity)
         self.out: List[CheckResult] = []
 
     def enabled(self, check: str) -> bool:

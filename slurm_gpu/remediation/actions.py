@@ -167,8 +167,8 @@ def _reapply(env: Env, run: Any) -> None:
     """Persistence, accounting mode and clocks, as the prolog sets them (a reset puts them back to defaults)."""
     if env.reader_factory is None:
         return
-    hooks = env.cfg.get("hooks", "persistence_mode"), env.cfg.get("hooks", "accounting_mode"), \
-        env.cfg.get("hooks", "reset_clocks")
+    hooks = env.cfg.hooks.persistence_mode, env.cfg.hooks.accounting_mode, \
+        env.cfg.hooks.reset_clocks
     reader = env.reader_factory()
     try:
         indices = [g.index for g in run.snapshot.gpus if not g.unreachable]

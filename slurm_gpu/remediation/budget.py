@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, NamedTuple, Tuple
 
+from slurm_gpu.config import Config
+
 DAY_S = 86400.0
 # Outcomes that mean the step was really issued (a refusal before acting costs nothing).
 ISSUED = ("started", "resumed", "failed", "escalated", "requested", "interrupted")
@@ -31,7 +33,7 @@ class Budget(NamedTuple):
     lemon_remedies: int
 
     @classmethod
-    def from_config(cls, cfg: Any) -> "Budget":
+    def from_config(cls, cfg: Config) -> "Budget":
         def get(k: str) -> Any:
             return cfg.get("remediation", k)
         return cls(int(get("max_resets_per_gpu_per_day")), int(get("max_reboots_per_node_per_day")),

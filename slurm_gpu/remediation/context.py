@@ -13,6 +13,7 @@ import subprocess
 import time as _time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from slurm_gpu.config import Config
 from slurm_gpu.remediation import budget as B
 from slurm_gpu.remediation import remedy as R
 from slurm_gpu.slurm import reason as _reason
@@ -39,7 +40,7 @@ class Stop(Exception):
 class Env:
     """What one remediation run works with; everything injected (tests pass fakes at these seams)."""
 
-    def __init__(self, cfg: Any, backend: Any, store: Any, node: str, *, checker: Callable[[Any], Any],
+    def __init__(self, cfg: Config, backend: Any, store: Any, node: str, *, checker: Callable[[Any], Any],
                  reader_factory: Optional[Callable[[], Any]] = None, spawn: Optional[Callable[..., Any]] = None,
                  sleep: Callable[[float], None] = _time.sleep, now: Optional[Callable[[], float]] = None,
                  log: Any = None, dry_run: bool = False,
@@ -142,10 +143,10 @@ def _attempt_key(r: Dict[str, Any]) -> Tuple[str, Any, float]:
     return str(r.get("node")), r.get("id"), float(r.get("time") or 0.0)
 
 
-def central_history(cfg: Any) -> Optional[Callable[[str], List[Dict[str, Any]]]]:
+def central_history(cfg: Config) -> Optional[Callable[[str], List[Dict[str, Any]]]]:
     """One GPU's attempts on every node from the central server (central/server.py, imported only when
     asked: PyMySQL is never loaded by a healthcheck that finds nothing to remediate); None without central.url."""
-    if not cfg.get("central", "url"):
+    if not cfg.central.url:
         return None
 
     def fetch(serial: str) -> List[Dict[str, Any]]:
@@ -155,7 +156,7 @@ def central_history(cfg: Any) -> Optional[Callable[[str], List[Dict[str, Any]]]]
     return fetch
 
 
-def _write_skew(cfg: Any, skew_s: float, log: Any) -> None:
+def _write_skew(cfg: Config, skew_s: float, log: Any) -> None:
     directory = cfg.path_value("metrics", "textfile_dir") if cfg is not None else ""
     if not directory:
         return

@@ -32,6 +32,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any, Callable, Dict, Optional
 
+from slurm_gpu.config import Config
 from slurm_gpu.errors import SlurmGpuError
 from slurm_gpu.hooks.nodelock import node_lock
 from slurm_gpu.remediation import budget as B
@@ -194,7 +195,7 @@ def _pending_reboot(env: Env) -> Optional[Dict[str, Any]]:
     return last[-1] if last and last[-1]["outcome"] == "requested" else None
 
 
-def run_on_node(cfg: Any, backend: Any, node: str, checker: Callable[[Any], Any], *, log: Any = None,
+def run_on_node(cfg: Config, backend: Any, node: str, checker: Callable[[Any], Any], *, log: Any = None,
                 dry_run: bool = False) -> Outcome:
     """remediate() with the node database, the NVML reader for re-applying settings, and afterwards the
     slurm_gpu_remediation_total counters (when metrics are on; they never change the outcome)."""
@@ -232,7 +233,7 @@ def _database_error(path: str, e: BaseException) -> SlurmGpuError:
                          "a new one) or fix store.database, then run remediate again")
 
 
-def _write_counters(cfg: Any, store: Any, log: Any) -> None:
+def _write_counters(cfg: Config, store: Any, log: Any) -> None:
     directory = cfg.path_value("metrics", "textfile_dir")
     if not directory:
         return

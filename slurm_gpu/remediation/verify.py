@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from typing import Any, List, Tuple
 
+from slurm_gpu.config import Config
 from slurm_gpu.policy.judge import drain_fault, failures
 from slurm_gpu.remediation import remedy as R
 from slurm_gpu.remediation.context import Env, Outcome, Stop, finish_steps, hold, record_step, serial_of, uuid_of
 from slurm_gpu.slurm import reason as _reason
 
 
-def verify_enabled(cfg: Any) -> bool:
+def verify_enabled(cfg: Config) -> bool:
     try:
-        return bool(cfg.get("verify", "enabled"))
+        return bool(cfg.verify.enabled)
     except KeyError:  # a stand-in config without the section
         return False
 

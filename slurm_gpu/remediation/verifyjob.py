@@ -38,6 +38,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
+from slurm_gpu.config import Config
 from slurm_gpu.errors import SlurmError
 from slurm_gpu.hooks import battery as B
 from slurm_gpu.slurm.model import TERMINAL_JOB_STATES
@@ -79,7 +80,7 @@ def reservation_name(node: str) -> str:
     return f"{RESERVATION_PREFIX}{node}"
 
 
-def result_dir(cfg: Any) -> str:
+def result_dir(cfg: Config) -> str:
     """verify/ in the directory of store.database (%n: this node): where the job writes its result."""
     return os.path.join(os.path.dirname(cfg.path_value("store", "database")) or ".", "verify")
 
@@ -125,11 +126,11 @@ def write_script(directory: str, node: str, argv: List[str]) -> str:
     return path
 
 
-def _get(cfg: Any, key: str) -> Any:
+def _get(cfg: Config, key: str) -> Any:
     return cfg.get("verify", key)
 
 
-def job_options(cfg: Any, node: str, gpu_count: int, partitions: Tuple[str, ...], directory: str) -> List[str]:
+def job_options(cfg: Config, node: str, gpu_count: int, partitions: Tuple[str, ...], directory: str) -> List[str]:
     opts = [f"--reservation={reservation_name(node)}", f"--nodelist={node}", "--nodes=1", "--ntasks=1", "--exclusive",
             f"--time={_minutes(float(_get(cfg, 'timeout_s')) + OVERRUN_GRACE_S + 30)}", f"--job-name={JOB_NAME}",
             f"--output={os.path.join(directory, f'{node}-%j.json')}",
@@ -199,7 +200,7 @@ def _empty_and_delete(backend: Any, name: str, sleep: Callable[[float], None], t
     raise last
 
 
-def clean_leftover(cfg: Any, backend: Any, node: str, drain: Callable[[str], None], log: Any = None,
+def clean_leftover(cfg: Config, backend: Any, node: str, drain: Callable[[str], None], log: Any = None,
                    sleep: Callable[[float], None] = time.sleep) -> str:
     """A reservation slurm-gpu-verify-NODE that an earlier run left (it crashed between reservation and
     verdict): the node may be resumed yet unverified, so it is drained (``drain(text)``), the reservation's
@@ -219,7 +220,7 @@ def clean_leftover(cfg: Any, backend: Any, node: str, drain: Callable[[str], Non
 class _Run:
     """One verify_node run: its clock, its log and the end it comes to."""
 
-    def __init__(self, cfg: Any, backend: Any, node: str, log: Any, sleep: Callable[[float], None],
+    def __init__(self, cfg: Config, backend: Any, node: str, log: Any, sleep: Callable[[float], None],
                  monotonic: Callable[[], float]):
         self.cfg, self.backend, self.node, self.log = cfg, backend, node, log
         self.sleep, self.monotonic = sleep, monotonic
@@ -235,7 +236,7 @@ class _Run:
         return out
 
 
-def verify_node(cfg: Any, backend: Any, node: str, gpu_count: int, *, resume: Callable[[], bool],
+def verify_node(cfg: Config, backend: Any, node: str, gpu_count: int, *, resume: Callable[[], bool],
                 drain: Callable[[str], None], log: Any = None, sleep: Callable[[float], None] = time.sleep,
                 monotonic: Callable[[], float] = time.monotonic) -> VerifyResult:
     """Verify `node` (drained, idle, `gpu_count` GPUs) with a job of its own, resume it through `resume()`
@@ -320,7 +321,7 @@ def _job(run: _Run, gpu_count: int) -> VerifyResult:
     directory = result_dir(cfg)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     _prune(directory, node)
-    argv = ["slurm-gpu"] + (["--config", cfg.path] if getattr(cfg, "path", None) else []) + \
+    argv = ["slurm-gpu"] + (["--config", cfg.path] if cfg.path else []) + \
         ["battery", "--json", "--gpus", str(gpu_count)]
     script = write_script(directory, node, argv)
     partitions = tuple(getattr(backend.node(node), "partitions", ())) if not _get(cfg, "partition") else ()

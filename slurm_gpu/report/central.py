@@ -14,6 +14,7 @@ from decimal import Decimal
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from slurm_gpu.central.server import SCHEMA_VERSION, Central, is_url
+from slurm_gpu.config import Config
 from slurm_gpu.errors import CentralError
 from slurm_gpu.report.query import Query
 from slurm_gpu.report.sources import ReportSource
@@ -164,7 +165,7 @@ def is_central(dbs: Sequence[str]) -> bool:
     return any(d == "central" or is_url(d) for d in dbs)
 
 
-def read_central(cfg: Any, dbs: Sequence[str], query: Query, fn: Callable[[CentralSource], Any],
+def read_central(cfg: Config, dbs: Sequence[str], query: Query, fn: Callable[[CentralSource], Any],
                  password_file: Optional[str] = None) -> Any:
     """fn(source) on the central server named by --db."""
     if len(dbs) != 1:

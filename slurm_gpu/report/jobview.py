@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 from urllib.parse import quote
 
 from slurm_gpu import render
+from slurm_gpu.config import Config
 from slurm_gpu.errors import ExitCode, SlurmGpuError, StoreError
 from slurm_gpu.report.units import format_duration
 from slurm_gpu.slurm.jobacct import JobRecord, job_record
@@ -83,7 +84,7 @@ class JobView(NamedTuple):
 
 # --------------------------------------------------------------------------- finding the summary
 
-def load(cfg: Any, backend: Any, job_id: str, fallback: Optional[Fallback] = None) -> JobView:
+def load(cfg: Config, backend: Any, job_id: str, fallback: Optional[Fallback] = None) -> JobView:
     """The job's view, or the JobViewError that says why there is none."""
     rec = job_record(backend, job_id)
     if rec is None:
@@ -185,7 +186,7 @@ def node_db_rows(path: str, job_id: int) -> Rows:
         raise StoreError(f"database {path} cannot be read: {e}", "run as a user who may read it (root on the node)") from None
 
 
-def central_rows(cfg: Any, url: Optional[str], password_file: Optional[str], job_id: int) -> Tuple[Rows, str]:
+def central_rows(cfg: Config, url: Optional[str], password_file: Optional[str], job_id: int) -> Tuple[Rows, str]:
     from slurm_gpu.central.server import Central
 
     with Central.from_config(cfg, url, password_file) as central:
@@ -194,13 +195,13 @@ def central_rows(cfg: Any, url: Optional[str], password_file: Optional[str], job
         return [dict(zip(ROW_COLUMNS, row)) for row in got], central.target.describe()
 
 
-def fallback_for(cfg: Any, db: Optional[str], password_file: Optional[str] = None) -> Optional[Fallback]:
+def fallback_for(cfg: Config, db: Optional[str], password_file: Optional[str] = None) -> Optional[Fallback]:
     """`--db central`, `--db mysql://...` or `--db PATH` as a Fallback; None without --db."""
     if not db:
         return None
     from slurm_gpu.central.server import is_url
 
-    cluster = cfg.get("", "cluster_name")
+    cluster = cfg.cluster_name
 
     def from_central(rec: JobRecord) -> Tuple[Rows, str, str]:
         rows, where = central_rows(cfg, None if db == "central" else db, password_file, rec.job_id_raw)
@@ -233,7 +234,7 @@ def _fault(g: sg.GpuUse, critical: set) -> str:
     return ", ".join(parts)
 
 
-def job_notes(rec: JobRecord, s: sg.Summary, cfg: Any) -> List[Note]:
+def job_notes(rec: JobRecord, s: sg.Summary, cfg: Config) -> List[Note]:
     """Advice from the thresholds of the config's [job] section."""
     j = cfg.get
     idle_pct, low_pct = j("job", "idle_pct"), j("job", "low_util_pct")
@@ -423,15 +424,15 @@ def _style(text: str, level: str, color: bool) -> str:
     return f"{start}{text}\x1b[0m" if start else text
 
 
-def _util_level(pct: Optional[float], cfg: Any) -> str:
+def _util_level(pct: Optional[float], cfg: Config) -> str:
     if pct is None:
         return "info"
-    if pct < cfg.get("job", "idle_pct"):
+    if pct < cfg.job.idle_pct:
         return "fault"
-    return "warn" if pct < cfg.get("job", "low_util_pct") else "good"
+    return "warn" if pct < cfg.job.low_util_pct else "good"
 
 
-def render_text(view: JobView, cfg: Any, width: int = 100, color: bool = False) -> str:
+def render_text(view: JobView, cfg: Config, width: int = 100, color: bool = False) -> str:
     """The table format: header, one line per GPU, notes (wrapped to `width`)."""
     width = max(40, width)
     out = [f"{k + ':':<12}{v}" for k, v in header_lines(view)]

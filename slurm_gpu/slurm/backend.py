@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
+from slurm_gpu.config import Config
 from slurm_gpu.errors import SlurmError
 from slurm_gpu.slurm.model import SlurmBackend
 
@@ -25,7 +26,7 @@ def _release(version_text: str) -> Tuple[int, ...]:
     return tuple(int(x) for x in m.group(1).split(".")) if m else ()
 
 
-def get_backend(cfg: Any) -> SlurmBackend:
+def get_backend(cfg: Config) -> SlurmBackend:
     """The backend ``cfg.slurm_backend`` asks for: 'cli', 'pyslurm' or 'auto'.
 
     auto: pyslurm when it imports, its version's major.minor equals the running Slurm's

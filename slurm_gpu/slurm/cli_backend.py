@@ -27,6 +27,7 @@ import shutil
 import subprocess
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from slurm_gpu.config import Config
 from slurm_gpu.errors import NotInAccounting, SlurmError
 from slurm_gpu.slurm import hostlist
 from slurm_gpu.slurm.cli_text import (
@@ -70,7 +71,7 @@ _NOT_FOUND = re.compile(r"^Node (\S+) not found$")  # scontrol show node, per un
 class CliBackend(SlurmBackend):
     name = "cli"
 
-    def __init__(self, cfg: Any = None, *, bin_dir: Optional[str] = None, timeout_s: Optional[float] = None,
+    def __init__(self, cfg: Optional[Config] = None, *, bin_dir: Optional[str] = None, timeout_s: Optional[float] = None,
                  env: Optional[Dict[str, str]] = None):
         self.bin_dir = bin_dir if bin_dir is not None else (getattr(cfg, "slurm_bin_dir", "") or "")
         self.timeout_s = float(timeout_s if timeout_s is not None else getattr(cfg, "slurm_timeout_s", 10.0))

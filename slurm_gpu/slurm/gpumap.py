@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, FrozenSet, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
+from slurm_gpu.config import Config
 from slurm_gpu.errors import InputError
 from slurm_gpu.gpu import snapshot as S
 from slurm_gpu.gpu import xid
@@ -66,7 +67,7 @@ def _gpu_by_minor(ident: Any) -> Tuple[Dict[int, Any], List[str]]:
     return by_minor, problems
 
 
-def _records(cfg: Any, slurm_conf: str, node: str, ident: Any) -> Tuple[List[GresRecord], str]:
+def _records(cfg: Config, slurm_conf: str, node: str, ident: Any) -> Tuple[List[GresRecord], str]:
     records, autodetect = slurmconf.node_gres_records(slurm_conf, node)
     if not autodetect:
         gres_conf = slurm_conf.rsplit("/", 1)[0] + "/gres.conf" if "/" in slurm_conf else "gres.conf"
@@ -90,10 +91,10 @@ def _records(cfg: Any, slurm_conf: str, node: str, ident: Any) -> Tuple[List[Gre
     return slurmconf.autodetect_records(slurm_conf, node, detected), "autodetect"
 
 
-def _mig_minors(cfg: Any, ident: Any) -> Dict[int, Tuple[int, int, Optional[int]]]:
+def _mig_minors(cfg: Config, ident: Any) -> Dict[int, Tuple[int, int, Optional[int]]]:
     if not any(g.mig_mode_current.get(False) for g in ident.gpus):
         return {}
-    path = cfg.get("gres", "mig_minors_path")
+    path = cfg.gres.mig_minors_path
     try:
         return slurmconf.read_mig_minors(path)
     except GresConfigError as e:
@@ -125,7 +126,7 @@ def _mig_device(rec: GresRecord, g: Any, minors: Dict[int, Tuple[int, int, Optio
                      "MIG instances changed since gres.conf was written: recreate them or regenerate gres.conf")
 
 
-def map_job_gpus(job_gpus: Sequence[int], ident: Any, cfg: Any, node: str, slurm_conf: str,
+def map_job_gpus(job_gpus: Sequence[int], ident: Any, cfg: Config, node: str, slurm_conf: str,
                  log: Any = None) -> JobGpuMap:
     """Map the job's Slurm GPU indices through this node's Slurm configuration.
 

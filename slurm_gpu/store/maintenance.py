@@ -3,15 +3,16 @@ the store a command names, its rows per table, the cluster of its latest job."""
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Dict, Optional
+from typing import Dict, Optional
 
+from slurm_gpu.config import Config
 from slurm_gpu.store.node import Store
 
 
-def node_store(cfg: Any, database: Optional[str] = None, spool: Optional[str] = None) -> Store:
+def node_store(cfg: Config, database: Optional[str] = None, spool: Optional[str] = None) -> Store:
     """The node database and spool a command names (--db, --spool), else the config's."""
     return Store(database or cfg.path_value("store", "database"), spool or cfg.path_value("store", "spool_dir"),
-                 cfg.get("store", "busy_timeout_s"))
+                 cfg.store.busy_timeout_s)
 
 
 def table_counts(path: str) -> Dict[str, int]:

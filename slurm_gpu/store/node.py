@@ -36,6 +36,7 @@ import sqlite3
 import time
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from slurm_gpu.config import Config
 from slurm_gpu.errors import StoreError
 from slurm_gpu.store.apply import (
     SQL_XID,
@@ -110,9 +111,9 @@ class Store(SpoolIngest):
         self.unavailable = ""
 
     @classmethod
-    def from_config(cls, cfg: Any) -> "Store":
+    def from_config(cls, cfg: Config) -> "Store":
         return cls(cfg.path_value("store", "database"), cfg.path_value("store", "spool_dir"),
-                   cfg.get("store", "busy_timeout_s"))
+                   cfg.store.busy_timeout_s)
 
     # -- connection --------------------------------------------------------------------------
     def connect(self) -> sqlite3.Connection:

@@ -38,16 +38,16 @@ def xid(j: Judge, ctx: Context) -> None:
                                                         ctx.now, ctx.xid_undated)
     if not j.enabled("xid"):
         return
-    if cfg.get("xid", "source") == "none":
+    if cfg.xid.source == "none":
         j.add("xid", SKIP, None, "XID source disabled")
         return
     if problem:
         # An unreadable log is not a GPU fault: warn, never drain for it.
         j.add("xid", WARN, None, problem, "fix xid.source in the config, or set it to 'none'")
         return
-    ignore = set(cfg.get("xid", "ignore"))
-    critical = set(cfg.get("xid", "critical"))
-    window = cfg.get("xid", "window_s")
+    ignore = set(cfg.xid.ignore)
+    critical = set(cfg.xid.critical)
+    window = cfg.xid.window_s
     by_bus = {bus_key(g.pci_bus_id.get("")): g for g in snap.gpus if g.pci_bus_id.ok}
     judged_idx = {g.index for g in judged}
     seen: Dict[Tuple[Any, ...], XidEvent] = {}
