@@ -270,6 +270,21 @@ def test_snapshot_roundtrip_and_offline_check(sim_node, tmp_path):
     assert cp.returncode == 2 and "not a valid snapshot" in cp.stderr
 
 
+def test_a_gpu_count_the_driver_did_not_report_fails_the_count_check_instead_of_crashing(sim_node, tmp_path):
+    """Found by Reading[T]: an unsupported count (a snapshot file without one, a driver answering
+    NOT_SUPPORTED) compared None with the expected count: a TypeError, and the hooks fail open."""
+    node = sim_node(simgpu.h100_sxm(1))
+    snap_file = tmp_path / "snap.json"
+    snap_file.write_text(json.dumps({"format": "slurm-gpu-snapshot/1", "hostname": "n1", "taken_at": 1, "gpus": []}))
+    env = node.env()
+    env.pop("SIMNVML_STATE")
+    cp = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "check", "--json", "--snapshot", str(snap_file),
+                         "--expected-count", "2"], env=env, capture_output=True, text=True)
+    assert cp.returncode == 1, cp.stderr
+    count, = [r for r in json.loads(cp.stdout)["results"] if r["check"] == "gpu_count"]
+    assert count["status"] == "FAIL" and "cannot count GPUs" in count["message"]
+
+
 def test_pcie_gen_downshift_at_idle_is_not_a_fault(sim_node):
     # GPUs drop the link generation when idle to save power: draining for that would empty a cluster.
     node = sim_node(simgpu.h100_sxm(1))

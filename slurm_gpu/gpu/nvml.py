@@ -220,13 +220,13 @@ class NvmlReader:
     def __exit__(self, *_: Any) -> None:
         self.close()
 
-    def _node_readings(self) -> Tuple[Reading, Reading, Reading]:
+    def _node_readings(self) -> Tuple[Reading[str], Reading[int], Reading[int]]:
         """Driver version, CUDA driver version and GPU count, in one thread under one deadline."""
         calls = (("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion, as_text),
                  ("nvmlSystemGetCudaDriverVersion", pynvml.nvmlSystemGetCudaDriverVersion, int),
                  ("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount, int))
 
-        def read_all() -> Tuple[Reading, ...]:
+        def read_all() -> Tuple[Reading[Any], ...]:
             out = []
             for name, fn, convert in calls:
                 try:
@@ -237,7 +237,7 @@ class NvmlReader:
             return tuple(out)
 
         try:
-            got: Tuple[Reading, Reading, Reading] = _run_with_deadline(read_all, self.timeout_s, "nvmlSystemGetDriverVersion")
+            got: Tuple[Reading[str], Reading[int], Reading[int]] = _run_with_deadline(read_all, self.timeout_s, "nvmlSystemGetDriverVersion")
             return got
         except TimeoutError as e:
             return tuple(S.failed(name, str(e)) for name, _, _ in calls)  # type: ignore[return-value]

@@ -101,7 +101,7 @@ class OneGpuReader:
                 self.current = None
 
     def reading(self, field: str, name: str, fn: Callable[..., Any], *args: Any,
-                convert: Callable[[Any], Any] = lambda v: v) -> Reading:
+                convert: Callable[[Any], Any] = lambda v: v) -> Reading[Any]:
         try:
             r = S.value(convert(self.call(name, fn, *args)))
         except pynvml.NVMLError as e:
@@ -109,7 +109,7 @@ class OneGpuReader:
         self.fields[field] = r
         return r
 
-    def _error(self, name: str, e: Exception) -> Reading:
+    def _error(self, name: str, e: Exception) -> Reading[Any]:
         code = getattr(e, "value", None)
         if code in UNSUPPORTED_CODES:
             return S.unsupported(name, str(e))
@@ -169,7 +169,7 @@ class OneGpuReader:
         self.reading("cpu_affinity", "nvmlDeviceGetCpuAffinity", p.nvmlDeviceGetCpuAffinity, h, _CPUSET_WORDS,
                      convert=_cpus_from_mask)
 
-    def _split(self, reading: Reading, fields: Sequence[str]) -> None:
+    def _split(self, reading: Reading[Any], fields: Sequence[str]) -> None:
         """One call's reading as several fields: each part of its value, or the same error."""
         for i, field in enumerate(fields):
             self.fields[field] = S.value(reading.value[i]) if reading.ok else reading
@@ -276,7 +276,7 @@ class OneGpuReader:
         self.fields.pop("_fan")
         return S.Fan(fan, speed, target)
 
-    def _optional(self, field: str, name: str, *args: Any, convert: Callable[[Any], Any] = lambda v: v) -> Reading:
+    def _optional(self, field: str, name: str, *args: Any, convert: Callable[[Any], Any] = lambda v: v) -> Reading[Any]:
         """A reading through a pynvml function that older nvidia-ml-py releases lack."""
         fn = getattr(pynvml, name, None)
         if fn is None:
@@ -306,7 +306,7 @@ class OneGpuReader:
         self.fields["mig_mode_pending"] = S.value(mig.value[1]) if mig.ok else mig
         self.fields["mig_devices"] = self._mig_devices(h) if mig.ok and mig.value[0] else (S.value(()) if mig.ok else mig)
 
-    def _nvlinks(self, h: Any) -> Reading:
+    def _nvlinks(self, h: Any) -> Reading[Tuple[S.NvLink, ...]]:
         p = pynvml
         links: List[NvLink] = []
         for link in range(_MAX_NVLINKS):
@@ -327,7 +327,7 @@ class OneGpuReader:
             links.append(NvLink(link, S.value(state == p.NVML_FEATURE_ENABLED), remote))
         return S.value(tuple(links))
 
-    def _mig_devices(self, h: Any) -> Reading:
+    def _mig_devices(self, h: Any) -> Reading[Tuple[S.MigDevice, ...]]:
         p = pynvml
         try:
             count = self.call("nvmlDeviceGetMaxMigDeviceCount", p.nvmlDeviceGetMaxMigDeviceCount, h)
@@ -466,7 +466,7 @@ def running_processes(w: OneGpuReader, h: Any) -> Tuple[Process, ...]:
     return tuple(_process(x) for x in ps)
 
 
-def accounting_records(w: OneGpuReader, h: Any) -> Reading:
+def accounting_records(w: OneGpuReader, h: Any) -> Reading[Tuple[AccountingRecord, ...]]:
     """Reading[tuple[AccountingRecord]]: a GPU's per-process accounting (NvmlReader.accounting_many's task)."""
     try:
         pids = w.call("nvmlDeviceGetAccountingPids", pynvml.nvmlDeviceGetAccountingPids, h)

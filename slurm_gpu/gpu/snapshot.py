@@ -14,18 +14,26 @@ relies on that, and each has its own ``to_json`` (json.dumps would write a list)
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Generic, NamedTuple, Optional, Tuple, TypeVar, Union, overload
 
 OK = "ok"
 UNSUPPORTED = "unsupported"
 FAILED = "failed"
 
 
-class Reading(NamedTuple):
-    """One hardware reading: status is OK (value set), UNSUPPORTED or FAILED (error set)."""
+T = TypeVar("T", covariant=True)  # read-only: a Reading[bool] is a Reading[int]
+D = TypeVar("D")
+V = TypeVar("V")
+
+
+class Reading(NamedTuple, Generic[T]):
+    """One hardware reading: status is OK (value set), UNSUPPORTED or FAILED (error set).
+
+    Typed by what it holds (``Reading[int]``, ``Reading[Tuple[Process, ...]]``): `value` is that
+    type when the status is OK, and None otherwise (read it after `ok`, or through `get`)."""
 
     status: str
-    value: Any = None
+    value: T = None  # type: ignore[assignment]  # None unless OK: the one place that says so
     error: str = ""  # NVML error text, e.g. "GPU is lost"
     function: str = ""  # the NVML function that produced the error
 
@@ -41,6 +49,12 @@ class Reading(NamedTuple):
     def failed(self) -> bool:
         return self.status == FAILED
 
+    @overload
+    def get(self) -> Optional[T]: ...
+
+    @overload
+    def get(self, default: D) -> Union[T, D]: ...
+
     def get(self, default: Any = None) -> Any:
         return self.value if self.status == OK else default
 
@@ -53,7 +67,7 @@ class Reading(NamedTuple):
 
     def to_json(self) -> Dict[str, Any]:
         if self.status == OK:
-            v = self.value
+            v: Any = self.value
             if hasattr(v, "to_json"):
                 v = v.to_json()
             elif isinstance(v, tuple):
@@ -62,32 +76,32 @@ class Reading(NamedTuple):
         return {"status": self.status, "error": self.error, "function": self.function}
 
 
-def value(v: Any) -> Reading:
+def value(v: V) -> Reading[V]:
     return Reading(OK, v)
 
 
-def unsupported(function: str = "", error: str = "Not Supported") -> Reading:
+def unsupported(function: str = "", error: str = "Not Supported") -> Reading[Any]:
     return Reading(UNSUPPORTED, None, error, function)
 
 
-def failed(function: str, error: str) -> Reading:
+def failed(function: str, error: str) -> Reading[Any]:
     return Reading(FAILED, None, error, function)
 
 
 # Default of every reading until the driver answers: one shared immutable value (cheaper to
 # build than 40 default factories, which matters on the prolog's start-up path).
-_NA: Reading = Reading(UNSUPPORTED)
+_NA: Reading[Any] = Reading(UNSUPPORTED)
 # Default of the readings only a full read takes (NvmlReader.snapshot(inventory=True): VBIOS,
 # row-remapper histogram, SRAM ECC): the prolog does not read them, and a check of a reading
 # that was not taken says nothing, where an unsupported one SKIPs.
-NOT_READ: Reading = Reading(UNSUPPORTED, None, "not read")
+NOT_READ: Reading[Any] = Reading(UNSUPPORTED, None, "not read")
 
 
-def was_read(r: Reading) -> bool:
+def was_read(r: Reading[Any]) -> bool:
     return r != NOT_READ
 
 
-def cuda_version(r: Reading) -> Optional[str]:
+def cuda_version(r: Reading[int]) -> Optional[str]:
     """NVML's CUDA driver version 12040 -> "12.4" (what nvidia-smi prints); None when unknown."""
     if not r.ok or r.value is None:
         return None
@@ -132,8 +146,8 @@ RECOVERY_ACTION_NAMES = {0: "none", 1: "GPU reset", 2: "node reboot", 3: "drain 
 
 class Fan(NamedTuple):
     fan: int
-    speed_pct: Reading  # Reading[int]: nvmlDeviceGetFanSpeed_v2, percent of the fan's maximum
-    target_pct: Reading  # Reading[int]: nvmlDeviceGetTargetFanSpeed
+    speed_pct: Reading[int]  # nvmlDeviceGetFanSpeed_v2, percent of the fan's maximum
+    target_pct: Reading[int]  # nvmlDeviceGetTargetFanSpeed
 
     def to_json(self) -> Dict[str, Any]:
         return {"fan": self.fan, "speed_pct": self.speed_pct.to_json(), "target_pct": self.target_pct.to_json()}
@@ -152,8 +166,8 @@ class Process(NamedTuple):
 
 class NvLink(NamedTuple):
     link: int
-    active: Reading  # Reading[bool]
-    remote_bus_id: Reading  # Reading[str], PCI bus id of the peer
+    active: Reading[bool]
+    remote_bus_id: Reading[str]  # PCI bus id of the peer
 
     def to_json(self) -> Dict[str, Any]:
         return {"link": self.link, "active": self.active.to_json(), "remote_bus_id": self.remote_bus_id.to_json()}
@@ -176,55 +190,55 @@ class GpuSnapshot(NamedTuple):
     """Everything we read about one GPU at one moment."""
 
     index: int  # type: ignore[assignment]  # NVML index == node-wide ordinal used by SLURM_JOB_GPUS
-    minor_number: Reading = _NA  # int, /dev/nvidia<minor>
-    uuid: Reading = _NA  # str "GPU-..."
-    name: Reading = _NA  # str
-    serial: Reading = _NA  # str
-    vbios: Reading = NOT_READ  # str, e.g. "96.00.74.00.0D" (inventory reads only)
-    pci_bus_id: Reading = _NA  # str "00000000:18:00.0"
-    memory_total_bytes: Reading = _NA
-    memory_used_bytes: Reading = _NA
-    temperature_c: Reading = _NA
-    power_draw_mw: Reading = _NA
-    energy_mj: Reading = _NA  # since driver load
-    gpu_utilization_pct: Reading = _NA
-    memory_utilization_pct: Reading = _NA
-    ecc_volatile_corrected: Reading = _NA
-    ecc_volatile_uncorrected: Reading = _NA
-    ecc_aggregate_corrected: Reading = _NA
-    ecc_aggregate_uncorrected: Reading = _NA
-    retired_pages_sbe: Reading = _NA  # count
-    retired_pages_dbe: Reading = _NA  # count
-    retired_pages_pending: Reading = _NA  # bool
-    remapped_rows_corrected: Reading = _NA
-    remapped_rows_uncorrected: Reading = _NA
-    remapped_rows_pending: Reading = _NA  # bool
-    remapped_rows_failure: Reading = _NA  # bool
-    remap_histogram: Reading = NOT_READ  # RemapHistogram (inventory reads only)
-    sram_corrected: Reading = NOT_READ  # SRAM ECC count, aggregate (lifetime) (inventory reads only)
-    sram_uncorrected: Reading = NOT_READ
-    clock_event_reasons: Reading = _NA  # bitmask int
-    persistence_mode: Reading = _NA  # bool
-    performance_state: Reading = _NA  # int, P0 = 0
-    pcie_gen_current: Reading = _NA
-    pcie_gen_max: Reading = _NA
-    pcie_width_current: Reading = _NA
-    pcie_width_max: Reading = _NA
-    nvlinks: Reading = _NA  # tuple[NvLink]
-    processes: Reading = _NA  # tuple[Process]
-    mig_mode_current: Reading = _NA  # bool
-    mig_mode_pending: Reading = _NA  # bool
-    mig_devices: Reading = _NA  # tuple[MigDevice]
-    accounting_mode: Reading = _NA  # bool
-    cpu_affinity: Reading = _NA  # tuple[int] CPU ids
-    fabric: Reading = _NA  # FabricInfo (NVSwitch systems; state 0 elsewhere)
-    recovery_action: Reading = _NA  # int, RECOVERY_ACTION_NAMES (field 230)
-    power_limit_mw: Reading = _NA  # int, the enforced power limit
-    power_default_limit_mw: Reading = _NA  # int, the board's default power limit
-    fans: Reading = _NA  # tuple[Fan]; () on a passively cooled board
-    sm_clock_mhz: Reading = _NA  # int, current SM clock
-    sm_clock_max_mhz: Reading = _NA  # int
-    inforom_valid: Reading = NOT_READ  # bool (nvmlDeviceValidateInforom; inventory reads only)
+    minor_number: Reading[int] = _NA  # int, /dev/nvidia<minor>
+    uuid: Reading[str] = _NA  # str "GPU-..."
+    name: Reading[str] = _NA  # str
+    serial: Reading[str] = _NA  # str
+    vbios: Reading[str] = NOT_READ  # str, e.g. "96.00.74.00.0D" (inventory reads only)
+    pci_bus_id: Reading[str] = _NA  # str "00000000:18:00.0"
+    memory_total_bytes: Reading[int] = _NA
+    memory_used_bytes: Reading[int] = _NA
+    temperature_c: Reading[int] = _NA
+    power_draw_mw: Reading[int] = _NA
+    energy_mj: Reading[int] = _NA  # since driver load
+    gpu_utilization_pct: Reading[int] = _NA
+    memory_utilization_pct: Reading[int] = _NA
+    ecc_volatile_corrected: Reading[int] = _NA
+    ecc_volatile_uncorrected: Reading[int] = _NA
+    ecc_aggregate_corrected: Reading[int] = _NA
+    ecc_aggregate_uncorrected: Reading[int] = _NA
+    retired_pages_sbe: Reading[int] = _NA  # count
+    retired_pages_dbe: Reading[int] = _NA  # count
+    retired_pages_pending: Reading[bool] = _NA  # bool
+    remapped_rows_corrected: Reading[int] = _NA
+    remapped_rows_uncorrected: Reading[int] = _NA
+    remapped_rows_pending: Reading[bool] = _NA  # bool
+    remapped_rows_failure: Reading[bool] = _NA  # bool
+    remap_histogram: Reading[RemapHistogram] = NOT_READ  # RemapHistogram (inventory reads only)
+    sram_corrected: Reading[int] = NOT_READ  # SRAM ECC count, aggregate (lifetime) (inventory reads only)
+    sram_uncorrected: Reading[int] = NOT_READ
+    clock_event_reasons: Reading[int] = _NA  # bitmask int
+    persistence_mode: Reading[bool] = _NA  # bool
+    performance_state: Reading[int] = _NA  # int, P0 = 0
+    pcie_gen_current: Reading[int] = _NA
+    pcie_gen_max: Reading[int] = _NA
+    pcie_width_current: Reading[int] = _NA
+    pcie_width_max: Reading[int] = _NA
+    nvlinks: Reading[Tuple[NvLink, ...]] = _NA  # tuple[NvLink]
+    processes: Reading[Tuple[Process, ...]] = _NA  # tuple[Process]
+    mig_mode_current: Reading[bool] = _NA  # bool
+    mig_mode_pending: Reading[bool] = _NA  # bool
+    mig_devices: Reading[Tuple[MigDevice, ...]] = _NA  # tuple[MigDevice]
+    accounting_mode: Reading[bool] = _NA  # bool
+    cpu_affinity: Reading[Tuple[int, ...]] = _NA  # tuple[int] CPU ids
+    fabric: Reading[FabricInfo] = _NA  # FabricInfo (NVSwitch systems; state 0 elsewhere)
+    recovery_action: Reading[int] = _NA  # int, RECOVERY_ACTION_NAMES (field 230)
+    power_limit_mw: Reading[int] = _NA  # int, the enforced power limit
+    power_default_limit_mw: Reading[int] = _NA  # int, the board's default power limit
+    fans: Reading[Tuple[Fan, ...]] = _NA  # tuple[Fan]; () on a passively cooled board
+    sm_clock_mhz: Reading[int] = _NA  # int, current SM clock
+    sm_clock_max_mhz: Reading[int] = _NA  # int
+    inforom_valid: Reading[bool] = NOT_READ  # bool (nvmlDeviceValidateInforom; inventory reads only)
     # Set when the GPU could not be reached at all (no handle, lost, hung):
     unreachable: str = ""
 
@@ -240,7 +254,7 @@ class GpuSnapshot(NamedTuple):
     def uuid_or_index(self) -> str:
         return self.uuid.get() or f"index-{self.index}"
 
-    def readings(self) -> Dict[str, Reading]:
+    def readings(self) -> Dict[str, Reading[Any]]:
         return {name: r for name, r in zip(self._fields, self) if isinstance(r, Reading)}
 
     def to_json(self) -> Dict[str, Any]:
@@ -254,9 +268,9 @@ class GpuSnapshot(NamedTuple):
 class NodeSnapshot(NamedTuple):
     hostname: str
     taken_at: float  # unix time
-    driver_version: Reading = _NA
-    cuda_driver_version: Reading = _NA  # int, e.g. 12040
-    gpu_count: Reading = _NA
+    driver_version: Reading[str] = _NA
+    cuda_driver_version: Reading[int] = _NA  # int, e.g. 12040
+    gpu_count: Reading[int] = _NA
     gpus: Tuple[GpuSnapshot, ...] = ()
 
     def gpu(self, index: int) -> Optional[GpuSnapshot]:
@@ -294,7 +308,7 @@ class SnapshotFormatError(ValueError):
     pass
 
 
-def _reading_from(obj: Any, name: str, kind: Optional[type] = None) -> Reading:
+def _reading_from(obj: Any, name: str, kind: Optional[type] = None) -> Reading[Any]:
     if not isinstance(obj, dict) or "status" not in obj:
         raise SnapshotFormatError(f"field {name!r}: expected an object with 'status'")
     st = obj["status"]

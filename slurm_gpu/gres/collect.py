@@ -70,7 +70,7 @@ def read_mig_minors(path: str) -> Dict[str, int]:
 
 
 def _need(gpu: GpuSnapshot, field: str, hostname: str) -> Any:
-    r: Reading = getattr(gpu, field)
+    r: Reading[Any] = getattr(gpu, field)
     if r.ok and r.value is not None:
         return r.value
     what = "is not supported by the driver" if r.unsupported else f"could not be read ({r.describe()})"
@@ -78,7 +78,7 @@ def _need(gpu: GpuSnapshot, field: str, hostname: str) -> Any:
                          "run `slurm-gpu check` on this node; gres.conf needs every GPU's name, minor number and PCI bus id")
 
 
-def _opt_text(r: Reading) -> Optional[str]:
+def _opt_text(r: Reading[Any]) -> Optional[str]:
     return str(r.value) if r.ok and r.value is not None else None
 
 

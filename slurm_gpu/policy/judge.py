@@ -101,7 +101,7 @@ class Judge:
             message = f"{gpu.label} {message}"
         self.out.append(CheckResult(check, status, idx, uuid, message, hint))
 
-    def reading(self, check: str, gpu: GpuSnapshot, r: Reading, what: str,
+    def reading(self, check: str, gpu: GpuSnapshot, r: Reading[Any], what: str,
                 judge: Callable[[Any], Optional[Verdict]]) -> None:
         """Common three-outcome handling; judge(value) returns (status, message, hint) or None for PASS."""
         if not self.enabled(check):

@@ -18,11 +18,11 @@ from slurm_gpu.gpu.xid import bus_key
 from slurm_gpu.store.schema import INVENTORY_STATE
 
 
-def _int(r: Reading) -> Optional[int]:
+def _int(r: Reading[int]) -> Optional[int]:
     return int(r.value) if r.ok and r.value is not None else None
 
 
-def _text(r: Reading) -> Optional[str]:
+def _text(r: Reading[str]) -> Optional[str]:
     return str(r.value) if r.ok and r.value is not None else None
 
 

@@ -26,6 +26,8 @@ def gpu_count(j: Judge, ctx: Context) -> None:
         j.add("gpu_count", FAIL, None, f"cannot count GPUs: {snap.gpu_count.error}", "check nvidia-smi and dmesg")
     elif not want:
         j.add("gpu_count", SKIP, None, "no expected GPU count configured")
+    elif seen is None:  # unsupported: a driver (or a snapshot file) that gave no count to compare
+        j.add("gpu_count", FAIL, None, "cannot count GPUs: the driver reported no GPU count", "check nvidia-smi and dmesg")
     elif seen < want or (exact and seen != want):
         origin = "expected (health.expected_gpu_count)" if exact else "configured in Slurm"
         j.add("gpu_count", FAIL, None, f"{seen} GPUs visible, {want} {origin}",
