@@ -41,6 +41,17 @@ def clean_venv(where: pathlib.Path, extras: str = "") -> pathlib.Path:
     return python
 
 
+def in_clean_venv(script: str, args: Sequence[str]) -> int:
+    """Install into a fresh venv (clean_venv), then run `script` again with that venv's python."""
+    with tempfile.TemporaryDirectory(prefix="slurm-gpu-bench-venv-") as tmp:
+        python = clean_venv(pathlib.Path(tmp))
+        version = subprocess.run([str(python), "-c", "import sys; print(sys.version.split()[0])"],
+                                 stdout=subprocess.PIPE, text=True).stdout.strip()
+        print(f"clean venv {python.parent.parent} (Python {version}), regular install of {ROOT}")
+        # Not exec: the temporary directory must outlive the run.
+        return subprocess.run([str(python), os.path.abspath(script), *args]).returncode
+
+
 def imported_ms(argv: Sequence[str], env: Dict[str, str], python: str = sys.executable) -> Dict[str, float]:
     """{top-level module: cumulative import ms} of one run under `-X importtime`, counting only
     what a bare `python -c pass` does not import already (site, encodings, ...)."""

@@ -14,15 +14,12 @@ that a bare interpreter does not, at start-up and lazily during the run).
 """
 from __future__ import annotations
 
-import os
-import pathlib
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 
-from _common import SimNode, clean_venv, console_script, imported_ms, report, wall
+from _common import SimNode, console_script, imported_ms, in_clean_venv, report, wall
 
 
 def job_env(node, job_id, gpus="0-7"):
@@ -102,20 +99,9 @@ def concurrent(n: int = 64):
         node.cleanup()
 
 
-def in_clean_venv(args) -> int:
-    """Install into a fresh venv, then run this script again with that venv's python."""
-    with tempfile.TemporaryDirectory(prefix="slurm-gpu-bench-venv-") as tmp:
-        python = clean_venv(pathlib.Path(tmp))
-        version = subprocess.run([str(python), "-c", "import sys; print(sys.version.split()[0])"],
-                                 stdout=subprocess.PIPE, text=True).stdout.strip()
-        print(f"clean venv {python.parent.parent} (Python {version}), regular install of {pathlib.Path(__file__).parent.parent}")
-        # Not exec: the temporary directory must outlive the run.
-        return subprocess.run([str(python), os.path.abspath(__file__), *args]).returncode
-
-
 def main(argv) -> int:
     if "--venv" in argv:
-        return in_clean_venv([a for a in argv if a != "--venv"])
+        return in_clean_venv(__file__, [a for a in argv if a != "--venv"])
     numbers = [a for a in argv if not a.startswith("--")]
     runs = int(numbers[0]) if numbers else 15
     sequential(runs)
