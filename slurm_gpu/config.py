@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import stat
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple
 
 from slurm_gpu.checkcatalog import JUDGED
 from slurm_gpu.errors import ConfigError
@@ -26,15 +26,18 @@ CHECK_NAMES = JUDGED  # what health.severity may set: the judged checks of the c
 IDLE_THRESHOLD_PCT = 5.0
 
 
+_Check = Callable[[Any], Optional[str]]  # a key's validator: an error text or None
+
+
 class Key(NamedTuple):
     type: Any  # python type or tuple of types
     default: Any
     doc: str
-    check: Optional[Callable[[Any], Optional[str]]] = None  # returns an error text or None
+    check: Optional[_Check] = None  # returns an error text or None
 
 
-def _rng(lo=None, hi=None):
-    def check(v):
+def _rng(lo: Optional[float] = None, hi: Optional[float] = None) -> _Check:
+    def check(v: Any) -> Optional[str]:
         if lo is not None and v < lo:
             return f"must be >= {lo}"
         if hi is not None and v > hi:
@@ -43,19 +46,19 @@ def _rng(lo=None, hi=None):
     return check
 
 
-def _choice(*allowed):
-    def check(v):
+def _choice(*allowed: str) -> _Check:
+    def check(v: Any) -> Optional[str]:
         return None if v in allowed else "must be one of " + ", ".join(repr(a) for a in allowed)
     return check
 
 
-def _int_list(v):
+def _int_list(v: Any) -> Optional[str]:
     if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1000 for x in v):
         return "must be a list of XID numbers (integers 0..999)"
     return None
 
 
-def _severity_table(v):
+def _severity_table(v: Any) -> Optional[str]:
     for k, s in v.items():
         if k not in CHECK_NAMES:
             return f"unknown check {k!r} (known: {', '.join(CHECK_NAMES)})"
@@ -64,13 +67,13 @@ def _severity_table(v):
     return None
 
 
-def _xid_source(v):
+def _xid_source(v: Any) -> Optional[str]:
     if v in ("kmsg", "journal", "none") or (v.startswith("file:") and len(v) > 5):
         return None
     return "must be 'kmsg', 'journal', 'none' or 'file:/path/to/log'"
 
 
-def _central_url(v):
+def _central_url(v: Any) -> Optional[str]:
     """The URL's form only (scheme, no password); connecting is central.server's business."""
     if not v:
         return None
@@ -88,25 +91,25 @@ def _central_url(v):
     return None
 
 
-def _str_map(v):
+def _str_map(v: Any) -> Optional[str]:
     if not all(isinstance(k, str) and isinstance(x, str) and x for k, x in v.items()):
         return "must map GPU names to non-empty Slurm type strings"
     return None
 
 
-def _abs_path_or_empty(v):
+def _abs_path_or_empty(v: Any) -> Optional[str]:
     if v and not v.startswith("/"):
         return "must be an absolute path, or empty for off"
     return None
 
 
-def _command(v):
+def _command(v: Any) -> Optional[str]:
     if not v or not all(isinstance(x, str) and x for x in v):
         return "must be a non-empty list of non-empty strings (the program first)"
     return None
 
 
-def _one_line(v):
+def _one_line(v: Any) -> Optional[str]:
     if len(v) > 500 or any(ord(c) < 32 or ord(c) == 127 for c in v):
         return "must be one line of at most 500 characters"
     return None
@@ -364,7 +367,7 @@ def _report(e: ConfigError, errors: Optional[List[ConfigError]]) -> None:
     errors.append(e)
 
 
-def _entries(data: Mapping[str, Any], path: str, errors: Optional[List[ConfigError]]):
+def _entries(data: Mapping[str, Any], path: str, errors: Optional[List[ConfigError]]) -> Iterator[Tuple[str, str, Any]]:
     """(section, key, value) of every known key, in file order; unknown keys are reported."""
     for name, v in data.items():
         if name in SCHEMA and name != "" and isinstance(v, dict):

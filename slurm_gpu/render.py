@@ -19,7 +19,10 @@ import io
 import json
 import math
 import re
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:  # types only: jinja2 is imported when a template is first rendered
+    import jinja2
 
 FORMATS = ("table", "csv", "json", "markdown")
 Formats = Optional[Mapping[str, Callable[[Any], str]]]
@@ -126,7 +129,7 @@ def render(rows: Sequence[Dict[str, Any]], columns: Sequence[str], fmt: str = "t
     raise ValueError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
 
 
-def template_env(site_dir: str = "", *, html: bool = False) -> Any:
+def template_env(site_dir: str = "", *, html: bool = False) -> jinja2.Environment:
     """The one Jinja environment factory (gres.conf from gres/generate.py, the HTML report from
     report/html.py): a site template directory first, then the shipped ``slurm_gpu/templates``;
     undefined variables are errors.  ``html``: autoescaped; otherwise config text, verbatim, with
@@ -135,10 +138,10 @@ def template_env(site_dir: str = "", *, html: bool = False) -> Any:
     return _template_env(site_dir or "", bool(html))
 
 
-_ENVS: Dict[Any, Any] = {}
+_ENVS: Dict[Tuple[str, bool], jinja2.Environment] = {}
 
 
-def _template_env(site_dir: str, html: bool) -> Any:
+def _template_env(site_dir: str, html: bool) -> jinja2.Environment:
     key = (site_dir, html)
     if key in _ENVS:
         return _ENVS[key]

@@ -1,5 +1,5 @@
 """The type checker and the linter hold the tree: mypy over slurm_gpu/ (the flags of --strict on
-policy/, store/ and gpu/, see pyproject.toml) and ruff (pyflakes, import order, line length)
+every package but cli/, see pyproject.toml) and ruff (pyflakes, import order, line length)
 over the package, the tests and the benchmarks, both with zero findings."""
 
 from __future__ import annotations

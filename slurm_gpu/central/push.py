@@ -22,7 +22,7 @@ import time
 import uuid
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple
 
-from slurm_gpu.central import server as C
+from slurm_gpu.central import schema as C
 from slurm_gpu.errors import CentralError, StoreError
 from slurm_gpu.store import record as R
 from slurm_gpu.store.schema import INVENTORY_COLUMNS, PUSHED_TABLES, REMEDIATION_COLUMNS, XID_COLUMNS

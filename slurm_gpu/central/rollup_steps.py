@@ -17,7 +17,6 @@ from slurm_gpu.central import rollup_push
 from slurm_gpu.central.rollups import (
     COARSE_TABLES,
     DAYS_DDL,
-    IDLE_THRESHOLD_PCT,
     JOB_FIGURES_DDL,
     JOBS_KEYS,
     KINDS_DDL,
@@ -30,6 +29,7 @@ from slurm_gpu.central.rollups import (
     jobs_table_ddl,
     sum_table_ddl,
 )
+from slurm_gpu.config import IDLE_THRESHOLD_PCT
 
 V8_COARSE = COARSE_TABLES[:4]  # what schema v8 made (v10: rollup_partition_day)
 

@@ -103,7 +103,7 @@ REMEDIATION_SCHEMA = 7
 
 def remediations(central: Central, cluster: str) -> List[Dict[str, Any]]:
     """Every remediation attempt of the cluster's nodes (all clusters when cluster is ''), oldest first."""
-    from slurm_gpu.central.server import REMEDIATION_HISTORY_COLUMNS
+    from slurm_gpu.central.schema import REMEDIATION_HISTORY_COLUMNS
     version = central.schema_version() or 0
     if version < REMEDIATION_SCHEMA:
         raise CentralError(f"central server {central.target.describe()}: schema version {version} has no remediation "

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from slurm_gpu.central.server import INVENTORY_COUNTERS
+from slurm_gpu.central.schema import INVENTORY_COUNTERS
 from slurm_gpu.slurm import hostlist
 
 # Nodes write an inventory at least daily (docs/fleet.md); two days without one is stale.

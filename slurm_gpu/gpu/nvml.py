@@ -237,7 +237,8 @@ class NvmlReader:
             return tuple(out)
 
         try:
-            got: Tuple[Reading[str], Reading[int], Reading[int]] = _run_with_deadline(read_all, self.timeout_s, "nvmlSystemGetDriverVersion")
+            got: Tuple[Reading[str], Reading[int], Reading[int]] = _run_with_deadline(
+                read_all, self.timeout_s, "nvmlSystemGetDriverVersion")
             return got
         except TimeoutError as e:
             return tuple(S.failed(name, str(e)) for name, _, _ in calls)  # type: ignore[return-value]

@@ -23,11 +23,14 @@ import difflib
 import re
 import subprocess
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurm_gpu.errors import InputError
 from slurm_gpu.gres.inventory import Inventory, InventoryError, format_cpulist, parse_cpulist
 from slurm_gpu.slurm import hostlist
+
+if TYPE_CHECKING:  # types only: jinja2 is imported when a template is rendered
+    import jinja2
 
 NAMINGS = ("autodetect", "short")
 _TYPE_OK = re.compile(r"^[A-Za-z0-9_.+\-]+$")
@@ -371,7 +374,7 @@ def group_nodes(invs: Sequence[Inventory], naming: str, type_map: Mapping[str, s
 
 # --- rendering -----------------------------------------------------------------------------
 
-def _template_env(template_dir: str = ""):
+def _template_env(template_dir: str = "") -> jinja2.Environment:
     from slurm_gpu.render import template_env  # the one Jinja environment (jinja2 imported lazily)
     return template_env(template_dir)
 

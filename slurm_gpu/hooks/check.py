@@ -16,7 +16,7 @@ from slurm_gpu.slurm.gpumap import JobGpuMap, scope_to_instances, scope_xids
 
 if TYPE_CHECKING:  # types only: the hook path imports pynvml when it first reads a GPU
     from slurm_gpu.gpu.nvml import NvmlReader
-    from slurm_gpu.hooks.deps import HookDeps
+    from slurm_gpu.hooks.deps import GpuReader, HookDeps
 
 
 def make_reader(cfg: Config, library: Optional[str] = None) -> "NvmlReader":
@@ -36,7 +36,7 @@ def check_node(
     *,
     idle: "Optional[Iterable[int] | bool]" = None,
     expected_count: Optional[int] = None,
-    reader=None,
+    reader: Optional[GpuReader] = None,
     snapshot: Optional[NodeSnapshot] = None,
     now: Optional[float] = None,
 ) -> Tuple[NodeSnapshot, Observed]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from slurm_gpu.config import Config
 from slurm_gpu.errors import CentralError, SlurmGpuError
@@ -33,7 +33,7 @@ def _int(env: Mapping[str, str], key: str) -> Optional[int]:
     return int(v) if v.isascii() and v.isdigit() and len(v) < 19 else None
 
 
-def run_ctld(env: Optional[Mapping[str, str]] = None, sleep=time.sleep) -> str:
+def run_ctld(env: Optional[Mapping[str, str]] = None, sleep: Callable[[float], None] = time.sleep) -> str:
     """The controller epilog; returns the outcome word that was logged (for tests)."""
     run = _Run(NAME, os.environ if env is None else env)
     try:
@@ -47,7 +47,7 @@ def run_ctld(env: Optional[Mapping[str, str]] = None, sleep=time.sleep) -> str:
         run.disarm()
 
 
-def _ctld(run: _Run, sleep) -> str:
+def _ctld(run: _Run, sleep: Callable[[float], None]) -> str:
     from slurm_gpu import config as config_mod
     from slurm_gpu.errors import ConfigError
     try:
@@ -75,7 +75,7 @@ def _ctld(run: _Run, sleep) -> str:
         return "failed"
 
 
-def _summarise(run: _Run, cfg: Config, job_id: int, sleep) -> str:
+def _summarise(run: _Run, cfg: Config, job_id: int, sleep: Callable[[float], None]) -> str:
     from slurm_gpu.slurm.cli_backend import CliBackend
     from slurm_gpu.store import summary as S
     env = dict(run.env)
@@ -119,7 +119,7 @@ def _summarise(run: _Run, cfg: Config, job_id: int, sleep) -> str:
     return "partial" if summary.partial else "written"
 
 
-def job_energy_j(rows: List[dict]) -> Optional[int]:
+def job_energy_j(rows: List[Dict[str, Any]]) -> Optional[int]:
     """The job's GPU energy in joules from its records: every whole GPU's energy_j, summed.  None when a
     record lacks it or covers a MIG slice (the GPU's energy is not the slice's job's alone)."""
     if not rows or any(r.get("parent_gpu_uuid") or r.get("energy_j") is None for r in rows):
@@ -127,7 +127,7 @@ def job_energy_j(rows: List[dict]) -> Optional[int]:
     return int(round(sum(float(r["energy_j"]) for r in rows)))
 
 
-def energy_into_accounting(backend: Any, job_id: int, cluster: str, partial: bool, rows: List[dict],
+def energy_into_accounting(backend: Any, job_id: int, cluster: str, partial: bool, rows: List[Dict[str, Any]],
                            named: str = "") -> Tuple[str, Dict[str, Any]]:
     """The job's measured GPU energy into its `energy` TRES where Slurm allows it (25.11+): what sacct shows
     as ConsumedEnergy.  Never over a figure Slurm recorded.  (outcome, fields for the log line): written,
@@ -146,7 +146,7 @@ def energy_into_accounting(backend: Any, job_id: int, cluster: str, partial: boo
 
 
 def _energy_into_accounting(run: _Run, backend: Any, job_id: int, cluster: str, partial: bool,
-                            rows: List[dict]) -> str:
+                            rows: List[Dict[str, Any]]) -> str:
     """energy_into_accounting with its one log line."""
     from slurm_gpu.errors import SlurmError
     try:
@@ -158,7 +158,7 @@ def _energy_into_accounting(run: _Run, backend: Any, job_id: int, cluster: str, 
     return outcome
 
 
-def _write(run: _Run, backend: Any, job_id: int, cluster: str, text: str, sleep) -> int:
+def _write(run: _Run, backend: Any, job_id: int, cluster: str, text: str, sleep: Callable[[float], None]) -> int:
     """Write the summary; how many tries it took.  slurmctld hands a job's records to slurmdbd
     asynchronously: under load the EpilogSlurmctld can run before slurmdbd holds the job, and sacctmgr
     then modifies nothing.  Tried again every second until WRITE_MARGIN_S before the hook's deadline."""
@@ -186,7 +186,7 @@ def _named(env: Mapping[str, str]) -> str:
 
 
 def _wait_for_rows(cfg: Config, cluster: str, job_id: int, restart: int, gpu_nodes: Optional[List[str]],
-                   run: _Run, sleep) -> List[dict]:
+                   run: _Run, sleep: Callable[[float], None]) -> List[Dict[str, Any]]:
     """The job's rows once every GPU node has pushed, or what arrived by job_summary.wait_s."""
     from slurm_gpu.central.server import Central, job_rows
     # Leave the write ~10 s of the hook's own deadline.

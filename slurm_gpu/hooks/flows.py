@@ -8,7 +8,7 @@ A name's module is imported when the name is first asked for: the prolog never l
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, List
 
 _HOMES = {
     "prolog": "prolog", "PROLOG_OK": "prolog", "PROLOG_FAULT": "prolog",
@@ -28,5 +28,5 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f"slurm_gpu.hooks.{home}"), name)
 
 
-def __dir__() -> list:
+def __dir__() -> List[str]:
     return sorted(_HOMES)

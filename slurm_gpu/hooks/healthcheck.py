@@ -72,7 +72,7 @@ def node_health_cycle(
         kept.append(run)
         return run
 
-    outcome: Any = None
+    outcome: Optional[HealthOutcome] = None
     try:
         outcome = _cycle(backend, node_name, keeping, allow_resume=allow_resume, dry_run=dry_run,
                          deadline_s=deadline_s, context=context, summarise=summarise, clock=clock,
@@ -129,7 +129,7 @@ def _cycle(backend: SlurmBackend, node_name: str, checker: Any, *, allow_resume:
     return _settle_healthy(backend, info, node_name, worst, tuple(results), allow_resume, dry_run)
 
 
-def _check_budget(deadline_s: float, reserve_s: float, elapsed: Any) -> float:
+def _check_budget(deadline_s: float, reserve_s: float, elapsed: Callable[[], float]) -> float:
     """Seconds the GPU check may take: what is left of the deadline after keeping one Slurm
     timeout in reserve for the drain/resume."""
     budget = deadline_s - elapsed() - reserve_s
@@ -346,14 +346,14 @@ def write_metrics(cfg: Config, run: Any, outcome: HealthOutcome, now: Any = None
 # config (cli/admin.py only prints what these decide)
 
 
-def default_checker(cfg: Config) -> Callable[[Any], list]:
+def default_checker(cfg: Config) -> Callable[[Any], List[Any]]:
     """The real GPU check: hooks/check.check_node, expecting the GPU count Slurm has configured.
 
     When Slurm has no GPU of the node allocated, every GPU must be idle: leftover processes
     and leaked memory count (a prolog drain for leaked memory is then not resumed while the
     memory is still held).  With jobs running, those two checks are left out.
     """
-    def check(info: Any) -> list:
+    def check(info: Any) -> List[Any]:
         from slurm_gpu.hooks.check import check_node
         from slurm_gpu.slurm.gpumap import configured_gpus
         idle = True if getattr(info, "gpus_allocated", 1) == 0 else None

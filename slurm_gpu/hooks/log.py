@@ -19,9 +19,12 @@ import os
 import stat
 import sys
 import time
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, List, Mapping, Optional
 
 from slurm_gpu.config import Config
+
+if TYPE_CHECKING:  # types only: deps.py imports this module
+    from slurm_gpu.hooks.deps import EventLog
 
 # Fixed on purpose: it must not depend on the config it reports. slurmd passes hooks none of
 # our environment, so in production only the constant is used; the variable is for tests.
@@ -78,7 +81,7 @@ class _Levels(abc.ABC):
 class BoundLog(_Levels):
     """A log whose every line starts with fields bound once: a hook run's job and node."""
 
-    def __init__(self, log: Any, **bound: Any):
+    def __init__(self, log: EventLog, **bound: Any):
         self.log, self.bound = log, bound
         self.hook = getattr(log, "hook", "hook")
 
@@ -93,7 +96,7 @@ class HookLog(_Levels):
         self.path = path
         self.stderr = stderr
         self._syslog = None
-        self.problems: list = []
+        self.problems: List[str] = []
         if syslog_on:
             try:
                 import syslog

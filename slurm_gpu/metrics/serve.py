@@ -19,7 +19,7 @@ import os
 import socket
 import socketserver
 import threading
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple, Type
 
 from slurm_gpu.metrics.textfile import Samples, listing, parse, read, render
 
@@ -124,6 +124,12 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
             self.slots.release()
 
 
+class _Server6(_Server):
+    """_Server on an IPv6 address."""
+
+    address_family = socket.AF_INET6
+
+
 def _shut(sock: socket.socket) -> None:
     try:
         sock.shutdown(socket.SHUT_RDWR)
@@ -135,9 +141,7 @@ def make_server(host: str, port: int, body: Callable[[], str], deadline_s: float
                 max_clients: int = MAX_CLIENTS) -> http.server.HTTPServer:
     """An HTTP server on host:port (port 0: any free one, see server_address) serving body()."""
     handler = type("Handler", (_Handler,), {"body": staticmethod(body)})
-    server_cls: Any = _Server
-    if ":" in host:  # an IPv6 address
-        server_cls = type("HTTPServer6", (_Server,), {"address_family": socket.AF_INET6})
+    server_cls: Type[_Server] = _Server6 if ":" in host else _Server  # ":": an IPv6 address
     return server_cls((host, port), handler, deadline_s, max_clients)
 
 

@@ -13,7 +13,7 @@ The query reads the covering index job_gpus_by_account (allocated seconds: end -
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, Dict, List, Mapping, Set, Tuple
 
 from slurm_gpu.metrics.textfile import Samples
 
@@ -50,7 +50,7 @@ def usage_samples(sums: Mapping[str, Tuple[float, float, float]], old: Samples, 
     return _monotonic(new, old)
 
 
-def _named(sums: Mapping[str, Tuple[float, float, float]], old: Samples, max_accounts: int) -> set:
+def _named(sums: Mapping[str, Tuple[float, float, float]], old: Samples, max_accounts: int) -> Set[str]:
     """Accounts with a series of their own: those that had one (the biggest, if max_accounts
     was lowered), then the biggest new ones while there is room."""
     size = {a: sums.get(a, (0.0,))[0] for a in sums}

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import subprocess
 import time as _time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from slurm_gpu.config import Config
 from slurm_gpu.remediation import budget as B
 from slurm_gpu.remediation import remedy as R
 from slurm_gpu.slurm import reason as _reason
+
+if TYPE_CHECKING:  # types only: the node database is opened by the engine
+    from slurm_gpu.store.node import Store
 
 BUSY_STATES = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
 REBOOTING_STATES = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
@@ -40,7 +43,7 @@ class Stop(Exception):
 class Env:
     """What one remediation run works with; everything injected (tests pass fakes at these seams)."""
 
-    def __init__(self, cfg: Config, backend: Any, store: Any, node: str, *, checker: Callable[[Any], Any],
+    def __init__(self, cfg: Config, backend: Any, store: Store, node: str, *, checker: Callable[[Any], Any],
                  reader_factory: Optional[Callable[[], Any]] = None, spawn: Optional[Callable[..., Any]] = None,
                  sleep: Callable[[float], None] = _time.sleep, now: Optional[Callable[[], float]] = None,
                  log: Any = None, dry_run: bool = False,
@@ -115,7 +118,7 @@ class SerialHistory:
     once per serial and run, within central.timeout_s; a server that is down, unreachable, too slow
     or too old leaves this node's rows alone, with one log line, and the remediation goes on."""
 
-    def __init__(self, store: Any, fetch: Optional[Callable[[str], List[Dict[str, Any]]]],
+    def __init__(self, store: Store, fetch: Optional[Callable[[str], List[Dict[str, Any]]]],
                  warn: Callable[..., None]):
         self.store, self.fetch, self.warn = store, fetch, warn
         self.central: Dict[str, List[Dict[str, Any]]] = {}

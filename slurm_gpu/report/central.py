@@ -13,7 +13,8 @@ import re
 from decimal import Decimal
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-from slurm_gpu.central.server import SCHEMA_VERSION, Central, is_url
+from slurm_gpu.central.schema import SCHEMA_VERSION
+from slurm_gpu.central.server import Central, is_url
 from slurm_gpu.config import Config
 from slurm_gpu.errors import CentralError
 from slurm_gpu.report.query import Query

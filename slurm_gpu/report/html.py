@@ -10,13 +10,16 @@ from __future__ import annotations
 import math
 import secrets
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from slurm_gpu import __version__
 from slurm_gpu.render import _cell
 from slurm_gpu.report import reports as report
 from slurm_gpu.report.timespec import format_time
 from slurm_gpu.report.units import ENERGY_UNITS, TIME_UNITS, human_view, pick_unit
+
+if TYPE_CHECKING:  # types only: jinja2 is imported when the page is rendered
+    import jinja2
 
 TEMPLATE = "report.html.j2"
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759")
@@ -147,6 +150,7 @@ def _charts(table: Any, src: Any, kind: str) -> List[Dict[str, str]]:
     if kind in ("summary", "jobs"):
         top = sorted(rows, key=lambda r: -(r["gpu_hours_alloc"] or 0))[:25]
         t_unit, t_per = _scaled([r["gpu_hours_alloc"] for r in top], TIME_UNITS)
+        label: Callable[[Dict[str, Any]], str]
         if kind == "summary":
             label = lambda r: _group_label(r, table.keys)  # noqa: E731
             title = f"GPU time by {', '.join(table.keys)} (top {len(top)}, {t_unit})"
@@ -182,7 +186,7 @@ def _charts(table: Any, src: Any, kind: str) -> List[Dict[str, str]]:
     return charts
 
 
-def _env():
+def _env() -> jinja2.Environment:
     from slurm_gpu.render import template_env  # the one Jinja environment (jinja2 imported lazily)
     return template_env(html=True)
 

@@ -14,7 +14,7 @@ import sqlite3
 import textwrap
 import time
 from collections import Counter
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 from urllib.parse import quote
 
 from slurm_gpu import render
@@ -224,7 +224,7 @@ def _names(gpus: Sequence[sg.GpuUse], most: int = 6) -> str:
     return ", ".join(names) + (f" and {len(gpus) - most} more" if len(gpus) > most else "")
 
 
-def _fault(g: sg.GpuUse, critical: set) -> str:
+def _fault(g: sg.GpuUse, critical: Set[int]) -> str:
     parts = []
     if (g.ecc_uncorrected or 0) > 0:
         parts.append(f"{g.ecc_uncorrected} uncorrectable ECC error{'s' if g.ecc_uncorrected != 1 else ''}")

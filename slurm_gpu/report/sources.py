@@ -164,7 +164,7 @@ class FileSource(ReportSource):
     def _open_one(self, reading: FileRead) -> sqlite3.Connection:
         path = reading.path
         try:
-            self.conn = connect(reading.uri, path)
+            self.conn = conn = connect(reading.uri, path)
             # One read transaction for every query of the report: one snapshot of a live database.
             self.conn.execute("BEGIN")
             check_database(self.conn, reading)
@@ -176,7 +176,7 @@ class FileSource(ReportSource):
         # Schema v2's covering indexes (a v1 file read as is has none: the report never migrates).
         self._covering = frozenset(c for c in schema.REPORT_INDEX_KEYS if f"job_gpus_by_{c}" in names) \
             if "job_gpus_duration" in names else frozenset()
-        return self.conn
+        return conn
 
     def _merge(self, files: Sequence[str], query: Query, live: bool) -> sqlite3.Connection:
         # "" = an anonymous on-disk temporary database: pages beyond the cache spill to a temp file,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Callable, Optional, Tuple
 
 from slurm_gpu.errors import InputError
@@ -42,7 +42,7 @@ _CLOCK = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2}))?")
 _EPOCH = re.compile(r"@(\d+(?:\.\d+)?)")
 
 
-def time_zone(tz: str):
+def time_zone(tz: str) -> Optional[tzinfo]:
     """The tzinfo of --tz: UTC, or None for the host's local zone; InputError for anything else."""
     if tz == "utc":
         return timezone.utc

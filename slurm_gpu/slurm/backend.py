@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 from slurm_gpu.config import Config
 from slurm_gpu.errors import SlurmError
@@ -67,7 +67,7 @@ def get_backend(cfg: Config) -> SlurmBackend:
         backend = pb.PyslurmBackend(mod, timeout_s=float(getattr(cfg, "slurm_timeout_s", 10.0)))
         backend.why = f"{choice}: pyslurm {getattr(mod, '__version__', '?')} matches Slurm {slurm_ver[0]}.{slurm_ver[1]:02d}"
         return backend
-    fmt = lambda v: f"{v[0]}.{v[1]:02d}" if v else "unknown"  # noqa: E731
+    fmt: Callable[[Optional[Tuple[int, int]]], str] = lambda v: f"{v[0]}.{v[1]:02d}" if v else "unknown"  # noqa: E731
     detail = f"pyslurm {getattr(mod, '__version__', '?')} is for Slurm {fmt(py_ver)}, running Slurm is {fmt(slurm_ver)}"
     if verr:
         detail += f" ({verr})"

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from slurm_gpu.errors import InputError
 from slurm_gpu.slurm import hostlist
@@ -357,7 +357,7 @@ def _detected_type(conf_type: str, detected: str) -> bool:
 
 
 def _order_by_type(types: Sequence[str], items: Sequence[Tuple[str, Tuple[str, ...], str]],
-                   match=_same_type, keep_unmatched: bool = False) -> List[GresRecord]:
+                   match: Callable[[str, str], bool] = _same_type, keep_unmatched: bool = False) -> List[GresRecord]:
     """Apply the observed numbering: slurm.conf type order, then the items' own order."""
     taken: List[int] = []
     for t in types or [""]:

@@ -13,7 +13,7 @@ Standard library only (hook path).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, FrozenSet, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
 
 from slurm_gpu.config import Config
 from slurm_gpu.errors import InputError
@@ -46,7 +46,7 @@ class JobGpuMap(NamedTuple):
 
     def instances(self) -> Dict[int, FrozenSet[int]]:
         """{nvml index: GPU instance ids the job holds} for GPUs the job holds only slices of."""
-        out: Dict[int, set] = {}
+        out: Dict[int, Set[int]] = {}
         for g in self.gpus:
             if g.mig is not None:
                 out.setdefault(g.nvml_index, set()).add(int(g.mig.gpu_instance_id))
@@ -189,7 +189,7 @@ def scope_xids(events: Sequence[xid.XidEvent], snap: NodeSnapshot,
     instance (a contained error: GPU-I in the line) is that slice's business, not this job's."""
     if not instances:
         return list(events)
-    other: set = set()
+    other: Set[Tuple[Tuple[int, int, int], Optional[int]]] = set()  # (bus, GPU instance)
     for g in snap.gpus:
         mine = instances.get(g.index)
         if mine is not None:
@@ -215,7 +215,8 @@ def scope_to_instances(snap: NodeSnapshot, instances: Mapping[int, FrozenSet[int
             procs = S.value(tuple(p for p in procs.value if p.gpu_instance_id in mine))
         migs = [m for m in (g.mig_devices.get(()) or ()) if m.gpu_instance_id in mine]
         used = [m.memory_used_bytes for m in migs]
-        mem = S.value(sum(used)) if migs and None not in used else S.unsupported(
+        known = [u for u in used if u is not None]
+        mem = S.value(sum(known)) if migs and len(known) == len(used) else S.unsupported(
             "nvmlDeviceGetMemoryInfo", "memory in use of a MIG instance not reported")
         gpus.append(g._replace(processes=procs, memory_used_bytes=mem))
     return snap._replace(gpus=tuple(gpus))

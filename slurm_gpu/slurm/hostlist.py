@@ -23,7 +23,7 @@ order whenever no number is spelled two ways (``n1`` and ``n01``).
 from __future__ import annotations
 
 import re
-from typing import Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 MAX_NAMES = 1 << 20  # a typo like n[1-999][1-9999] must fail fast, not eat the memory
 SLURM_MAX_RANGE = 65536  # Slurm refuses one bracket range of more hosts (src/common/hostlist.c MAX_RANGE)
@@ -66,7 +66,7 @@ def parse_index_ranges(text: str, *, strip: Optional[str] = None, max_value: Opt
     a huge digit string), backwards (N-M with M < N), too-wide (more than max_span + 1 indices)."""
     if not text.strip(strip):
         return ()
-    out: dict = {}  # ordered and de-duplicated
+    out: Dict[int, None] = {}  # ordered and de-duplicated
     for item, lo_s, hi_s in split_index_ranges(text, strip):
         bounds = []
         for digits in (lo_s, hi_s):
@@ -302,7 +302,7 @@ def _runs(digit_strings: List[str]) -> List[str]:
     runs of their own, and an unpadded run that starts right where a padded run of width w
     ends (``099`` then ``100``) continues that run (``098-101``) instead of opening another.
     """
-    padded: dict = {}
+    padded: Dict[int, List[int]] = {}
     natural: List[int] = []
     for d in digit_strings:
         if len(d) > 1 and d[0] == "0":

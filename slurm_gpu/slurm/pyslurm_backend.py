@@ -26,7 +26,7 @@ ended after MessageTimeout, 5.1 s).  So each call runs in a forked child process
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Set, Tuple, TypeVar, cast
 
 from slurm_gpu.errors import SlurmError
 from slurm_gpu.gpu.deadline import call_in_child
@@ -39,6 +39,7 @@ _UNREACHABLE = ("unable to contact slurm controller", "socket timed out", "conne
 # Job states whose GRES slurmctld still counts on the node (a COMPLETING job's are released).
 _HOLDS_GRES = frozenset({"RUNNING", "SUSPENDED"})
 _BUSY = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
+_T = TypeVar("_T")
 
 
 def import_pyslurm() -> Tuple[Any, str]:
@@ -119,10 +120,10 @@ class PyslurmBackend(SlurmBackend):
         self._runner = runner
 
     # ------------------------------------------------------------ plumbing
-    def _call(self, what: str, fn: Callable[[], Any], *, node: str = "", job: Optional[int] = None) -> Any:
+    def _call(self, what: str, fn: Callable[[], _T], *, node: str = "", job: Optional[int] = None) -> _T:
         """fn() in a child process (see the module docstring), its errors as SlurmError: fn must
         return plain data (NodeInfo, dicts), never pyslurm objects."""
-        def guarded() -> Any:
+        def guarded() -> _T:
             try:
                 return fn()
             except SlurmError:
@@ -136,9 +137,9 @@ class PyslurmBackend(SlurmBackend):
                              PING_HINT + "; or raise slurm_timeout_s")
         if error is not None:
             raise error
-        return value
+        return cast(_T, value)  # what fn() returned, carried back from the child process
 
-    def _raise(self, e: BaseException, what: str, *, node: str = "", job: Optional[int] = None) -> None:
+    def _raise(self, e: BaseException, what: str, *, node: str = "", job: Optional[int] = None) -> NoReturn:
         rpc = getattr(self.ps, "RPCError", None)
         if rpc is not None and isinstance(e, rpc):
             text = str(getattr(e, "msg", None) or e)

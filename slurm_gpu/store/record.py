@@ -16,7 +16,7 @@ Light to import (the hook path builds these): no sqlite3, no json until a record
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, ClassVar, Dict, Iterable, List, Mapping, Optional, Self, Sequence, Tuple
 
 # --------------------------------------------------------------------------- the counters
 
@@ -145,7 +145,7 @@ class _Row:
     def _asdict(self) -> Dict[str, Any]:
         return {n: getattr(self, n) for n in self._fields}
 
-    def _replace(self, **kw: Any) -> Any:
+    def _replace(self, **kw: Any) -> Self:
         return type(self)(**dict(self._asdict(), **kw))
 
     def __eq__(self, other: object) -> bool:
