@@ -37,8 +37,10 @@ def test_healthy_job_records_usage_per_gpu_from_driver_counters(cluster, site):
         assert r["max_memory_bytes"] == (10 + r["gpu_index"]) << 30 and r["process_count"] == 1
         # 90 % for 2 s of a job of ~4-5 s
         assert 30 < r["gpu_util_mean_pct"] < 50, r
+    # Clocks reset and earlier jobs' PIDs cleared; accounting, read as on already, is not set again.
     assert {a["function"] for a in simgpu.read_actions(site.state("gpu01"))} >= {
-        "nvmlDeviceResetApplicationsClocks", "nvmlDeviceSetAccountingMode", "nvmlDeviceClearAccountingPids"}
+        "nvmlDeviceResetApplicationsClocks", "nvmlDeviceClearAccountingPids"}
+    assert all(simgpu.read_state(site.state("gpu01"))[f"gpu.{i}.accounting_mode"] == "1" for i in (0, 1))
     assert cluster.node_info("gpu01")["State"] == "IDLE"
 
 
