@@ -9,14 +9,15 @@ from typing import Any, Callable, ContextManager, List, Optional, Sequence, Tupl
 from slurm_gpu.central import push as P
 from slurm_gpu.config import Config
 from slurm_gpu.errors import InputError
-from slurm_gpu.store.maintenance import latest_job_cluster, node_store
+from slurm_gpu.store.maintenance import latest_job_cluster
+from slurm_gpu.store.node import Store
 
 
 class Outbox:
     """A node database opened for `db push` (store.database, or --db); close() or a with-block closes it."""
 
     def __init__(self, cfg: Config, database: Optional[str] = None):
-        self._store = node_store(cfg, database)
+        self._store = Store.from_config(cfg, database)
         self.path = self._store.path
         if not os.path.lexists(self.path):
             raise InputError(f"no database at {self.path}",

@@ -38,8 +38,9 @@ def check(app, database, spool):
     Exit 0 when healthy with an empty spool, 1 otherwise.
     """
     from slurm_gpu.store.diagnose import DatabaseProblem, database_problems
-    from slurm_gpu.store.maintenance import node_store, table_counts
-    st = node_store(app.config, database, spool)
+    from slurm_gpu.store.maintenance import table_counts
+    from slurm_gpu.store.node import Store
+    st = Store.from_config(app.config, database, spool)
     if not os.path.lexists(st.path):
         # Not corruption: nothing has written here yet, or %n / --db points elsewhere.
         problems = [DatabaseProblem(f"no database at {st.path}", _missing_hint(app, database))]
@@ -111,11 +112,11 @@ def ingest(app, database, spool, from_log):
     or that is not root's own is moved to <spool>/quarantine/ and the others go on.
     """
     from slurm_gpu.store.diagnose import describe_error
-    from slurm_gpu.store.maintenance import node_store
+    from slurm_gpu.store.node import Store
     st = None
     replay_problems = []
     try:
-        st = node_store(app.config, database, spool)
+        st = Store.from_config(app.config, database, spool)
         if from_log:
             done, found, replay_problems = _replay(st, from_log)
             click.echo(f"{done} record(s) replayed from {from_log} ({found} found)")

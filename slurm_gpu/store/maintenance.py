@@ -1,18 +1,9 @@
 """What the admin commands ask of a node database (cli/db.py, `db push`; the hooks never come here):
-the store a command names, its rows per table, the cluster of its latest job."""
+its rows per table, the cluster of its latest job."""
 from __future__ import annotations
 
 import sqlite3
-from typing import Dict, Optional
-
-from slurm_gpu.config import Config
-from slurm_gpu.store.node import Store
-
-
-def node_store(cfg: Config, database: Optional[str] = None, spool: Optional[str] = None) -> Store:
-    """The node database and spool a command names (--db, --spool), else the config's."""
-    return Store(database or cfg.path_value("store", "database"), spool or cfg.path_value("store", "spool_dir"),
-                 cfg.store.busy_timeout_s)
+from typing import Dict
 
 
 def table_counts(path: str) -> Dict[str, int]:

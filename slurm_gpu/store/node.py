@@ -111,8 +111,9 @@ class Store(SpoolIngest):
         self.unavailable = ""
 
     @classmethod
-    def from_config(cls, cfg: Config) -> "Store":
-        return cls(cfg.path_value("store", "database"), cfg.path_value("store", "spool_dir"),
+    def from_config(cls, cfg: Config, database: Optional[str] = None, spool: Optional[str] = None) -> "Store":
+        """The config's database and spool, or those a command names (--db, --spool)."""
+        return cls(database or cfg.path_value("store", "database"), spool or cfg.path_value("store", "spool_dir"),
                    cfg.store.busy_timeout_s)
 
     # -- connection --------------------------------------------------------------------------
