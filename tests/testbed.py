@@ -899,6 +899,7 @@ class SlurmTestbed:
             # SLURM_TESTBED_NODE), on 26.05 in a clean one that names the node SLURM_NODE_NAME.
             self._write_file(self._reboot_program, "#!/bin/sh\n# tests/testbed.py: ask the testbed to boot this node\n"
                              f'exec touch "{self._boot_requests}/${{SLURM_NODE_NAME:-$SLURM_TESTBED_NODE}}"\n', 0o755)
+            self._build_boot_clock()
         key = self._munge_dir / "munge.key"
         if not key.exists():
             key.write_bytes(secrets.token_bytes(1024))
@@ -1074,12 +1075,17 @@ class SlurmTestbed:
         self._wait(f"slurmd of {node} to register", lambda: "NOT_RESPONDING" not in self.node_info(node).get("State", "")
                    and "*" not in self.node_info(node).get("State", ""), timeout, f"slurmd-{node}")
 
-    def _start_slurmd(self, node: str, booted: bool = False) -> None:
+    def _start_slurmd(self, node: str, booted_at: Optional[int] = None) -> None:
+        """booted_at: the simulated boot's time (whole seconds), which slurmd reports through
+        tests/bootclock.c; None: the machine's own boot."""
         env = {k: v for k, v in self.extra_node_env.items() if not isinstance(v, dict)}
         env.update(self.extra_node_env.get(node, {}) if isinstance(self.extra_node_env.get(node), dict) else {})
         env["SLURM_TESTBED_NODE"] = node
+        if booted_at is not None:
+            env["LD_PRELOAD"] = str(self._boot_clock)
+            env["SLURM_TESTBED_BOOT_EPOCH"] = str(booted_at)
         (self.public_dir / "spool" / node).mkdir(exist_ok=True)
-        argv = ["slurmd", "-D", "-N", node] + (["-b"] if booted else [])
+        argv = ["slurmd", "-D", "-N", node]
         self._spawn(f"slurmd-{node}", self._nest.wrap(argv) if self._nest is not None else argv, env=env)
 
     @property
@@ -1089,6 +1095,18 @@ class SlurmTestbed:
     @property
     def _boot_requests(self) -> Path:
         return self._run_dir / "boot-requests"
+
+    @property
+    def _boot_clock(self) -> Path:
+        return self._run_dir / "bootclock.so"
+
+    def _build_boot_clock(self) -> None:
+        """tests/bootclock.c, built here for this machine's (or root filesystem's) C library."""
+        cmd = ["cc", "-O2", "-shared", "-fPIC", "-Wall", "-Werror", "-o", str(self._boot_clock),
+               str(Path(__file__).resolve().parent / "bootclock.c")]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise TestbedError(f"building the simulated boot clock failed ({' '.join(cmd)}): {r.stderr.strip()}")
 
     def _serve_boots(self) -> None:
         """The simulated boot, for each request RebootProgram left (see on_reboot)."""
@@ -1103,16 +1121,19 @@ class SlurmTestbed:
                 self._stop_daemon(f"slurmd-{node}")
                 assert self.on_reboot is not None
                 self.on_reboot(node)
-                self._boot_after_the_request(node)
-                self._start_slurmd(node, booted=True)
+                booted_at = self._boot_after_the_request(node)
+                self._start_slurmd(node, booted_at=booted_at)
                 self.reboots.append((node, time.time()))
 
-    def _boot_after_the_request(self, node: str, timeout: float = 20) -> None:
-        """A real boot takes minutes; ours must still come after slurmctld has marked the reboot
-        issued, in a later second (it compares whole-second times): seen under load on 22.05, the
-        slurmd started 15 ms after RebootProgram registered before slurmctld had taken the reboot
-        as issued, and slurmctld waited for a boot that had happened until ResumeTimeout ('reboot
-        timed out')."""
+    def _boot_after_the_request(self, node: str, timeout: float = 20) -> int:
+        """The simulated boot's time: a real boot takes minutes; ours must still come after
+        slurmctld has marked the reboot issued, in a later second (it compares whole-second times:
+        seen under load on 22.05, a slurmd started 15 ms after RebootProgram registered before
+        slurmctld had taken the reboot as issued, and slurmctld waited for a boot that had happened
+        until ResumeTimeout, 'reboot timed out'), and slurmd must start at least two seconds after it
+        (slurmctld's "now - uptime" may land a second late; a boot time after the node's first
+        response would make the next registration an unexpected reboot: tests/bootclock.c).
+        Returns once slurmd may start."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not self._boot_stop.is_set():
             try:
@@ -1121,7 +1142,9 @@ class SlurmTestbed:
             except TestbedError:
                 pass
             time.sleep(0.2)
-        time.sleep(1.1)
+        booted_at = int(time.time()) + 1
+        time.sleep(max(0.0, booted_at + 2.05 - time.time()))
+        return booted_at
 
     # ----------------------------------------------------------------- diagnostics
     def _failure_report(self, headline: str) -> str:
@@ -1129,6 +1152,26 @@ class SlurmTestbed:
         logs = sorted(self.log_dir.glob("*")) if self.log_dir.exists() else []
         for log in logs:
             text = _tail(log)
+            if text.strip():
+                parts.append(f"--- {log} (tail) ---\n{text}")
+        return "\n".join(parts)
+
+    def diagnostics(self, lines: int = 40) -> str:
+        """What a failed test's report carries (tests/integration/conftest.py): each daemon alive or
+        with its exit status, the nodes and jobs as slurmctld has them, and the tail of every log."""
+        parts = [f"testbed {self.workdir}"]
+        for name, d in sorted(self._daemons.items()):
+            rc = d.proc.poll()
+            parts.append(f"  {name}: pid {d.pid} " + ("running" if rc is None else f"EXITED with {rc}"))
+        for argv in (("scontrol", "-o", "show", "node"), ("squeue", "-a", "-o", "%i %T %r %N")):
+            try:
+                r = self.run(*argv, check=False, timeout=10)
+                parts.append(f"--- {' '.join(argv)} (rc {r.returncode}) ---\n{r.stdout}{r.stderr}")
+            except Exception as e:  # slurmctld gone: the logs below say why
+                parts.append(f"--- {' '.join(argv)}: {e} ---")
+        logs = sorted(self.log_dir.glob("*")) if self.log_dir.exists() else []
+        for log in logs:
+            text = _tail(log, lines)
             if text.strip():
                 parts.append(f"--- {log} (tail) ---\n{text}")
         return "\n".join(parts)

@@ -56,6 +56,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
             item.add_marker(pytest.mark.slurm)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    """A failed test's report carries its clusters' state and daemon logs (SlurmTestbed.diagnostics):
+    a flake seen once in CI is then read from CI's output, not guessed at."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed or call.when == "teardown":
+        return
+    beds = {id(v): v for v in getattr(item, "funcargs", {}).values() if isinstance(v, SlurmTestbed)}
+    for bed in beds.values():
+        try:
+            text = bed.diagnostics(lines=30)
+        except Exception as e:  # the report must still be written
+            text = f"(no diagnostics: {type(e).__name__}: {e})"
+        report.sections.append((f"Slurm testbed {bed.workdir.name}", text))
+
+
 def _unavailable(reason: str) -> None:
     unavailable(f"Slurm testbed unavailable: {reason}")
 
