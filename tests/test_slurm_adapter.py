@@ -212,6 +212,22 @@ def test_unreachable_slurmctld_says_so_with_ping_hint(tmp_path):
     assert "scontrol ping" in e.value.hint and "/c/slurm.conf" in e.value.hint
 
 
+SLURMDBD_DOWN = ("sacct: error: _open_persist_conn: failed to open persistent connection to host:127.0.0.1:17236: "
+                 "Connection refused\nsacct: error: Sending PersistInit msg: Connection refused\n"
+                 "sacct: error: Problem talking to the database: Connection refused\n")  # 22.05, seen in CI
+
+
+def test_unreachable_slurmdbd_is_not_called_an_unreachable_slurmctld(tmp_path):
+    """sacct talks to slurmdbd: its "connection refused" sent admins to `scontrol ping`, which answered."""
+    make_tool(tmp_path, "scontrol", stderr="slurm_load_jobs error: Invalid job id specified\n", rc=1)
+    make_tool(tmp_path, "sacct", stderr=SLURMDBD_DOWN, rc=1)
+    with pytest.raises(SlurmError) as e:
+        CliBackend(bin_dir=str(tmp_path), timeout_s=5, env={"SLURM_CONF": "/c/slurm.conf"}).job(42)
+    assert e.value.message.startswith("slurmdbd not reachable: sacct: error: _open_persist_conn"), e.value.message
+    assert "slurmdbd" in e.value.hint and "sacctmgr show cluster" in e.value.hint and "scontrol ping" not in e.value.hint
+    assert slurm.ends_batch(e.value)
+
+
 def test_hanging_scontrol_is_cut_off_at_the_timeout(tmp_path):
     make_tool(tmp_path, "scontrol", sleep_s=30)
     t0 = time.monotonic()

@@ -54,11 +54,16 @@ from slurm_gpu.timefmt import slurm_to_unix
 
 FALLBACK_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin")
 PING_HINT = "check that slurmctld is running and reachable: `scontrol ping` (SLURM_CONF={conf})"
+DBD_HINT = ("check that slurmdbd is running and that slurm.conf's AccountingStorageHost/Port reach it: "
+            "`sacctmgr show cluster` (SLURM_CONF={conf})")
 ADMIN_HINT = "drain/resume need Slurm administrator rights: run as root or as a user with AdminLevel=Operator"
 
 _UNREACHABLE = ("unable to contact slurm controller", "socket timed out", "connection refused",
                 "communication connection failure", "zero bytes were transmitted", "connect failure",
                 "unable to establish controller machine")
+# sacct and sacctmgr talk to slurmdbd, not slurmctld: their connection errors name the database.
+_DBD_UNREACHABLE = ("_open_persist_conn", "persistinit", "problem talking to the database",
+                    "unable to connect to database")
 _NO_CONFIG = ("could not establish a configuration source", "unable to process configuration file",
               "unable to read configuration")
 _DENIED = ("access/permission denied", "permission denied", "invalid user id", "access denied")
@@ -140,6 +145,8 @@ class CliBackend(SlurmBackend):
         if any(s in low for s in _NO_CONFIG):
             raise SlurmError(f"no usable Slurm configuration: {text}",
                              f"set SLURM_CONF to the site's slurm.conf (now: {self._conf()})")
+        if any(s in low for s in _DBD_UNREACHABLE):
+            raise SlurmError(f"slurmdbd not reachable: {text}", DBD_HINT.format(conf=self._conf()))
         if any(s in low for s in _UNREACHABLE):
             raise SlurmError(f"slurmctld not reachable: {text}", PING_HINT.format(conf=self._conf()))
         if node and ("invalid node name" in low or "not found" in low):

@@ -164,11 +164,11 @@ def hostlist_batches(names: Sequence[str], max_nodes: int = UPDATE_MAX_NODES,
 
 
 def ends_batch(e: SlurmGpuError) -> bool:
-    """An error that every other node of a batch would meet too: slurmctld unreachable, no
-    usable configuration, no Slurm commands, no administrator rights.  Anything else (an
-    unknown node, a node in a state the change does not apply to) concerns single nodes."""
+    """An error that every other node of a batch would meet too: slurmctld or slurmdbd
+    unreachable, no usable configuration, no Slurm commands, no administrator rights.  Anything
+    else (an unknown node, a node in a state the change does not apply to) concerns single nodes."""
     m = e.message
-    return (m.startswith(("slurmctld not reachable", "no usable Slurm configuration", "cannot run "))
+    return (m.startswith(("slurmctld not reachable", "slurmdbd not reachable", "no usable Slurm configuration", "cannot run "))
             or "not found (looked in" in m or ": permission denied:" in m)
 
 
