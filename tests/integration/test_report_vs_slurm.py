@@ -24,7 +24,13 @@ from click.testing import CliRunner
 
 from slurm_gpu.cli import main
 
-JOB_S = 100  # per-account 1 % must hold despite Slurm's whole seconds: +-0.4 s per job-GPU, ~1 s per account
+# Long enough for a sreport rollup and Slurm's whole seconds to matter, short enough for CI (it runs on
+# three Slurm versions): the bounds below are Slurm's own resolution, not a share of the job (at 100 s,
+# 1 s per job-GPU is 1 %; 100-s jobs took 105 s of every suite).
+JOB_S = 20
+# Slurm stores a job's start and end in whole seconds (truncated): its ElapsedRaw is up to 1 s off the
+# allocation, and the hooks' Python starts a few tenths of a second after it (docs/report.md).
+PER_JOB_GPU_S = 1.5
 # Accounts of this test alone: sreport cannot select jobs, and on the shared cluster the testbed's
 # accounts (physics, chem) hold every earlier test's jobs, whose whole-second truncations add up
 # past 1 % (seen: 4.3 GPU-s over 135 GPU-s of earlier jobs).
@@ -109,7 +115,7 @@ def _not_across_an_hour(run_s: float) -> None:
 
 def test_report_gpu_time_agrees_with_sacct_and_sreport(cluster, site):
     _own_accounts(cluster)
-    _not_across_an_hour(JOB_S + 90)
+    _not_across_an_hour(JOB_S + 60)
     ids = [cluster.sbatch(f"sleep {JOB_S}", args=["-p", "gpu", "-w", node, "-A", acct, f"--gres=gpu:{n}"])
            for acct, n, node in JOBS]
     for j in ids:
@@ -129,6 +135,7 @@ def test_report_gpu_time_agrees_with_sacct_and_sreport(cluster, site):
 
     lines = []
     slurm_acct: Dict[str, float] = {}
+    job_gpus: Dict[str, int] = {}
     for (acct, n, node), j in zip(JOBS, ids):
         s = sacct[j]
         gpus = _gres_gpu(s["AllocTRES"])
@@ -137,6 +144,7 @@ def test_report_gpu_time_agrees_with_sacct_and_sreport(cluster, site):
         elapsed = int(s["ElapsedRaw"])
         alloc_ms = ctl[j][1] - ctl[j][0]
         slurm_acct[acct] = slurm_acct.get(acct, 0.0) + elapsed * gpus
+        job_gpus[acct] = job_gpus.get(acct, 0) + gpus
         lines.append(f"job {j} {acct} {gpus} GPU: ours {mine:.3f} s/GPU, sacct ElapsedRaw {elapsed} s, "
                      f"controller {alloc_ms:.3f} s (ours - controller {mine - alloc_ms:+.3f} s)")
         # Within 1 % or 1 s of the allocation as the controller timed it (milliseconds) ...
@@ -151,6 +159,9 @@ def test_report_gpu_time_agrees_with_sacct_and_sreport(cluster, site):
         assert sreport.get(acct) is not None, f"sreport reports nothing for {acct} after the rollup: {sreport}"
         lines.append(f"account {acct}: ours {ours_acct[acct]:.3f} GPU-s, sacct {slurm_s:.0f} GPU-s "
                      f"({100 * (ours_acct[acct] - slurm_s) / slurm_s:+.3f} %), sreport {sreport[acct]:.0f} GPU-s")
-        assert abs(ours_acct[acct] - slurm_s) <= 0.01 * slurm_s, lines[-1]
-        assert abs(ours_acct[acct] - sreport[acct]) <= 0.01 * sreport[acct], lines[-1]
+        # Each job-GPU within Slurm's resolution: a job charged to the wrong account, or with the
+        # wrong GPU count, is JOB_S GPU-seconds or more off.
+        bound = PER_JOB_GPU_S * job_gpus[acct]
+        assert abs(ours_acct[acct] - slurm_s) <= bound, lines[-1]
+        assert abs(ours_acct[acct] - sreport[acct]) <= bound, lines[-1]
     print("\n" + "\n".join(lines))
