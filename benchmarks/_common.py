@@ -72,6 +72,21 @@ def imported_ms(argv: Sequence[str], env: Dict[str, str], python: str = sys.exec
     return {k: v for k, v in run.items() if k not in bare}
 
 
+def foreign_modules(argv: Sequence[str], env: Dict[str, str], python: str = sys.executable) -> List[str]:
+    """Every module one run of `argv` imports that is not ours (slurm_gpu) and that a bare
+    `python -c pass` does not import: the standard library and pynvml it cannot do without, in
+    import order.  `python -c "import <these>"` is the floor a hook could reach if its own code
+    cost nothing."""
+    def names(cmd: Sequence[str]) -> List[str]:
+        cp = subprocess.run(list(cmd), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        return [line.rsplit("|", 1)[1].strip() for line in cp.stderr.splitlines()
+                if line.startswith("import time:") and "cumulative" not in line]
+
+    bare = set(names([python, "-X", "importtime", "-c", "pass"]))
+    return [m for m in names([python, "-X", "importtime", *argv])
+            if m not in bare and m.split(".")[0] != "slurm_gpu"]
+
+
 def console_script(name: str) -> List[str]:
     """The installed console script next to this interpreter (what Slurm runs), else -c fallback."""
     path = os.path.join(os.path.dirname(sys.executable), name)

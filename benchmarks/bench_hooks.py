@@ -10,7 +10,9 @@ Usage: python3 benchmarks/bench_hooks.py [--venv] [--no-concurrent] [runs]
                     scripts and its python (also the baseline)
   --no-concurrent   skip the 64-epilog run
 It also prints the hook path's import time (`-X importtime`: every module the prolog imports
-that a bare interpreter does not, at start-up and lazily during the run).
+that a bare interpreter does not, at start-up and lazily during the run), and the floor: `python
+-c "import ..."` of the standard-library modules and pynvml the prolog imports (foreign_modules),
+timed in the same alternation: what the prolog would cost if slurm-gpu's own code cost nothing.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from _common import SimNode, console_script, imported_ms, in_clean_venv, report, wall
+from _common import SimNode, console_script, foreign_modules, imported_ms, in_clean_venv, report, wall
 
 
 def job_env(node, job_id, gpus="0-7"):
@@ -35,15 +37,21 @@ def sequential(runs: int):
     try:
         wall(prolog, job_env(node, 1))
         wall(epilog, job_env(node, 1))
-        base, pro, epi = [], [], []
+        node.reset()
+        argv = prolog[1:] if prolog[0] == sys.executable else prolog
+        floor_cmd = [sys.executable, "-c", "import " + ", ".join(foreign_modules(argv, job_env(node, 2)))]
+        base, pro, epi, floor = [], [], [], []
         for i in range(runs):
             node.reset()
             env = job_env(node, 100 + i)
             base.append(wall([sys.executable, "-c", "pass"], env))
+            floor.append(wall(floor_cmd, env))
             pro.append(wall(prolog, env))
             epi.append(wall(epilog, env))
         r1 = report("prolog (8 GPUs)", pro, base)
         r2 = report("epilog (8 GPUs)", epi, base)
+        report("floor: its stdlib + pynvml", floor, base)
+        print(f"{'':28} ({floor_cmd[-1][7:][:150]}{'...' if len(floor_cmd[-1]) > 157 else ''})")
         log = (node.dir / "hooks.log").read_text()
         errors = [line for line in log.splitlines() if " ERROR " in line]
         if errors:
