@@ -106,7 +106,12 @@ def _proc_stat(pid: int) -> Optional[Tuple[int, int]]:
 
 
 def _session_members(sid: int, not_before: int) -> List[int]:
-    """Live pids in session ``sid`` started at or after tick ``not_before`` (guards pid reuse)."""
+    """Live pids in session ``sid`` started at or after tick ``not_before``, the daemon's start.  A
+    live process with pid ``sid`` that started at another tick is a new session leader on a reused
+    pid: nothing of the daemon's is left then (Linux reuses no pid still naming a live session)."""
+    leader = _proc_stat(sid)
+    if leader is not None and leader[1] != not_before:
+        return []
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():

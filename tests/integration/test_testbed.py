@@ -218,6 +218,21 @@ def test_daemons_of_a_crashed_run_are_ended_by_the_next_start(slurm_testbed_fact
     assert not any(f" {p} " in f" {line} " for line in REGISTRY.read_text().splitlines() for p in pids)
 
 
+def test_a_reused_pid_leading_a_new_session_is_not_taken_for_a_dead_daemons_session():
+    """A registry row names its daemon by pid and start tick; the pid reused by a new session leader
+    (another testbed's daemon) must not be reaped with the dead daemon's session."""
+    from testbed import _proc_stat, _session_members
+    p = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        st = _proc_stat(p.pid)
+        assert st is not None and st[0] == p.pid
+        assert _session_members(p.pid, st[1]) == [p.pid]
+        assert _session_members(p.pid, st[1] - 1) == []  # the row of an older process with this pid
+    finally:
+        p.kill()
+        p.wait(10)
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
