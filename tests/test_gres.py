@@ -381,6 +381,57 @@ def test_malformed_inventory_error_names_file_node_and_field(tmp_path, mutate, f
     assert res.stderr.splitlines()[1].startswith("hint: ")
 
 
+def _bounded_cli(*args: str) -> "subprocess.CompletedProcess[str]":
+    """`slurm-gpu ARGS` in a child held to 1 GiB of address space and 60 s: an unbounded range
+    expansion dies there (MemoryError, a kill), not in the test process."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+    return subprocess.run([sys.executable, "-c", "from slurm_gpu.cli import run; run()", *args], preexec_fn=limit,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("cores", ["0-99999999999", "0-9999999", "99999999999999999999999"])
+def test_a_huge_cores_range_in_gres_conf_is_one_line_and_exit_2_not_gigabytes(tmp_path, cores):
+    """Issue 39: `Cores=0-99999999999` grew to 12.9 GB and was killed at 60 s; 0-9999999 took 5.4 s
+    and 997 MB. CPU ids are bounded (2^16) before anything is expanded."""
+    existing = tmp_path / "gres.conf"
+    existing.write_text(f"NodeName=hgx001 Name=gpu Type=h100 File=/dev/nvidia0 Cores={cores}\n")
+    r = _bounded_cli("gres-conf", "--inventory", str(INV / "hgx001.json"), "--check", str(existing))
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"slurm-gpu: error: {existing}:1: Cores=") and "65535" in lines[0], lines
+    assert lines[1].startswith("hint: "), lines
+
+
+@pytest.mark.parametrize("line, says", [
+    ("NodeName=hgx001 Name=gpu Type=h100 File=/dev/nvidia[0-65535]", "File= names 65,536 GPU devices on one line"),
+    ("NodeName=hgx[000-65535] Name=gpu Type=h100 File=/dev/nvidia[0-63]", "expands to 4,194,304 node-device lines"),
+    ("NodeName=n[0-65535] Name=gpu Type=h100 File=/dev/nvidia[0-65535]", "File= names 65,536 GPU devices"),
+])
+def test_a_gres_conf_line_expanding_past_any_node_is_refused_in_one_line(tmp_path, line, says):
+    """Both died of MemoryError (2 GB, 5-10 s) before the bounds; now 0.2-0.6 s."""
+    existing = tmp_path / "gres.conf"
+    existing.write_text(line + "\n")
+    r = _bounded_cli("gres-conf", "--inventory", str(INV / "hgx001.json"), "--check", str(existing))
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"slurm-gpu: error: {existing}:1: ") and says in lines[0], lines
+
+
+def test_a_huge_cpu_range_in_an_inventory_names_the_field_and_is_refused_before_expanding(tmp_path):
+    d = json.loads((INV / "hgx001.json").read_text())
+    d["gpus"][3]["cores"] = "0-99999999999"
+    p = tmp_path / "huge.json"
+    p.write_text(json.dumps(d))
+    r = _bounded_cli("gres-conf", "--inventory", str(p))
+    assert r.returncode == 2, r.stderr[-2000:]
+    first = r.stderr.splitlines()[0]
+    assert first.startswith(f"slurm-gpu: error: inventory {p} (node ") and ": gpus[3].cores: " in first, first
+    assert "65535" in first, first
+
+
 def test_inventory_that_is_not_json_is_named(tmp_path):
     p = tmp_path / "gpu9.json"
     p.write_text("{not json")

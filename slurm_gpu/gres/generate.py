@@ -419,6 +419,12 @@ class _Normalised:
     line_nodes: Tuple[Tuple[str, Tuple[str, ...]], ...]  # (where, nodes a NodeName= line names)
 
 
+# Bounds of what --check expands (issue 39): no node has more GPUs than this, and no gres.conf of a
+# real cluster more node-device lines (4,000 nodes x 8 GPUs is 32,000).
+MAX_GPUS_PER_NODE = 64
+MAX_NORMALISED_LINES = 1 << 20
+
+
 def normalise_gres_conf(text: str, source: str = "gres.conf", all_nodes: Sequence[str] = ()) -> List[str]:
     """One sorted line per node and device, by what the lines mean to Slurm.
 
@@ -459,7 +465,15 @@ def _normalise(text: str, source: str, all_nodes: Sequence[str]) -> _Normalised:
             if fields or (mode is None):
                 raise InputError(f"{where}: a line without Name=", "every GRES line names its GRES (Name=gpu)")
             continue
-        out.extend(_device_lines(nodes if nodes is not None else default_nodes, _gres_keys(fields, files), files, multi))
+        if fields["name"].lower() == "gpu" and len(files) > MAX_GPUS_PER_NODE:
+            raise InputError(f"{where}: File= names {len(files):,} GPU devices on one line; a node has at most "
+                             f"{MAX_GPUS_PER_NODE} GPUs", "one File=/dev/nvidiaN per GPU, e.g. File=/dev/nvidia[0-7]")
+        node_list = nodes if nodes is not None else default_nodes
+        if len(out) + len(node_list) * max(1, len(files)) > MAX_NORMALISED_LINES:
+            raise InputError(f"{where}: NodeName= x File= expands to {len(node_list) * max(1, len(files)):,} node-device "
+                             f"lines (more than {MAX_NORMALISED_LINES:,} in the file)",
+                             "check the NodeName= and File= ranges of this line")
+        out.extend(_device_lines(node_list, _gres_keys(fields, files), files, multi))
     for node in dict.fromkeys(list(default_nodes) + named):
         mode = autodetect.get(node, autodetect[None])
         if mode != "off":
@@ -493,10 +507,14 @@ def _pop_device_lists(fields: Dict[str, str], where: str) -> Tuple[Optional[List
         nodes = hostlist.expand(fields.pop("nodename")) if "nodename" in fields else None
         files = hostlist.expand(fields.pop("file")) if "file" in fields else []
         multi = sorted(hostlist.expand(fields.pop("multiplefiles"))) if "multiplefiles" in fields else []
-        if "cores" in fields:
-            fields["cores"] = format_cpulist(parse_cpulist(fields["cores"]))
     except ValueError as e:
         raise InputError(f"{where}: {e}", "fix the line; see gres.conf(5)") from None
+    if "cores" in fields:
+        try:
+            fields["cores"] = format_cpulist(parse_cpulist(fields["cores"]))
+        except ValueError as e:
+            raise InputError(f"{where}: Cores={fields['cores'][:40]}: {e}",
+                             "Cores= lists the node's CPU ids, e.g. Cores=0-27; see gres.conf(5)") from None
     return nodes, files, multi
 
 

@@ -69,16 +69,27 @@ class InventoryError(InputError):
 
 # --- cpu lists -----------------------------------------------------------------------------
 
+# The highest CPU id a list may name, checked before a range is expanded: Linux builds for at most
+# 8,192 CPUs (NR_CPUS), Slurm's core bitmaps are sized by the node.  A typo like 0-99999999999 would
+# otherwise be expanded (12.9 GB, issue 39).
+MAX_CPU_ID = (1 << 16) - 1
+
+
 @functools.lru_cache(maxsize=4096)  # a cluster repeats a handful of CPU lists thousands of times
 def parse_cpulist(text: str) -> Tuple[int, ...]:
     """'0-3,8' -> (0, 1, 2, 3, 8), sorted.  Raises ValueError naming the bad part.
 
-    Parsed by slurm/hostlist.parse_index_ranges, the one parser of index-range lists."""
+    Parsed by slurm/hostlist.parse_index_ranges, the one parser of index-range lists, with every
+    id bounded by MAX_CPU_ID before anything is expanded."""
     try:
-        return tuple(sorted(parse_index_ranges(text)))
+        return tuple(sorted(parse_index_ranges(text, max_value=MAX_CPU_ID)))
     except RangeError as e:
         if e.kind == "backwards":
             raise ValueError(f"CPU range {e.item!r} runs backwards") from None
+        if e.kind == "too-large":
+            shown = e.value if len(e.value) <= 24 else e.value[:20] + "..."
+            raise ValueError(f"CPU id {shown} in {e.item[:60]!r} is over {MAX_CPU_ID}: no node has that many "
+                             "CPUs") from None
         raise ValueError(f"bad CPU list item {e.item!r} (expected N or N-M)") from None
 
 
