@@ -310,3 +310,41 @@ def test_undated_note_stays_out_of_the_drain_reason_of_a_dated_critical_xid():
 def test_no_undated_lines_no_note():
     res = _xid_results()
     assert [r.status for r in res] == ["PASS"] and "dated" not in res[0].message
+
+
+# --- issue 39, item 2: a user's line is not the kernel's ------------------------------------------
+# What `logger` (as any user) makes a syslog file hold, in the formats Debian's rsyslog and journalctl
+# write: the program's tag where the kernel's lines say "kernel".  Seen: `logger` as an unprivileged
+# user wrote the first of these into /var/log/syslog and the next check said FAIL xid ... XID 79.
+FORGED = (
+    "Dec  3 16:29:40 vm rtuser[4242]: NVRM: Xid (PCI:0000:3a:00): 79, GPU has fallen off the bus.",
+    "Dec  3 16:29:40 vm rtuser: NVRM: Xid (PCI:0000:3a:00): 79, GPU has fallen off the bus.",
+    "2026-12-03T16:29:40.123456+00:00 vm rtuser[4242]: NVRM: Xid (PCI:0000:3a:00): 79, GPU has fallen off the bus.",
+    "Dec 03 16:29:40 vm rtuser[4242]: NVRM: Xid (PCI:0000:3a:00): 79, GPU has fallen off the bus.",
+    f"{NOW - 60:.6f} vm rtuser[4242]: NVRM: Xid (PCI:0000:3a:00): 79, GPU has fallen off the bus.",
+    "Dec  3 16:29:40 vm rtuser[4242]: Dec  3 16:29:40 vm kernel: NVRM: Xid (PCI:0000:3a:00): 79, off the bus.",
+    "Dec  3 16:29:40 vm rtuser[4242]: [  219.470994] NVRM: Xid (PCI:0000:3a:00): 79, GPU has fallen off the bus.",
+)
+
+
+@pytest.mark.parametrize("line", FORGED)
+def test_an_xid_line_a_program_logged_under_its_own_tag_is_no_event(line):
+    assert parse_line(line, boot_time=NOW - 3600, now=NOW) is None
+
+
+@pytest.mark.parametrize("line", [
+    "Dec  3 16:29:40 vm kernel: NVRM: Xid (PCI:0000:3a:00): 79, GPU has fallen off the bus.",
+    "2026-12-03T16:29:40.123456+00:00 vm kernel: NVRM: Xid (PCI:0000:3a:00): 79, GPU has fallen off the bus.",
+    "Dec 03 16:29:40 vm kernel: [  219.470994] NVRM: Xid (PCI:0000:3a:00): 79, GPU has fallen off the bus.",
+])
+def test_the_same_line_under_the_kernels_tag_is_an_event(line):
+    ev = parse_line(line, boot_time=NOW - 3600, now=NOW)
+    assert ev is not None and (ev.xid, ev.bus) == (79, (0, 0x3A, 0))
+
+
+def test_a_syslog_file_with_a_forged_and_a_real_xid_gives_only_the_kernels(tmp_path):
+    log = tmp_path / "syslog"
+    log.write_text(f"{NOW - 30:.6f} vm rtuser[4242]: NVRM: Xid (PCI:0000:3a:00): 79, GPU has fallen off the bus.\n"
+                   f"{NOW - 20:.6f} vm kernel: NVRM: Xid (PCI:0000:2a:00): 48, pid=1, DBE\n")
+    reading = xid.read(f"file:{log}", 600, now=NOW)
+    assert [(e.xid, e.bus) for e in reading.events] == [(48, (0, 0x2A, 0))] and reading.undated == 0

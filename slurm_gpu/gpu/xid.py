@@ -56,6 +56,9 @@ _CTIME = r"^\[[A-Z][a-z]{2} ([A-Z][a-z]{2})\s+(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d
 _UNIX = r"^(\d{9,11}(?:\.\d+)?)\s+(.*)$"  # journalctl -o short-unix
 _ISO = "^(" + timefmt.ISO_8601 + r")\s+(.*)$"  # dmesg --time-format iso, journalctl -o short-iso(-precise)
 _SYSLOG = r"^([A-Z][a-z]{2})\s+(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.(\d+))?\s+(.*)$"
+# After a syslog or journal date: "host tag[pid]: ".  The kernel's lines carry the tag "kernel";
+# any other tag is a program's line, and a user's `logger` can write "NVRM: Xid ..." there.
+_SYSLOG_HEADER = r"^[^\s:]+\s+([^\s\[\]:]+)(?:\[\d+\])?:\s"  # a host name holds no ":"
 _MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
 
 
@@ -166,8 +169,10 @@ def parse_line(line: str, boot_time: Optional[float] = None, year: Optional[int]
                now: Optional[float] = None) -> Optional[XidEvent]:
     """One log line (kmsg record, dmesg with uptime / -T / -x / --time-format iso, journal
     short-unix / short / short-iso / short-precise, syslog, rsyslog high precision) -> XidEvent,
-    or None when it is not a GPU XID line.  The event's time is None when the line cannot be
-    dated: no date, an uptime without boot_time, or a date beyond the future slack.
+    or None when it is not a GPU XID line.  A line with a syslog header ("host tag[pid]: ") counts
+    only when its tag is "kernel": any program, and so any user, can log the same text under its
+    own.  The event's time is None when the line cannot be dated: no date, an uptime without
+    boot_time, or a date beyond the future slack.
 
     boot_time: unix time of the boot the uptime stamps count from (None: unknown).
     year: the year of a syslog date (default: the year rule against `now`).
@@ -177,6 +182,9 @@ def parse_line(line: str, boot_time: Optional[float] = None, year: Optional[int]
         return None
     now = time.time() if now is None else now
     t, text = _split_time(line.strip(), boot_time, year, now)
+    header = re.match(_SYSLOG_HEADER, text)
+    if header and header.group(1) != "kernel":
+        return None  # a program's line in a syslog file, not the kernel's (a forged XID drains no node)
     x = re.search(_XID, text)
     if not x:
         return None
