@@ -348,3 +348,13 @@ def test_a_syslog_file_with_a_forged_and_a_real_xid_gives_only_the_kernels(tmp_p
                    f"{NOW - 20:.6f} vm kernel: NVRM: Xid (PCI:0000:2a:00): 48, pid=1, DBE\n")
     reading = xid.read(f"file:{log}", 600, now=NOW)
     assert [(e.xid, e.bus) for e in reading.events] == [(48, (0, 0x2A, 0))] and reading.undated == 0
+
+
+def test_a_file_source_every_user_can_write_is_not_read_and_says_why(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text(f"{NOW - 20:.6f} vm kernel: NVRM: Xid (PCI:0000:2a:00): 79, GPU has fallen off the bus.\n")
+    log.chmod(0o666)
+    reading = xid.read(f"file:{log}", 600, now=NOW)
+    assert reading.events == [] and "writable by every user (mode 0666)" in reading.problem, reading
+    log.chmod(0o644)
+    assert [e.xid for e in xid.read(f"file:{log}", 600, now=NOW).events] == [79]

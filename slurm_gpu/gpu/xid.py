@@ -230,6 +230,10 @@ def _source_lines(source: str, window_s: int, timeout_s: float,
             return cp.stdout.splitlines(), None, ""  # short-unix: absolute times, no uptime
         path = source[len("file:"):]
         with open(path, encoding="utf-8", errors="replace") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if mode & 0o002:  # S_IWOTH: what is read is what was opened
+                return [], None, (f"XID source {source} is writable by every user (mode {mode & 0o7777:04o}): "
+                                  "not read, since anyone could write an XID into it")
             # Uptime stamps in a file are dated with this boot's start: right only for this boot's log.
             return f.read().splitlines(), (_boot_time() if boot_time is None else boot_time), ""
     except subprocess.TimeoutExpired:
