@@ -17,8 +17,9 @@ SGTEST_UID=2501
 # ansible-core (2.14), ansible-lint (6.13, has --profile production), python3-venv: the Ansible role
 # runs against this machine and is linted (tests/integration/test_ansible_slurm.py); the release
 # wheel installs into fresh virtual environments (tests/test_release.py).
+# rsyslog: a user's `logger` line written by a real syslog daemon is never an XID (tests/test_xid_syslog.py).
 APT_PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server build-essential procps make chromium systemd
-              prometheus prometheus-node-exporter ansible-core ansible-lint python3-venv debootstrap faketime)
+              prometheus prometheus-node-exporter ansible-core ansible-lint python3-venv debootstrap faketime rsyslog)
 
 cd "$(dirname "$0")/.."
 
