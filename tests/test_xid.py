@@ -3,6 +3,7 @@ the dating rules (never a future time, year-less syslog dates) and the count of 
 from __future__ import annotations
 
 import pathlib
+import time
 from datetime import datetime, timezone
 
 import pytest
@@ -358,3 +359,66 @@ def test_a_file_source_every_user_can_write_is_not_read_and_says_why(tmp_path):
     assert reading.events == [] and "writable by every user (mode 0666)" in reading.problem, reading
     log.chmod(0o644)
     assert [e.xid for e in xid.read(f"file:{log}", 600, now=NOW).events] == [79]
+
+
+# --- issue 39, item 1: a file is read back from its end, only as far as the window -----------------
+
+def _syslog_date(t: float) -> str:
+    return time.strftime("%b %e %H:%M:%S", time.localtime(t))
+
+
+def _log_with_xids(n_old: int, now: float) -> bytes:
+    """n_old lines two days old (one old XID among them), then the last 20 minutes: kernel chatter
+    and three XIDs, one of them 30 minutes old (outside a 10-minute window, inside the read-back)."""
+    old = [f"{_syslog_date(now - 2 * 86400 + i)} vm kernel: usb 1-1: port {i} reset" for i in range(n_old)]
+    old[n_old // 2] = f"{_syslog_date(now - 2 * 86400)} vm kernel: NVRM: Xid (PCI:0000:01:00): 48, old DBE"
+    recent = [f"{_syslog_date(now - 1800)} vm kernel: NVRM: Xid (PCI:0000:02:00): 79, half an hour ago"]
+    recent += [f"{_syslog_date(now - 1200 + i)} vm kernel: eth0: link up {i}" for i in range(0, 1200, 7)]
+    recent.insert(60, f"{_syslog_date(now - 300)} vm kernel: NVRM: Xid (PCI:0000:03:00): 79, off the bus")
+    recent.append(f"{_syslog_date(now - 5)} vm kernel: NVRM: Xid (PCI:0000:04:00): 94, pid=7, Contained")
+    return ("\n".join(old + recent)).encode()
+
+
+@pytest.mark.parametrize("block", [7, 64, 1000, 1 << 16])
+@pytest.mark.parametrize("ending", ["\n", "\r\n", ""])
+def test_reading_back_in_blocks_finds_what_reading_forward_finds(block, ending):
+    import io
+    now = float(int(time.time()))
+    data = _log_with_xids(300, now).replace(b"\n", ending.encode() or b"\n") + ending.encode()
+    forward = [xid.parse_line(line, now=now) for line in data.decode().splitlines()]
+    want = [(e.xid, e.bus) for e in forward if e is not None and e.time is not None and e.time >= now - 600]
+    lines = xid.window_lines(io.BytesIO(data), len(data), 600, None, now, block=block)
+    got = [(e.xid, e.bus) for e in (xid.parse_line(line, now=now) for line in lines)
+           if e is not None and e.time is not None and e.time >= now - 600]
+    assert got == want == [(79, (0, 3, 0)), (94, (0, 4, 0))]
+    if block <= 1000:  # blocks well inside the file: two days back is never reached
+        assert all("old DBE" not in line for line in lines), lines
+
+
+def test_a_big_log_is_read_back_only_as_far_as_the_window(tmp_path):
+    """Issue 39: a 201 MB kernel log made the prolog take 1.76 s and 536 MB; the window's end of it is enough."""
+    import io
+
+    class Counting(io.BytesIO):
+        read_bytes = 0
+
+        def read(self, n=-1):
+            out = super().read(n)
+            Counting.read_bytes += len(out)
+            return out
+
+    now = float(int(time.time()))
+    data = _log_with_xids(200_000, now)
+    f = Counting(data)
+    lines = xid.window_lines(f, len(data), 600, None, now)
+    assert [e.xid for e in (xid.parse_line(line, now=now) for line in lines) if e and e.time >= now - 600] == [79, 94]
+    assert len(data) > 9_000_000 and Counting.read_bytes <= 3 * (1 << 16), Counting.read_bytes
+
+
+def test_an_undated_xid_before_the_window_is_not_reached_but_an_undated_log_is_read_whole(tmp_path):
+    now = float(int(time.time()))
+    log = tmp_path / "kern.log"
+    log.write_bytes(b"NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus\n" + _log_with_xids(5000, now))
+    assert xid.read(f"file:{log}", 600, now=now).undated == 0  # read back only to two days ago
+    log.write_bytes(b"NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus\n" * 3 + b"usb 1-1: reset\n" * 5000)
+    assert xid.read(f"file:{log}", 600, now=now).undated == 3  # no date anywhere: every line was read

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import os
 import re
+import stat as _stat
 import time
-from typing import Callable, Iterable, List, NamedTuple, Optional, Tuple
+from typing import BinaryIO, Callable, Iterable, List, NamedTuple, Optional, Tuple
 
 from slurm_gpu import timefmt
 
@@ -46,6 +47,7 @@ UPTIME_SLACK_S = 60.0
 # kernel log holds no XID line never pays for compiling them.
 _XID = (r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+(?:\.[0-9A-Fa-f]+)?)"
         r"(?P<attrs>[^)]*)\):\s*(?P<xid>\d+),?\s*(?P<msg>.*)")
+_XID_BYTES = b"NVRM: Xid"  # what every XID line holds: other lines are dropped unread
 _GPU_INSTANCE = r"\bGPU-I:\s*(\d+)"  # decimal (%02u); GPU-CI is the compute instance
 
 # Time prefixes; the last group of each is the rest of the line.
@@ -209,14 +211,57 @@ def _read_kmsg(deadline_s: float) -> List[str]:
                 raise
             if not rec:
                 break
-            lines.append(rec.decode("utf-8", "replace").split("\n", 1)[0])
+            if _XID_BYTES in rec:  # only XID records are kept: memory follows them, not the ring buffer
+                lines.append(rec.decode("utf-8", "replace").split("\n", 1)[0])
     finally:
         os.close(fd)
     return lines
 
 
-def _source_lines(source: str, window_s: int, timeout_s: float,
-                  boot_time: Optional[float]) -> Tuple[Iterable[str], Optional[float], str]:
+READ_BACK_SLACK_S = 600.0  # a file is read back this far before the window: lines a little out of order
+_BLOCK = 1 << 16  # read back a file in blocks of this size
+_MAX_LINE = 1 << 16  # a longer "line" is no kernel line (the kernel's are under 1 KiB): dropped, not kept
+
+
+def _block_is_older(lines: List[bytes], start: float, boot: Optional[float], now: float) -> bool:
+    """Whether the first dated line of a block (oldest first) is older than `start`: the lines
+    before it then are too.  A block without a dated line says nothing."""
+    for raw in lines:
+        if not raw.strip():
+            continue
+        t, _ = _split_time(raw.decode("utf-8", "replace").strip(), boot, None, now)
+        if t is not None:
+            return t < start
+    return False
+
+
+def window_lines(f: "BinaryIO", size: int, window_s: float, boot: Optional[float], now: float,
+                 block: int = _BLOCK) -> List[str]:
+    """The XID lines of a log file that its window can hold, oldest first: read backwards from the
+    end in blocks, keeping only lines with the driver's XID text, and stopping at the first block
+    whose first dated line is older than the window (less READ_BACK_SLACK_S).  Memory and time
+    follow the window, not the file: a 1 GB log whose last hour holds no XID reads a few blocks.
+    An undated XID line further back than that is not seen (nor counted as undated)."""
+    start = now - window_s - READ_BACK_SLACK_S
+    kept: List[bytes] = []  # newest first
+    carry = b""  # the start of a line whose end is in the block read before
+    pos = size
+    while pos > 0:
+        n = min(block, pos)
+        pos -= n
+        f.seek(pos)
+        lines = (f.read(n) + carry).split(b"\n")
+        carry = lines.pop(0) if pos > 0 else b""  # may continue in the block before
+        if len(carry) > _MAX_LINE:
+            carry = b""
+        kept.extend(line for line in reversed(lines) if _XID_BYTES in line and len(line) <= _MAX_LINE)
+        if _block_is_older(lines, start, boot, now):
+            break
+    return [line.decode("utf-8", "replace").rstrip("\r") for line in reversed(kept)]
+
+
+def _source_lines(source: str, window_s: int, timeout_s: float, boot_time: Optional[float],
+                  now: Optional[float] = None) -> Tuple[Iterable[str], Optional[float], str]:
     """(lines, boot time for uptime stamps, problem).  A source that cannot be read gives a problem text."""
     import subprocess  # only the journal source needs it; kept off the default (kmsg) path
     try:
@@ -229,13 +274,16 @@ def _source_lines(source: str, window_s: int, timeout_s: float,
                 return [], None, f"journalctl -k failed: {cp.stderr.strip()[:200]}"
             return cp.stdout.splitlines(), None, ""  # short-unix: absolute times, no uptime
         path = source[len("file:"):]
-        with open(path, encoding="utf-8", errors="replace") as f:
-            mode = os.fstat(f.fileno()).st_mode
-            if mode & 0o002:  # S_IWOTH: what is read is what was opened
-                return [], None, (f"XID source {source} is writable by every user (mode {mode & 0o7777:04o}): "
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if st.st_mode & 0o002:  # S_IWOTH: what is read is what was opened
+                return [], None, (f"XID source {source} is writable by every user (mode {st.st_mode & 0o7777:04o}): "
                                   "not read, since anyone could write an XID into it")
             # Uptime stamps in a file are dated with this boot's start: right only for this boot's log.
-            return f.read().splitlines(), (_boot_time() if boot_time is None else boot_time), ""
+            boot = _boot_time() if boot_time is None else boot_time
+            if not _stat.S_ISREG(st.st_mode):  # a pipe or a device: no end to read back from
+                return [line for line in f.read().decode("utf-8", "replace").splitlines() if "NVRM: Xid" in line], boot, ""
+            return window_lines(f, st.st_size, window_s, boot, time.time() if now is None else now), boot, ""
     except subprocess.TimeoutExpired:
         return [], None, f"reading XIDs from {source} timed out after {timeout_s:g}s"
     except FileNotFoundError as e:
@@ -254,7 +302,7 @@ def read(source: str, window_s: int, timeout_s: float = 5.0, now: Optional[float
     now = time.time() if now is None else now
     if source == "none":
         return XidReading([], "", 0)
-    lines, boot, problem = _source_lines(source, window_s, timeout_s, boot_time)
+    lines, boot, problem = _source_lines(source, window_s, timeout_s, boot_time, now)
     if problem:
         return XidReading([], problem, 0)
     events: List[XidEvent] = []
