@@ -422,3 +422,15 @@ def test_an_undated_xid_before_the_window_is_not_reached_but_an_undated_log_is_r
     assert xid.read(f"file:{log}", 600, now=now).undated == 0  # read back only to two days ago
     log.write_bytes(b"NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus\n" * 3 + b"usb 1-1: reset\n" * 5000)
     assert xid.read(f"file:{log}", 600, now=now).undated == 3  # no date anywhere: every line was read
+
+
+def test_a_log_without_dates_costs_a_few_date_parses_per_block_not_one_per_line(monkeypatch):
+    """dmesg -t output has no dates: the read-back cannot stop early, and must not try every line."""
+    import io
+    calls = []
+    real = xid._split_time
+    monkeypatch.setattr(xid, "_split_time", lambda *a: calls.append(1) or real(*a))
+    data = b"usb 1-1: reset high-speed USB device\n" * 50_000 + b"NVRM: Xid (PCI:0000:44:00): 79, off the bus\n"
+    lines = xid.window_lines(io.BytesIO(data), len(data), 600, None, NOW, block=1 << 16)
+    blocks = -(-len(data) // (1 << 16))
+    assert lines == ["NVRM: Xid (PCI:0000:44:00): 79, off the bus"] and len(calls) <= 8 * blocks, (len(calls), blocks)

@@ -18,6 +18,7 @@ Dating (docs/config.md, "XID lines"):
 """
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import stat as _stat
@@ -223,12 +224,11 @@ _BLOCK = 1 << 16  # read back a file in blocks of this size
 _MAX_LINE = 1 << 16  # a longer "line" is no kernel line (the kernel's are under 1 KiB): dropped, not kept
 
 
-def _block_is_older(lines: List[bytes], start: float, boot: Optional[float], now: float) -> bool:
+def _block_is_older(lines: List[bytes], start: float, boot: Optional[float], now: float, tries: int = 8) -> bool:
     """Whether the first dated line of a block (oldest first) is older than `start`: the lines
-    before it then are too.  A block without a dated line says nothing."""
-    for raw in lines:
-        if not raw.strip():
-            continue
+    before it then are too.  Only the first `tries` lines are looked at (a log without dates, dmesg
+    -t, must not cost a date parse per line); a block without a dated one among them says nothing."""
+    for raw in itertools.islice((line for line in lines if line.strip()), tries):
         t, _ = _split_time(raw.decode("utf-8", "replace").strip(), boot, None, now)
         if t is not None:
             return t < start
