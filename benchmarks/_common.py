@@ -52,6 +52,15 @@ def in_clean_venv(script: str, args: Sequence[str]) -> int:
         return subprocess.run([str(python), os.path.abspath(script), *args]).returncode
 
 
+def args_or_clean_venv(script: str) -> List[str]:
+    """A benchmark's arguments; with --venv, the benchmark runs again in a fresh virtual
+    environment (in_clean_venv) and this process exits with its status."""
+    argv = sys.argv[1:]
+    if "--venv" in argv:
+        sys.exit(in_clean_venv(script, [a for a in argv if a != "--venv"]))
+    return argv
+
+
 def imported_ms(argv: Sequence[str], env: Dict[str, str], python: str = sys.executable) -> Dict[str, float]:
     """{top-level module: cumulative import ms} of one run under `-X importtime`, counting only
     what a bare `python -c pass` does not import already (site, encodings, ...)."""

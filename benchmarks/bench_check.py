@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from _common import SimNode, console_script, foreign_modules, in_clean_venv, report, wall
+from _common import SimNode, args_or_clean_venv, console_script, foreign_modules, report, wall
 
 
 def main(runs: int = 21) -> float:
@@ -45,7 +45,5 @@ def main(runs: int = 21) -> float:
 
 
 if __name__ == "__main__":
-    argv = sys.argv[1:]
-    if "--venv" in argv:
-        sys.exit(in_clean_venv(__file__, [a for a in argv if a != "--venv"]))
+    argv = args_or_clean_venv(__file__)
     main(int(argv[0]) if argv else 21)

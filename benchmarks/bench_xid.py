@@ -11,11 +11,10 @@ from __future__ import annotations
 import os
 import statistics
 import subprocess
-import sys
 import time
 from typing import Dict, List, Tuple
 
-from _common import SimNode, console_script, in_clean_venv
+from _common import SimNode, args_or_clean_venv, console_script
 from bench_hooks import job_env
 
 
@@ -83,9 +82,7 @@ def main(runs: int, size_mb: int) -> None:
 
 
 if __name__ == "__main__":
-    argv = sys.argv[1:]
-    if "--venv" in argv:
-        sys.exit(in_clean_venv(__file__, [a for a in argv if a != "--venv"]))
+    argv = args_or_clean_venv(__file__)
     size = 1024
     if "--size-mb" in argv:
         i = argv.index("--size-mb")

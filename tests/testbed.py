@@ -1153,13 +1153,13 @@ class SlurmTestbed:
 
     # ----------------------------------------------------------------- diagnostics
     def _failure_report(self, headline: str) -> str:
-        parts = [headline]
+        return "\n".join([headline] + self._log_tails())
+
+    def _log_tails(self, lines: int = 25) -> List[str]:
+        """'--- LOG (tail) ---' and its last lines, for every daemon log that has any."""
         logs = sorted(self.log_dir.glob("*")) if self.log_dir.exists() else []
-        for log in logs:
-            text = _tail(log)
-            if text.strip():
-                parts.append(f"--- {log} (tail) ---\n{text}")
-        return "\n".join(parts)
+        tails = ((log, _tail(log, lines)) for log in logs)
+        return [f"--- {log} (tail) ---\n{text}" for log, text in tails if text.strip()]
 
     def diagnostics(self, lines: int = 40) -> str:
         """What a failed test's report carries (tests/integration/conftest.py): each daemon alive or
@@ -1174,12 +1174,7 @@ class SlurmTestbed:
                 parts.append(f"--- {' '.join(argv)} (rc {r.returncode}) ---\n{r.stdout}{r.stderr}")
             except Exception as e:  # slurmctld gone: the logs below say why
                 parts.append(f"--- {' '.join(argv)}: {e} ---")
-        logs = sorted(self.log_dir.glob("*")) if self.log_dir.exists() else []
-        for log in logs:
-            text = _tail(log, lines)
-            if text.strip():
-                parts.append(f"--- {log} (tail) ---\n{text}")
-        return "\n".join(parts)
+        return "\n".join(parts + self._log_tails(lines))
 
     def slurmd_log(self, node: str) -> str:
         return (self.log_dir / f"slurmd-{node}.log").read_text(errors="replace")
