@@ -115,6 +115,21 @@ def _one_line(v: Any) -> Optional[str]:
     return None
 
 
+def _names(v: Any) -> Optional[str]:
+    if not all(isinstance(x, str) and x and x.strip() == x and "," not in x for x in v):
+        return "must be a list of names (non-empty strings without commas or spaces around them)"
+    return None
+
+
+def _host_port_or_empty(v: Any) -> Optional[str]:
+    if not v:
+        return None
+    host, sep, port = v.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return "must be HOST:PORT (e.g. 'mailrelay.example.org:25'), or empty for mail_command"
+    return None
+
+
 # section -> key -> Key ; section "" is the top level.
 SCHEMA: Dict[str, Dict[str, Key]] = {
     "": {
@@ -212,6 +227,30 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "small_memory_fraction": Key(float, 0.25, "`slurm-gpu job`: a peak memory below this fraction of the GPU's memory gets the note that a smaller GPU or a MIG slice would do; 0: never.", _rng(0, 1)),
         "min_runtime_s": Key(int, 300, "`slurm-gpu job`: a job that ran shorter than this is too short to judge: no utilisation or memory advice.", _rng(0, 30 * 86400)),
         "site_note": Key(str, "", "`slurm-gpu job`: a line of the site's own shown under every job's notes, e.g. 'GPU efficiency guide: https://...'; empty: none.", _one_line),
+    },
+    "efficiency": {
+        "sample_every_s": Key(float, 60.0, "How often the site's timer runs `slurm-gpu efficiency run` (or `sample`) on each GPU node (deploy/systemd/slurm-gpu-efficiency.timer; cron: every minute). The policy reads it: a job's samples further apart than 3x this leave a gap that no idle window spans (an unknown minute is never counted idle).", _rng(5, 3600)),
+        "idle_util_pct": Key(float, 0.0, "A GPU is idle in a sample when its utilisation (nvmlDeviceGetUtilizationRates: percent of the last sample period a kernel ran) is at most this.", _rng(0, 100)),
+        "idle_memory_mib": Key(int, 0, "...and, when above 0, when its memory used is at most this many MiB (a job that holds its data on the GPU is not idle); 0: memory does not count.", _rng(0, 1 << 24)),
+        "grace_s": Key(float, 900.0, "Seconds after the job started on the node before its samples count: loading data and compiling are not idleness.", _rng(0, 30 * 86400)),
+        "notify_after_s": Key(float, 3600.0, "A batch job whose GPUs (all of them, on all its nodes) stayed idle this long gets one mail; a job with some GPUs idle this long and others busy gets one advice mail (never a cancel); 0: no mail.", _rng(0, 30 * 86400)),
+        "cancel_after_s": Key(float, 0.0, "A batch job idle this long is cancelled through Slurm (scancel), if its user was mailed at least cancel_after_s - notify_after_s before (a mail that could not be delivered holds the cancel back); must be above notify_after_s; 0: never cancel.", _rng(0, 30 * 86400)),
+        "interactive_notify_after_s": Key(float, 3600.0, "notify_after_s for interactive jobs (salloc, srun without sbatch: Slurm's BatchFlag=0); 0: no mail.", _rng(0, 30 * 86400)),
+        "interactive_cancel_after_s": Key(float, 0.0, "cancel_after_s for interactive jobs; 0: never cancelled.", _rng(0, 30 * 86400)),
+        "exempt_accounts": Key(list, [], "Accounts whose jobs are mailed at most, never cancelled.", _names),
+        "exempt_partitions": Key(list, [], "Partitions whose jobs are mailed at most, never cancelled.", _names),
+        "exempt_qos": Key(list, [], "QOS whose jobs are mailed at most, never cancelled.", _names),
+        "exempt_users": Key(list, [], "Users whose jobs are mailed at most, never cancelled.", _names),
+        "max_mails_per_user_per_day": Key(int, 5, "Most mails one user gets from slurm-gpu in 24 hours; past it a stage is recorded as 'capped' and not mailed (and a job whose warning was not mailed is not cancelled).", _rng(0, 1000)),
+        "mail_from": Key(str, "", "Sender address of the mails; empty: slurm-gpu@ and this host's name.", _one_line),
+        "mail_domain": Key(str, "", "A job without Slurm's MailUser is mailed to USER@mail_domain; empty: to the bare user name (what Slurm's MailProg gets), which only mail_command can deliver.", _one_line),
+        "smtp_server": Key(str, "", "HOST:PORT of the SMTP server the mails go to (plain SMTP, as to a site's relay); empty: mail_command.", _host_port_or_empty),
+        "mail_command": Key(list, ["mail", "-s", "{subject}", "{to}"], "Used when smtp_server is empty: the program and its arguments, run without a shell, the message body on its standard input ({subject}, {to}); Slurm's MailProg takes the same arguments.", _command),
+        "mail_retry_s": Key(float, 300.0, "A mail that failed (server down, command failed) is tried again after this many seconds, by a later run; each try is logged.", _rng(0, 86400)),
+        "job_url": Key(str, "", "A link in every mail, e.g. 'https://ood.example.org/pun/sys/jobstats?jobid={job_id}' (Open OnDemand) or a Grafana dashboard; {job_id}, {cluster}, {user}; empty: none.", _one_line),
+        "samples_fine_s": Key(float, 3600.0, "A running job's samples keep their full resolution this long; older ones are merged into one row per 10 minutes and GPU.", _rng(60, 30 * 86400)),
+        "samples_keep_days": Key(float, 14.0, "Samples of jobs that ended are deleted after this many days.", _rng(0, 3650)),
+        "samples_max_mb": Key(float, 64.0, "Cap of the samples in the node database (rows x 200 bytes, measured); past it the oldest samples of ended jobs go first, then the oldest coarse rows.", _rng(1, 1 << 20)),
     },
     "remediation": {
         "enabled": Key(bool, False, "`healthcheck` (HealthCheckProgram) also runs `slurm-gpu remediate` on this node after its check: a node drained by slurm-gpu, idle, is reset, rebooted through Slurm or marked for RMA by the fault -> remedy map (docs/remediation.md). Off: only `slurm-gpu remediate` run by an admin or a timer acts."),

@@ -102,6 +102,31 @@ class Job:
     site_note: str
 
 
+class Efficiency:
+    sample_every_s: float
+    idle_util_pct: float
+    idle_memory_mib: int
+    grace_s: float
+    notify_after_s: float
+    cancel_after_s: float
+    interactive_notify_after_s: float
+    interactive_cancel_after_s: float
+    exempt_accounts: List[Any]
+    exempt_partitions: List[Any]
+    exempt_qos: List[Any]
+    exempt_users: List[Any]
+    max_mails_per_user_per_day: int
+    mail_from: str
+    mail_domain: str
+    smtp_server: str
+    mail_command: List[Any]
+    mail_retry_s: float
+    job_url: str
+    samples_fine_s: float
+    samples_keep_days: float
+    samples_max_mb: float
+
+
 class Remediation:
     enabled: bool
     reset_command: List[Any]
@@ -164,6 +189,7 @@ class Sections:
     central: Central
     metrics: Metrics
     job: Job
+    efficiency: Efficiency
     remediation: Remediation
     breaker: Breaker
     verify: Verify

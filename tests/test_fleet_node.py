@@ -210,7 +210,7 @@ def test_a_v5_database_file_migrates_to_v6_keeping_its_rows_and_outbox(tmp_path)
     c.close()
     st = Store(str(path), str(tmp_path / "spool"))
     conn = st.connect()
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 11
     assert conn.execute("SELECT status, push_version, pushed_version FROM health_events").fetchall() == [("FAIL", 1, 1)]
     cols = [r[1] for r in conn.execute("PRAGMA table_info(gpu_inventory)")]
     assert cols == ["id", "time", "node", "gpu_index", "gpu_uuid", "serial", "model", "vbios", "driver_version",

@@ -141,7 +141,7 @@ def test_v1_database_with_rows_migrates_to_v2_on_next_write_and_keeps_its_rows(t
     st.close()
     c = sqlite3.connect(path)
     try:
-        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 11
         indexes = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='index'")}
         assert {f"job_gpus_by_{k}" for k in REPORT_INDEX_KEYS} | {"job_gpus_duration"} <= indexes
         assert "job_gpus_user" not in indexes  # subsumed by job_gpus_by_user

@@ -39,6 +39,7 @@ COMMANDS: Dict[str, str] = {
     "job": "slurm_gpu.cli.job:job",
     "exporter": "slurm_gpu.cli.metrics:exporter",
     "fleet": "slurm_gpu.cli.fleet:fleet",
+    "efficiency": "slurm_gpu.cli.efficiency:efficiency",
 }
 
 

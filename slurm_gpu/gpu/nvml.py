@@ -248,8 +248,13 @@ class NvmlReader:
         """A cheap read of every GPU's UUID, minor number and PCI bus id (to map Slurm's indices)."""
         return self.snapshot(None, ident_only=True)
 
+    def usage(self, indices: Optional[Sequence[int]] = None) -> NodeSnapshot:
+        """What a running job's sample needs (`slurm-gpu efficiency sample`): each GPU's identity,
+        memory, power, energy and utilisation, and its MIG slices' memory; nothing else is read."""
+        return self.snapshot(indices, usage_only=True)
+
     def snapshot(self, indices: Optional[Sequence[int]] = None, ident_only: bool = False,
-                 inventory: bool = False) -> NodeSnapshot:
+                 inventory: bool = False, usage_only: bool = False) -> NodeSnapshot:
         """Read the node; `indices` limits per-GPU reads (node-wide facts are always read).
 
         `inventory` also reads what only inventories and node checks need (VBIOS, row-remapper
@@ -259,7 +264,7 @@ class NvmlReader:
         driver, cuda, count = self._node_readings()
         n = count.value if count.ok else 0
         wanted = sorted(set(range(n) if indices is None else indices))
-        readers = self._parallel(wanted, ident_only=ident_only, count=n, inventory=inventory)
+        readers = self._parallel(wanted, ident_only=ident_only, count=n, inventory=inventory, usage_only=usage_only)
         for r in readers:
             h = getattr(r, "handle", None)
             if h is not None and not r.unreachable:
@@ -269,9 +274,10 @@ class NvmlReader:
                             cuda_driver_version=cuda, gpu_count=count, gpus=gpus)
 
     def _parallel(self, indices: Sequence[int], body: Optional[Callable[[OneGpuReader], Any]] = None,
-                  ident_only: bool = False, count: Optional[int] = None, inventory: bool = False) -> List[OneGpuReader]:
+                  ident_only: bool = False, count: Optional[int] = None, inventory: bool = False,
+                  usage_only: bool = False) -> List[OneGpuReader]:
         """Read each GPU (or run `body` on it) in worker threads, under the per-call deadline."""
-        readers = [OneGpuReader(i, ident_only, body, inventory) for i in indices]
+        readers = [OneGpuReader(i, ident_only, body, inventory, usage_only) for i in indices]
         queue: Deque[OneGpuReader] = deque()
         for r in readers:
             if r.index in self._stuck:

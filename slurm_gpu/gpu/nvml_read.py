@@ -77,9 +77,10 @@ class OneGpuReader:
     """Reads one GPU, recording each call so the caller can enforce the deadline."""
 
     def __init__(self, index: int, ident_only: bool = False, body: Optional[Callable[[OneGpuReader], Any]] = None,
-                 inventory: bool = False):
+                 inventory: bool = False, usage_only: bool = False):
         self.index = index
         self.ident_only = ident_only
+        self.usage_only = usage_only  # identity, memory, power, energy, utilisation and MIG slices (efficiency samples)
         self.inventory = inventory  # also VBIOS, row-remapper histogram, SRAM ECC (not for the prolog)
         self.body = body  # a task other than reading the GPU (writes, process lists, accounting)
         self.result: Any = None
@@ -151,6 +152,10 @@ class OneGpuReader:
             self._read_mig(h)
             return
         self.reading("name", "nvmlDeviceGetName", p.nvmlDeviceGetName, h, convert=as_text)
+        if self.usage_only:
+            self._read_usage(h)
+            self._read_mig(h)
+            return
         self.reading("serial", "nvmlDeviceGetSerial", p.nvmlDeviceGetSerial, h, convert=as_text)
         self._read_bus_id(h)
         self._read_usage(h)

@@ -311,6 +311,30 @@ class CliBackend(SlurmBackend):
         raise SlurmError(f"unknown job {job_id}: not in slurmctld nor in accounting (sacct)",
                          "the job id may be mistyped, or accounting (slurmdbd) is not enabled")
 
+    def job_record(self, job_id: int) -> Optional[Dict[str, str]]:
+        """`scontrol -o show job JOBID` as its key=value fields (the idle policy's facts of a running job);
+        None when slurmctld no longer knows the job."""
+        job_id = int(job_id)
+        rc, out, err = self.run("scontrol", ["-o", "show", "job", str(job_id)])
+        if rc != 0:
+            if "invalid job id" in (err + out).lower():
+                return None
+            self._raise(rc, out, err, f"scontrol show job {job_id}", job=job_id)
+        recs = [parse_kv(r) for r in split_records(out)]
+        return next((r for r in recs if r.get("JobId") == str(job_id)), None)
+
+    def cancel_with_note(self, job_id: int, note: Optional[str]) -> bool:
+        """Cancel a running job (the idle policy), its reason first put into its AdminComment (`note`; the
+        caller has checked that the field is free or already ours: sacct then shows it).  True when the note
+        was set.  SlurmError when the cancel failed."""
+        noted = False
+        if note:
+            clean = " ".join(note.replace("=", ":").split())[:1000]  # one value: no '=' that parse_kv would split
+            rc, out, err = self.run("scontrol", ["update", f"JobId={int(job_id)}", f"AdminComment={clean}"])
+            noted = rc == 0
+        self.cancel_job(job_id)
+        return noted
+
     def cancel_job(self, job_id: int) -> None:
         rc, out, err = self.run("scancel", [str(int(job_id))])
         if rc != 0 and "invalid job id" not in (err + out).lower() and "already completed" not in (err + out).lower():

@@ -11,7 +11,7 @@ from typing import List, Tuple
 from slurm_gpu import groupkeys
 from slurm_gpu.store import record
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 # Group-by columns of `slurm-gpu report` with a covering index (slurm_gpu/groupkeys.py), and the
 # columns the index carries after the key: everything report.summary reads, so the table itself is
@@ -340,6 +340,64 @@ MIGRATIONS: List[Tuple[str, ...]] = [
         "ALTER TABLE jobs ADD COLUMN sluid TEXT",
         "ALTER TABLE job_gpus ADD COLUMN sluid TEXT",
         "CREATE INDEX IF NOT EXISTS job_gpus_sluid ON job_gpus (sluid) WHERE sluid IS NOT NULL",
+    ),
+    # v11: running jobs' GPUs sampled (`slurm-gpu efficiency sample`, docs/efficiency.md) and what the idle
+    # policy did about them.  A sample row covers span_s seconds up to `time` on one GPU or MIG slice of one
+    # job start: a fine row is one reading (samples = 1); rows older than efficiency.samples_fine_s are merged
+    # into coarse rows of up to 10 minutes (coarse = 1: mean and max utilisation, peak memory, the last energy
+    # figure), so fine and coarse rows of a GPU never overlap.  NULL: not available (a MIG slice has no
+    # utilisation of its own), never 0.  energy_j counts from the job's start on the GPU (the prolog's counter).
+    (
+        """CREATE TABLE IF NOT EXISTS job_samples (
+            id INTEGER PRIMARY KEY,
+            cluster TEXT NOT NULL,
+            job_id INTEGER NOT NULL,
+            restart_count INTEGER NOT NULL DEFAULT 0,
+            node TEXT NOT NULL,
+            gpu_uuid TEXT NOT NULL,
+            gpu_index INTEGER,
+            time REAL NOT NULL,
+            span_s REAL NOT NULL,
+            samples INTEGER NOT NULL DEFAULT 1,
+            coarse INTEGER NOT NULL DEFAULT 0,
+            gpu_util_pct REAL,
+            gpu_util_max_pct REAL,
+            memory_used_bytes INTEGER,
+            memory_total_bytes INTEGER,
+            energy_j REAL
+        )""",
+        "CREATE INDEX IF NOT EXISTS job_samples_job ON job_samples (cluster, job_id, restart_count, node, time)",
+        "CREATE INDEX IF NOT EXISTS job_samples_time ON job_samples (coarse, time)",
+        # One row per job start and stage (advice, notify, cancel): at most one message per job and stage,
+        # whatever crashes or runs twice.  The mail's and the cancel's outcome are written after the act.
+        """CREATE TABLE IF NOT EXISTS efficiency_actions (
+            id INTEGER PRIMARY KEY,
+            time REAL NOT NULL,
+            cluster TEXT NOT NULL,
+            job_id INTEGER NOT NULL,
+            restart_count INTEGER NOT NULL DEFAULT 0,
+            decided_on TEXT NOT NULL,
+            user TEXT,
+            account TEXT,
+            partition TEXT,
+            stage TEXT NOT NULL,
+            idle_since REAL,
+            idle_s REAL,
+            gpus INTEGER,
+            idle_gpus INTEGER,
+            evidence TEXT,
+            mail_to TEXT,
+            mail_state TEXT NOT NULL,
+            mail_tries INTEGER NOT NULL DEFAULT 0,
+            mail_time REAL,
+            mail_error TEXT,
+            message TEXT,
+            cancel_state TEXT,
+            cancel_error TEXT,
+            UNIQUE (cluster, job_id, restart_count, stage)
+        )""",
+        "CREATE INDEX IF NOT EXISTS efficiency_actions_time ON efficiency_actions (time)",
+        "CREATE INDEX IF NOT EXISTS efficiency_actions_mail ON efficiency_actions (mail_to, mail_time)",
     ),
 ]
 

@@ -194,8 +194,14 @@ def fit(s: Summary, limit: int = MAX_BYTES) -> str:
     raise ValueError(f"even the marker of job {s.job_id} exceeds {limit} bytes")  # thousands of node names
 
 
+# The AdminComment `slurm-gpu efficiency enforce` sets on a job it cancels (efficiency/enforce.py): ours, so
+# that the controller epilog may write the job's summary over it.
+CANCEL_NOTE = "slurm-gpu cancelled this job"
+
+
 def is_ours(text: Optional[str]) -> bool:
-    return text is not None and text.strip().lower().startswith(PREFIX)
+    t = (text or "").strip().lower()
+    return t.startswith(PREFIX) or t.startswith(CANCEL_NOTE)
 
 
 def decode(text: str) -> Summary:

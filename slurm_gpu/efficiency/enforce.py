@@ -1,0 +1,203 @@
+"""One run of the idle policy (`slurm-gpu efficiency enforce`, docs/efficiency.md).
+
+For each running job start on this node: its facts from Slurm (`scontrol show job`: state, user,
+account, partition, QOS, batch or interactive, its nodes, MailUser), its samples, the stage due
+(policy.judge).  Without a central server only jobs that run on this node alone are judged here: a
+job on several nodes is idle only when all its nodes say so, which no single node can see.
+
+Every decision is written to the node database (efficiency_actions, with its evidence) before it is
+acted on, once per job start and stage (a UNIQUE key: a second run, or a run after a crash, finds the
+row and does not mail or cancel twice).  A cancel is `scancel` through Slurm, after the reason has
+been put into the job's AdminComment where that field is free (sacct shows it).  A mail that failed
+stays 'failed' and is tried again every efficiency.mail_retry_s by later runs; it never holds up
+sampling (the sample is written first) and never blocks another job's decision.  --dry-run decides
+and prints, and writes, mails and cancels nothing.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+
+from slurm_gpu.config import Config, node_name
+from slurm_gpu.efficiency import mail as M
+from slurm_gpu.efficiency.policy import CANCEL, JobFacts, Judgement, Policy, judge
+from slurm_gpu.errors import SlurmError
+from slurm_gpu.store import samples as Q
+from slurm_gpu.store.samples import RunningStart
+from slurm_gpu.store.summary import CANCEL_NOTE, is_ours
+
+DAY_S = 86400.0
+
+
+class Outcome(NamedTuple):
+    job_id: int
+    stage: str  # advice, notify, cancel, or '' (nothing due)
+    why: str
+    mail: str = ""  # sent, failed, capped, none, dry-run, ''
+    cancel: str = ""  # done, failed, dry-run, ''
+    error: str = ""
+
+    def line(self) -> str:
+        parts = [f"job {self.job_id}: {self.stage or 'nothing due'}", self.why]
+        if self.mail:
+            parts.append(f"mail {self.mail}")
+        if self.cancel:
+            parts.append(f"cancel {self.cancel}")
+        if self.error:
+            parts.append(self.error)
+        return " - ".join(parts)
+
+
+def facts_from_record(rec: Mapping[str, str], start: RunningStart, started: float) -> JobFacts:
+    """JobFacts of `scontrol -o show job` fields; the start time is the prolog's (the samples' clock)."""
+    def name(v: str) -> str:
+        return (v or "").split("(")[0]
+
+    def num(v: str) -> int:
+        return int(v) if (v or "").isdigit() else 0
+    mail_user = rec.get("MailUser", "")
+    return JobFacts(cluster=start.cluster, job_id=start.job_id, restart_count=num(rec.get("Restarts", "0")),
+                    user=name(rec.get("UserId", "")), account=rec.get("Account", ""), partition=rec.get("Partition", ""),
+                    qos=rec.get("QOS", ""), batch=rec.get("BatchFlag", "0") == "1", state=rec.get("JobState", ""),
+                    num_nodes=num(rec.get("NumNodes", "1")) or 1, nodes=rec.get("NodeList", ""),
+                    start_time=started, mail_user="" if mail_user in ("(null)", "") else mail_user,
+                    name=rec.get("JobName", ""),
+                    admin_comment="" if rec.get("AdminComment", "") in ("(null)", "") else rec.get("AdminComment", ""))
+
+
+_StartKey = Tuple[str, int, int]  # cluster, job id, restart count
+
+
+def _group(starts: Sequence[RunningStart]) -> Dict[_StartKey, List[RunningStart]]:
+    out: Dict[_StartKey, List[RunningStart]] = {}
+    for s in starts:
+        out.setdefault((s.cluster, s.job_id, s.restart_count), []).append(s)
+    return out
+
+
+def _no_log(event: str, **fields: Any) -> None:
+    pass
+
+
+class Enforcer:
+    def __init__(self, cfg: Config, conn: Any, backend: Any, *, node: Optional[str] = None, dry_run: bool = False,
+                 send: Callable[[Config, M.Message], str] = M.send, log: Callable[..., None] = _no_log):
+        self.cfg, self.conn, self.backend = cfg, conn, backend
+        self.node = node or cfg.node or node_name()
+        self.dry_run = dry_run
+        self.send = send
+        self.log = log
+        self.policy = Policy.from_config(cfg)
+
+    # -- the run -----------------------------------------------------------------------------
+    def run(self, now: float, booted_at: float) -> List[Outcome]:
+        out = [] if self.dry_run else self.retry_mails(now)
+        for (cluster, job_id, restart), starts in sorted(_group(Q.running_starts(self.conn, self.node, booted_at)).items()):
+            try:
+                o = self.one_job(starts, now)
+            except SlurmError as e:
+                o = Outcome(job_id, "", "Slurm could not be asked", error=e.message)
+            if o is not None:
+                out.append(o)
+        return out
+
+    def one_job(self, starts: List[RunningStart], now: float) -> Optional[Outcome]:
+        s0 = starts[0]
+        rec = self.backend.job_record(s0.job_id)
+        if rec is None:
+            return Outcome(s0.job_id, "", "slurmctld does not know the job (ended)")
+        job = facts_from_record(rec, s0, min(s.start_time for s in starts))
+        if job.restart_count != s0.restart_count:
+            return Outcome(s0.job_id, "", f"the job was requeued (restart {job.restart_count}, here {s0.restart_count})")
+        if job.num_nodes > 1:
+            return Outcome(s0.job_id, "", f"runs on {job.num_nodes} nodes ({job.nodes}): judged where all nodes' samples "
+                                          "meet (the central server), not on one node")
+        notify_after, cancel_after = self.policy.thresholds(job.batch)
+        lookback = max(notify_after, cancel_after) + 2 * self.policy.max_gap_s + Q.COARSE_STEP_S
+        rows = Q.job_samples(self.conn, s0.cluster, s0.job_id, s0.restart_count, since=now - lookback)
+        done = Q.actions_of(self.conn, s0.cluster, s0.job_id, s0.restart_count)
+        failed_cancel = done.get(CANCEL, {}).get("cancel_state") == "failed"
+        j = judge(rows, job, self.policy, done, now, len(starts))
+        if failed_cancel and job.state == "RUNNING" and not self.dry_run:
+            return self._cancel(job, done[CANCEL], j.why)
+        if not j.stage:
+            return Outcome(job.job_id, "", j.why)
+        return self.act(job, j, now)
+
+    # -- acting --------------------------------------------------------------------------------
+    def act(self, job: JobFacts, j: Judgement, now: float) -> Outcome:
+        notify_after, cancel_after = self.policy.thresholds(job.batch)
+        exempt = self.policy.exemption(job)
+        row: Dict[str, Any] = {
+            "time": now, "cluster": job.cluster, "job_id": job.job_id, "restart_count": job.restart_count,
+            "decided_on": self.node, "user": job.user, "account": job.account, "partition": job.partition,
+            "stage": j.stage, "idle_since": j.idle_since, "idle_s": j.idle_s, "gpus": j.gpus, "idle_gpus": j.idle_gpus,
+            "evidence": json.dumps({"why": j.why, "gpus": j.evidence()}, separators=(",", ":")), "mail_tries": 0}
+        msg = M.compose(self.cfg, job, j.stage, row, j.evidence(), cancel_after_s=cancel_after, exempt=exempt)
+        row["mail_to"] = msg.to
+        if self.dry_run:
+            return Outcome(job.job_id, j.stage, j.why, mail=f"dry-run to {msg.to}: {msg.subject}",
+                           cancel="dry-run" if j.stage == CANCEL else "")
+        row["mail_state"] = "pending"
+        row["message"] = json.dumps({"subject": msg.subject, "body": msg.body})  # tried again from here
+        row_id = Q.add_action(self.conn, row)
+        if row_id is None:
+            return Outcome(job.job_id, j.stage, "already decided by another run")
+        self.log("efficiency-decision", job=job.job_id, stage=j.stage, user=job.user, idle_s=round(j.idle_s),
+                 gpus=j.gpus, idle_gpus=j.idle_gpus, why=j.why)
+        cancel = ""
+        if j.stage == CANCEL:
+            cancel = self._cancel(job, {"id": row_id}, j.why).cancel
+        mail = self._mail(row_id, msg, now)
+        return Outcome(job.job_id, j.stage, j.why, mail=mail, cancel=cancel)
+
+    def _cancel(self, job: JobFacts, action: Mapping[str, Any], why: str) -> Outcome:
+        # The reason goes where sacct shows it, unless another tool owns the field (never overwritten).
+        note = f"{CANCEL_NOTE}: its GPUs were idle ({why}); see slurm-gpu efficiency actions"
+        try:
+            self.backend.cancel_with_note(job.job_id, note if not job.admin_comment or is_ours(job.admin_comment) else None)
+        except SlurmError as e:
+            Q.update_action(self.conn, int(action["id"]), cancel_state="failed", cancel_error=e.message)
+            self.log("efficiency-cancel-failed", job=job.job_id, error=e.message)
+            return Outcome(job.job_id, CANCEL, why, cancel="failed", error=e.message)
+        Q.update_action(self.conn, int(action["id"]), cancel_state="done", cancel_error=None)
+        self.log("efficiency-cancelled", job=job.job_id, user=job.user)
+        return Outcome(job.job_id, CANCEL, why, cancel="done")
+
+    def _mail(self, row_id: int, msg: M.Message, now: float, tries: int = 0) -> str:
+        cap = int(self.cfg.efficiency.max_mails_per_user_per_day)
+        if Q.mails_since(self.conn, msg.to, now - DAY_S) >= cap:
+            Q.update_action(self.conn, row_id, mail_state="capped", mail_time=now, mail_error=None)
+            self.log("efficiency-mail-capped", to=msg.to, cap=cap)
+            return "capped"
+        try:
+            how = self.send(self.cfg, msg)
+        except M.MailError as e:
+            Q.update_action(self.conn, row_id, mail_state="failed", mail_tries=tries + 1, mail_time=now,
+                            mail_error=e.message)
+            self.log("efficiency-mail-failed", to=msg.to, tries=tries + 1, error=e.message)
+            return "failed"
+        Q.update_action(self.conn, row_id, mail_state="sent", mail_tries=tries + 1, mail_time=now, mail_error=None)
+        self.log("efficiency-mail-sent", to=msg.to, via=how)
+        return "sent"
+
+    def retry_mails(self, now: float) -> List[Outcome]:
+        """Mails that failed (or were never tried: a crash between the decision and the send), again."""
+        out = []
+        for a in Q.pending_mails(self.conn, now - float(self.cfg.efficiency.mail_retry_s)):
+            saved = json.loads(a["message"] or "{}")
+            if not saved.get("subject"):
+                continue
+            msg = M.Message(a["mail_to"], saved["subject"], saved["body"])
+            state = self._mail(int(a["id"]), msg, now, int(a["mail_tries"] or 0))
+            out.append(Outcome(int(a["job_id"]), a["stage"], "mail tried again", mail=state))
+        return out
+
+
+def enforce(cfg: Config, conn: Any, backend: Any, *, now: Optional[float] = None, booted_at: float,
+            dry_run: bool = False, node: Optional[str] = None, send: Callable[[Config, M.Message], str] = M.send,
+            log: Callable[..., None] = _no_log) -> List[Outcome]:
+    return Enforcer(cfg, conn, backend, node=node, dry_run=dry_run, send=send, log=log).run(
+        time.time() if now is None else now, booted_at)
+

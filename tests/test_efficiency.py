@@ -1,0 +1,480 @@
+"""Issue 38: idle GPUs found while the job runs.  Samples from the real prolog's start records and the
+simulated driver into a real on-disk SQLite database; the policy as a pure function; the decisions of
+`efficiency enforce` mailed through a real SMTP server on 127.0.0.1 (aiosmtpd) with Slurm replaced by a
+recording backend (the same flows run under real Slurm in tests/integration/test_efficiency_slurm.py)."""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+import simgpu
+from smtpserver import SmtpServer
+from test_hooks import deps_for, job_env, rows
+
+from slurm_gpu import config
+from slurm_gpu.efficiency import enforce as E
+from slurm_gpu.efficiency import mail as M
+from slurm_gpu.efficiency import policy as P
+from slurm_gpu.efficiency.sample import sample
+from slurm_gpu.errors import ConfigError, SlurmError
+from slurm_gpu.gpu.nvml import NvmlReader
+from slurm_gpu.hooks import flows as hooks
+from slurm_gpu.slurm.jobenv import from_env
+from slurm_gpu.store import samples as Q
+from slurm_gpu.store.node import Store
+
+GIB = 1 << 30
+
+
+def _store(node):
+    return Store(str(node.db), str(node.spool))
+
+
+def _reader(cfg):
+    return NvmlReader(cfg.nvml_library, cfg.nvml_timeout_s)
+
+
+def _start(node, job_id, gpus, **env):
+    assert hooks.prolog(from_env(job_env(job_id=job_id, gpus=gpus, **env)), deps_for(node)) == 0
+
+
+def _end(node, job_id, gpus):
+    assert hooks.epilog(from_env(job_env(job_id=job_id, gpus=gpus)), deps_for(node)) == 0
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+def test_sample_reads_each_running_jobs_gpus_by_uuid_and_skips_ended_jobs(sim_node):
+    node = sim_node(simgpu.h100_sxm(4))
+    _start(node, 11, "0,1")
+    _start(node, 12, "2")
+    _end(node, 12, "2")
+    simgpu.set_gpu(node.state, 0, gpu_util=0, memory_used=1 * GIB, energy_mj=1_000_000_000 + 5_000_000)
+    simgpu.set_gpu(node.state, 1, gpu_util=87, memory_used=40 * GIB)
+    simgpu.set_gpu(node.state, 2, gpu_util=99)  # job 12 ended: nobody's sample
+    cfg = config.load(str(node.config))
+    conn = _store(node).connect()
+    starts = {r["gpu_uuid"]: r for r in rows(node.db, "SELECT * FROM job_starts WHERE job_id = 11")}
+    run = sample(cfg, conn, _reader(cfg), node="gpu01", boot=0.0, now=time.time())
+    got = {r["gpu_uuid"]: r for r in rows(node.db, "SELECT * FROM job_samples")}
+    assert set(got) == set(starts) and len(run.rows) == 2 and run.missing == []
+    by_index = {r["gpu_index"]: r for r in got.values()}
+    assert by_index[0]["gpu_util_pct"] == 0 and by_index[0]["memory_used_bytes"] == 1 * GIB
+    assert by_index[1]["gpu_util_pct"] == 87 and by_index[1]["gpu_util_max_pct"] == 87
+    e0 = starts[by_index[0]["gpu_uuid"]]["energy_mj"]
+    assert by_index[0]["energy_j"] == pytest.approx((1_000_000_000 + 5_000_000 - e0) / 1000.0)
+    assert {r["job_id"] for r in got.values()} == {11} and all(r["span_s"] == 60.0 for r in got.values())
+
+
+def test_a_start_recorded_before_the_node_booted_is_not_a_running_job(sim_node):
+    node = sim_node(simgpu.h100_sxm(2))
+    _start(node, 21, "0")
+    cfg = config.load(str(node.config))
+    run = sample(cfg, _store(node).connect(), _reader(cfg), node="gpu01", boot=time.time() + 5)
+    assert run.rows == [] and rows(node.db, "SELECT count(*) AS n FROM job_samples") == [{"n": 0}]
+
+
+def test_a_gpu_that_left_the_bus_is_named_not_sampled_and_the_others_still_are(sim_node):
+    node = sim_node(simgpu.h100_sxm(2))
+    _start(node, 31, "0,1")
+    simgpu.inject_error(node.state, 1, "nvmlDeviceGetHandleByIndex", simgpu.GPU_IS_LOST)
+    cfg = config.load(str(node.config))
+    run = sample(cfg, _store(node).connect(), _reader(cfg), node="gpu01", boot=0.0)
+    assert len(run.rows) == 1 and run.rows[0]["gpu_index"] == 0
+    assert len(run.missing) == 1 and run.missing[0].startswith("job 31: GPU-")
+
+
+def _row(t, util, *, job=1, gpu="GPU-a", node="gpu01", span=60.0, mem=None, energy=None):
+    return {"cluster": "c", "job_id": job, "restart_count": 0, "node": node, "gpu_uuid": gpu, "gpu_index": 0,
+            "time": t, "span_s": span, "samples": 1, "coarse": 0, "gpu_util_pct": util, "gpu_util_max_pct": util,
+            "memory_used_bytes": mem, "memory_total_bytes": 80 * GIB, "energy_j": energy}
+
+
+def test_rows_older_than_the_fine_window_become_ten_minute_rows_with_the_same_figures(tmp_path):
+    conn = Store(str(tmp_path / "u.db"), str(tmp_path / "spool")).connect()
+    t0 = 1_800_000_000.0  # a multiple of 600
+    fine = [_row(t0 + 60 * i, util=i % 3 * 10.0, mem=i * GIB, energy=100.0 * i) for i in range(1, 41)]
+    Q.record_samples(conn, fine, fine_before=t0 + 1900, keep_before=0, max_bytes=1e9)
+    got = [dict(zip(Q.SAMPLE_COLUMNS, r)) for r in
+           conn.execute(f"SELECT {', '.join(Q.SAMPLE_COLUMNS)} FROM job_samples ORDER BY time")]
+    coarse = [r for r in got if r["coarse"]]
+    # The cut is at t0 + 1800: samples 1..29 fall into three buckets, merged; 30..40 stay fine.
+    assert [r["samples"] for r in coarse] == [9, 10, 10] and all(not r["coarse"] for r in got[3:])
+    assert [r["time"] for r in got[3:]] == [t0 + 60 * i for i in range(30, 41)]
+    merged = fine[:29]
+    assert sum(r["span_s"] for r in coarse) == sum(r["span_s"] for r in merged)
+    assert sum(r["gpu_util_pct"] * r["span_s"] for r in coarse) == pytest.approx(sum(r["gpu_util_pct"] * 60 for r in merged))
+    assert max(r["gpu_util_max_pct"] for r in coarse) == 20.0 and coarse[-1]["memory_used_bytes"] == 29 * GIB
+    assert coarse[-1]["energy_j"] == 2900.0
+    # Running it again merges nothing twice.
+    assert Q.downsample(conn, t0 + 1900) == 0
+
+
+def test_the_samples_table_stays_under_its_cap_oldest_first(tmp_path):
+    conn = Store(str(tmp_path / "u.db"), str(tmp_path / "spool")).connect()
+    t0 = 1_800_000_000.0
+    Q.record_samples(conn, [_row(t0 + i, 0.0) for i in range(500)], fine_before=0, keep_before=0,
+                     max_bytes=100 * Q.ROW_BYTES)
+    times = [r[0] for r in conn.execute("SELECT time FROM job_samples ORDER BY time")]
+    assert times == [t0 + i for i in range(400, 500)]
+    out = Q.record_samples(conn, [_row(t0 + 1000, 0.0)], fine_before=0, keep_before=t0 + 450, max_bytes=1e9)
+    assert out["deleted"] == 50
+
+
+# --------------------------------------------------------------------------- the policy
+
+
+def _policy(**kw):
+    base = dict(idle_util_pct=0.0, idle_memory_bytes=0, grace_s=0.0, notify_after_s=600.0, cancel_after_s=1200.0,
+                interactive_notify_after_s=600.0, interactive_cancel_after_s=0.0, exempt_accounts=frozenset(),
+                exempt_partitions=frozenset(), exempt_qos=frozenset(), exempt_users=frozenset(), max_gap_s=180.0)
+    base.update(kw)
+    return P.Policy(**base)
+
+
+def _job(**kw):
+    base = dict(cluster="c", job_id=1, restart_count=0, user="alice", account="physics", partition="gpu", qos="normal",
+                batch=True, state="RUNNING", num_nodes=1, nodes="gpu01", start_time=0.0)
+    base.update(kw)
+    return P.JobFacts(**base)
+
+
+def _series(gpus, minutes, util=lambda g, m: 0.0, node=lambda g: "gpu01"):
+    return [_row(60.0 * m, util(g, m), gpu=f"GPU-{g}", node=node(g)) for g in range(gpus) for m in range(1, minutes + 1)]
+
+
+def test_a_job_idle_on_all_gpus_is_notified_once_then_cancelled_only_after_its_warning_aged():
+    p, job = _policy(), _job()
+    s = _series(2, 9)
+    assert P.judge(s, job, p, {}, 9 * 60, 2).stage == ""  # idle 540 s < 600 s
+    s = _series(2, 11)
+    j = P.judge(s, job, p, {}, 11 * 60, 2)
+    assert (j.stage, j.idle_s, j.idle_gpus) == ("notify", 660.0, 2)
+    done = {"notify": {"mail_state": "sent", "mail_time": 11 * 60}}
+    assert P.judge(_series(2, 15), job, p, done, 15 * 60, 2).stage == ""
+    # Idle 1,260 s, but warned only 540 s ago (600 s are due): not yet.
+    j = P.judge(_series(2, 21), job, p, done, 20 * 60, 2)
+    assert j.stage == "" and "warned 540 s ago" in j.why
+    j = P.judge(_series(2, 22), job, p, done, 22 * 60, 2)
+    assert j.stage == "cancel"
+    assert P.judge(_series(2, 23), job, p, dict(done, cancel={"cancel_state": "done"}), 23 * 60, 2).stage == ""
+
+
+def test_a_warning_that_never_went_out_holds_the_cancel_back():
+    p, job = _policy(), _job()
+    for state in ("failed", "pending", "capped"):
+        j = P.judge(_series(1, 60), job, p, {"notify": {"mail_state": state, "mail_time": 60.0}}, 3600, 1)
+        assert j.stage == "" and "not mailed" in j.why
+
+
+def test_one_busy_gpu_on_another_node_means_advice_never_a_cancel():
+    p, job = _policy(), _job(num_nodes=2, nodes="gpu[01-02]")
+    s = _series(2, 60, util=lambda g, m: 90.0 if g == 1 else 0.0, node=lambda g: f"gpu0{g + 1}")
+    j = P.judge(s, job, p, {}, 3600, 2)
+    assert (j.stage, j.idle_gpus, j.gpus) == ("advice", 1, 2)
+    assert P.judge(s, job, p, {"advice": {}}, 3600, 2).stage == ""
+
+
+def test_a_gpu_whose_samples_have_not_arrived_leaves_the_job_unjudged():
+    p, job = _policy(), _job(num_nodes=2)
+    assert P.judge(_series(1, 60), job, p, {}, 3600, 2).stage == ""  # the second GPU never sampled
+    s = _series(2, 60)
+    stale = [r for r in s if not (r["gpu_uuid"] == "GPU-1" and r["time"] > 3000)]
+    j = P.judge(stale, job, p, {}, 3600, 2)
+    assert j.stage == "" and "fresh" in j.why
+
+
+def test_a_gap_in_the_samples_ends_the_idle_stretch():
+    p, job = _policy(), _job()
+    p = _policy(notify_after_s=1200.0, cancel_after_s=0.0)
+    s = [r for r in _series(1, 30) if not 10 * 60 < r["time"] < 15 * 60]  # 4 minutes missing
+    j = P.judge(s, job, p, {}, 30 * 60, 1)
+    assert j.stage == "" and j.idle_s == pytest.approx(16 * 60)
+    assert P.judge(_series(1, 30), job, p, {}, 30 * 60, 1).stage == "notify"
+
+
+def test_the_grace_period_and_a_single_busy_sample_both_reset_the_window():
+    p = _policy(grace_s=900.0)
+    assert P.judge(_series(1, 24), _job(), p, {}, 24 * 60, 1).stage == ""  # idle 540 s after the grace
+    s = _series(1, 30, util=lambda g, m: 3.0 if m == 25 else 0.0)
+    j = P.judge(s, _job(), _policy(), {}, 30 * 60, 1)
+    assert j.stage == "" and j.idle_s == 300.0
+
+
+def test_memory_held_on_the_gpu_is_not_idle_when_the_site_says_so():
+    s = [dict(r, memory_used_bytes=30 * GIB) for r in _series(1, 30)]
+    assert P.judge(s, _job(), _policy(), {}, 1800, 1).stage == "notify"
+    assert P.judge(s, _job(), _policy(idle_memory_bytes=1 * GIB), {}, 1800, 1).stage == ""
+
+
+def test_exempt_accounts_and_interactive_jobs_are_warned_and_never_cancelled():
+    done = {"notify": {"mail_state": "sent", "mail_time": 0.0}}
+    for p, job in ((_policy(exempt_accounts=frozenset({"physics"})), _job()),
+                   (_policy(exempt_qos=frozenset({"normal"})), _job()),
+                   (_policy(), _job(batch=False))):
+        assert P.judge(_series(1, 60), job, p, {}, 3600, 1).stage == "notify"
+        assert P.judge(_series(1, 60), job, p, done, 3600, 1).stage == ""
+    assert P.judge(_series(1, 60), _job(batch=False), _policy(interactive_cancel_after_s=1200.0), done, 3600, 1
+                   ).stage == "cancel"
+
+
+def test_a_mig_slice_has_no_utilisation_so_its_job_is_never_idle():
+    s = [dict(r, gpu_util_pct=None, gpu_util_max_pct=None) for r in _series(1, 60)]
+    assert P.judge(s, _job(), _policy(), {}, 3600, 1).stage == ""
+
+
+def test_a_cancel_without_a_warning_before_it_is_a_config_error(sim_node):
+    node = sim_node()
+    for extra in ("[efficiency]\nnotify_after_s = 0\ncancel_after_s = 600\n",
+                  "[efficiency]\nnotify_after_s = 600\ncancel_after_s = 600\n",
+                  "[efficiency]\ninteractive_notify_after_s = 0\ninteractive_cancel_after_s = 60\n"):
+        node.write_config(extra)
+        with pytest.raises(ConfigError) as e:
+            P.Policy.from_config(config.load(str(node.config)))
+        assert "needs a warning first" in e.value.message and e.value.hint
+
+
+# --------------------------------------------------------------------------- enforce, with a real SMTP server
+
+
+class RecordingSlurm:
+    def __init__(self, records):
+        self.records = records  # job id -> scontrol fields
+        self.cancelled = []
+        self.fail_cancel = False
+
+    def job_record(self, job_id):
+        return self.records.get(job_id)
+
+    def cancel_with_note(self, job_id, note):
+        if self.fail_cancel:
+            raise SlurmError("scancel: slurmctld not reachable", "scontrol ping")
+        self.cancelled.append((job_id, note))
+        self.records[job_id] = dict(self.records[job_id], JobState="CANCELLED")
+        return bool(note)
+
+
+def _record(job_id, **kw):
+    base = {"JobId": str(job_id), "UserId": "sgtest(2501)", "Account": "physics", "Partition": "gpu", "QOS": "normal",
+            "BatchFlag": "1", "JobState": "RUNNING", "NumNodes": "1", "NodeList": "gpu01", "Restarts": "0",
+            "JobName": "train.sh", "MailUser": "(null)", "AdminComment": "(null)"}
+    base.update(kw)
+    return base
+
+
+@pytest.fixture
+def smtp(tmp_path):
+    server = SmtpServer(tmp_path / "smtp").start()
+    yield server
+    server.stop()
+
+
+def _idle_node(sim_node, smtp, extra=""):
+    node = sim_node(simgpu.h100_sxm(2))
+    node.write_config(f'[efficiency]\ngrace_s = 0\nnotify_after_s = 120\ncancel_after_s = 300\nmail_retry_s = 0\n'
+                      f'smtp_server = "{smtp.address}"\nmail_domain = "example.org"\nmail_from = "gpu-police@example.org"\n'
+                      f'job_url = "https://ood.example.org/jobstats?jobid={{job_id}}"\n' + extra)
+    _start(node, 41, "0,1")
+    for i in (0, 1):
+        simgpu.set_gpu(node.state, i, gpu_util=0, memory_used=2 * GIB)
+    cfg = config.load(str(node.config))
+    conn = _store(node).connect()
+    return node, cfg, conn
+
+
+def _minutes(cfg, conn, start, minutes):
+    """Samples each minute from `start` (the simulated driver's figures at each)."""
+    reader = _reader(cfg)
+    for m in range(1, minutes + 1):
+        sample(cfg, conn, reader, node="gpu01", boot=0.0, now=start + 60.0 * m)
+    reader.close()
+
+
+def test_an_idle_job_gets_one_mail_and_is_cancelled_with_its_reason_after_the_warning(sim_node, smtp):
+    node, cfg, conn = _idle_node(sim_node, smtp)
+    t0 = rows(node.db, "SELECT start_time FROM job_starts")[0]["start_time"]
+    slurm = RecordingSlurm({41: _record(41)})
+    _minutes(cfg, conn, t0, 3)
+    out = E.enforce(cfg, conn, slurm, now=t0 + 180, booted_at=0.0, node="gpu01")
+    assert [(o.stage, o.mail) for o in out] == [("notify", "sent")]
+    (msg,) = smtp.wait_for(1)
+    assert msg["To"] == "sgtest@example.org" and msg["From"] == "gpu-police@example.org"
+    assert msg["Subject"] == "[slurm-gpu] Job 41: its 2 GPUs have been idle for 3 min"
+    body = msg.get_payload(decode=True).decode()
+    assert "job 41" in body and "scancel 41" in body and "will be cancelled" in body
+    assert "https://ood.example.org/jobstats?jobid=41" in body and body.count("GPU-") == 2
+    # Every minute after: no second mail.  Past cancel_after (300 s) and 180 s after the warning: cancelled.
+    for m in range(4, 6):
+        _minutes(cfg, conn, t0 + 60 * (m - 1), 1)
+        assert [o.stage for o in E.enforce(cfg, conn, slurm, now=t0 + 60 * m, booted_at=0.0, node="gpu01")] == [""]
+    assert slurm.cancelled == []
+    _minutes(cfg, conn, t0 + 300, 1)
+    out = E.enforce(cfg, conn, slurm, now=t0 + 360, booted_at=0.0, node="gpu01")
+    assert [(o.stage, o.cancel, o.mail) for o in out] == [("cancel", "done", "sent")]
+    ((job, note),) = slurm.cancelled
+    assert job == 41 and note.startswith("slurm-gpu cancelled this job: its GPUs were idle (all 2 GPUs idle")
+    assert sorted(m["Subject"] for m in smtp.wait_for(2))[1] == "[slurm-gpu] Job 41: its 2 GPUs have been idle for 3 min"
+    assert sorted(m["Subject"] for m in smtp.wait_for(2))[0] == "[slurm-gpu] Job 41 cancelled: its GPUs were idle for 6 min"
+    acts = Q.actions(conn)
+    assert [(a["stage"], a["mail_state"], a["cancel_state"]) for a in acts] == [("notify", "sent", None),
+                                                                               ("cancel", "sent", "done")]
+    evidence = json.loads(acts[1]["evidence"])
+    assert len(evidence["gpus"]) == 2 and all(g["util_max_pct"] == 0 for g in evidence["gpus"])
+
+
+def test_a_busy_job_gets_nothing_and_a_partly_idle_one_one_advice(sim_node, smtp):
+    node, cfg, conn = _idle_node(sim_node, smtp)
+    for i in (0, 1):
+        simgpu.set_gpu(node.state, i, gpu_util=65)
+    t0 = rows(node.db, "SELECT start_time FROM job_starts")[0]["start_time"]
+    slurm = RecordingSlurm({41: _record(41)})
+    _minutes(cfg, conn, t0, 10)
+    assert [o.stage for o in E.enforce(cfg, conn, slurm, now=t0 + 600, booted_at=0.0, node="gpu01")] == [""]
+    assert Q.actions(conn) == [] and smtp.messages() == []
+    simgpu.set_gpu(node.state, 0, gpu_util=0)  # GPU 0 stops working, GPU 1 goes on
+    _minutes(cfg, conn, t0 + 600, 10)
+    out = E.enforce(cfg, conn, slurm, now=t0 + 1200, booted_at=0.0, node="gpu01")
+    assert [(o.stage, o.mail) for o in out] == [("advice", "sent")]
+    assert E.enforce(cfg, conn, slurm, now=t0 + 1260, booted_at=0.0, node="gpu01")[0].stage == ""
+    (msg,) = smtp.wait_for(1)
+    assert msg["Subject"] == "[slurm-gpu] Job 41: 1 of its 2 GPUs are idle"
+    assert "Nothing will be done to this job" in msg.get_payload(decode=True).decode()
+    assert slurm.cancelled == []
+
+
+def test_a_mail_server_that_is_down_loses_no_decision_and_the_mail_goes_out_when_it_is_back(sim_node, smtp):
+    node, cfg, conn = _idle_node(sim_node, smtp)
+    t0 = rows(node.db, "SELECT start_time FROM job_starts")[0]["start_time"]
+    slurm = RecordingSlurm({41: _record(41, MailUser="alice@lab.example.org")})
+    smtp.stop()
+    _minutes(cfg, conn, t0, 3)
+    began = time.monotonic()
+    out = E.enforce(cfg, conn, slurm, now=t0 + 180, booted_at=0.0, node="gpu01")
+    assert time.monotonic() - began < 5  # a refused connection, not a hang
+    assert [(o.stage, o.mail) for o in out] == [("notify", "failed")]
+    (a,) = Q.actions(conn)
+    assert a["mail_state"] == "failed" and "SMTP server 127.0.0.1:" in a["mail_error"] and a["mail_tries"] == 1
+    # Sampling goes on; the decision is not taken twice; the mail is tried again by the next run.
+    _minutes(cfg, conn, t0 + 180, 1)
+    out = E.enforce(cfg, conn, slurm, now=t0 + 240, booted_at=0.0, node="gpu01")
+    assert [(o.stage, o.mail) for o in out] == [("notify", "failed"), ("", "")]
+    # Past cancel_after: no cancel, the warning never went out.
+    _minutes(cfg, conn, t0 + 240, 5)
+    out = E.enforce(cfg, conn, slurm, now=t0 + 540, booted_at=0.0, node="gpu01")
+    assert slurm.cancelled == [] and "not mailed" in out[-1].why
+    smtp.start()
+    out = E.enforce(cfg, conn, slurm, now=t0 + 600, booted_at=0.0, node="gpu01")
+    assert out[0].mail == "sent" and out[0].why == "mail tried again"
+    (msg,) = smtp.wait_for(1)
+    assert msg["To"] == "alice@lab.example.org"
+    (a,) = Q.actions(conn)
+    assert (a["mail_state"], a["mail_tries"]) == ("sent", 4)
+
+
+def test_a_failed_cancel_is_recorded_and_tried_again(sim_node, smtp):
+    node, cfg, conn = _idle_node(sim_node, smtp)
+    t0 = rows(node.db, "SELECT start_time FROM job_starts")[0]["start_time"]
+    slurm = RecordingSlurm({41: _record(41)})
+    _minutes(cfg, conn, t0, 3)
+    E.enforce(cfg, conn, slurm, now=t0 + 180, booted_at=0.0, node="gpu01")
+    Q.update_action(conn, Q.actions(conn)[0]["id"], mail_time=t0)  # warned at t0: cancel due at t0 + 300
+    _minutes(cfg, conn, t0 + 180, 3)
+    slurm.fail_cancel = True
+    out = E.enforce(cfg, conn, slurm, now=t0 + 360, booted_at=0.0, node="gpu01")
+    assert [(o.stage, o.cancel) for o in out] == [("cancel", "failed")]
+    slurm.fail_cancel = False
+    out = E.enforce(cfg, conn, slurm, now=t0 + 420, booted_at=0.0, node="gpu01")
+    assert [(o.stage, o.cancel) for o in out] == [("cancel", "done")] and len(slurm.cancelled) == 1
+    assert sorted(m["Subject"].split(":")[0] for m in smtp.wait_for(2)) == ["[slurm-gpu] Job 41", "[slurm-gpu] Job 41 cancelled"]
+
+
+def test_another_tools_admin_comment_is_not_overwritten_by_the_cancel_reason(sim_node, smtp):
+    node, cfg, conn = _idle_node(sim_node, smtp)
+    t0 = rows(node.db, "SELECT start_time FROM job_starts")[0]["start_time"]
+    slurm = RecordingSlurm({41: _record(41, AdminComment="jobstats:abc")})
+    _minutes(cfg, conn, t0, 3)
+    E.enforce(cfg, conn, slurm, now=t0 + 180, booted_at=0.0, node="gpu01")
+    Q.update_action(conn, Q.actions(conn)[0]["id"], mail_time=t0)
+    _minutes(cfg, conn, t0 + 180, 3)
+    E.enforce(cfg, conn, slurm, now=t0 + 360, booted_at=0.0, node="gpu01")
+    assert slurm.cancelled == [(41, None)]
+
+
+def test_the_daily_cap_stops_mails_and_the_cap_holds_back_the_cancel(sim_node, smtp):
+    node, cfg, conn = _idle_node(sim_node, smtp, "max_mails_per_user_per_day = 0\n")
+    t0 = rows(node.db, "SELECT start_time FROM job_starts")[0]["start_time"]
+    slurm = RecordingSlurm({41: _record(41)})
+    _minutes(cfg, conn, t0, 10)
+    assert [o.mail for o in E.enforce(cfg, conn, slurm, now=t0 + 600, booted_at=0.0, node="gpu01")] == ["capped"]
+    assert E.enforce(cfg, conn, slurm, now=t0 + 660, booted_at=0.0, node="gpu01")[0].stage == ""
+    assert slurm.cancelled == [] and smtp.messages() == []
+
+
+def test_multi_node_jobs_are_left_to_the_central_server_and_requeued_jobs_are_not_judged(sim_node, smtp):
+    node, cfg, conn = _idle_node(sim_node, smtp)
+    t0 = rows(node.db, "SELECT start_time FROM job_starts")[0]["start_time"]
+    _minutes(cfg, conn, t0, 10)
+    for rec, why in ((_record(41, NumNodes="2", NodeList="gpu[01-02]"), "runs on 2 nodes"),
+                     (_record(41, Restarts="1"), "requeued")):
+        out = E.enforce(cfg, conn, RecordingSlurm({41: rec}), now=t0 + 600, booted_at=0.0, node="gpu01")
+        assert out[0].stage == "" and why in out[0].why
+    assert Q.actions(conn) == [] and smtp.messages() == []
+
+
+def test_dry_run_decides_and_prints_but_writes_mails_and_cancels_nothing(sim_node, smtp):
+    node, cfg, conn = _idle_node(sim_node, smtp)
+    t0 = rows(node.db, "SELECT start_time FROM job_starts")[0]["start_time"]
+    slurm = RecordingSlurm({41: _record(41)})
+    _minutes(cfg, conn, t0, 10)
+    out = E.enforce(cfg, conn, slurm, now=t0 + 600, booted_at=0.0, node="gpu01", dry_run=True)
+    assert out[0].stage == "notify" and out[0].mail.startswith("dry-run to sgtest@example.org: [slurm-gpu] Job 41")
+    assert Q.actions(conn) == [] and smtp.messages() == [] and slurm.cancelled == []
+
+
+def test_the_mail_command_gets_slurms_mailprog_arguments_and_the_body_on_stdin(tmp_path, sim_node):
+    node = sim_node()
+    got = tmp_path / "mailprog.out"
+    prog = tmp_path / "mailprog"
+    prog.write_text(f'#!/bin/sh\necho "$@" > {got}\ncat >> {got}\n')
+    prog.chmod(0o755)
+    node.write_config(f'[efficiency]\nmail_command = ["{prog}", "-s", "{{subject}}", "{{to}}"]\n')
+    cfg = config.load(str(node.config))
+    assert M.send(cfg, M.Message("alice", "[slurm-gpu] Job 7: x", "hello\n")) == "mailprog"
+    assert got.read_text() == "-s [slurm-gpu] Job 7: x alice\nhello\n"
+    prog.write_text("#!/bin/sh\necho 'send-mail: fatal: no relay' >&2\nexit 75\n")
+    with pytest.raises(M.MailError) as e:
+        M.send(cfg, M.Message("alice", "s", "b"))
+    assert e.value.message == f"mail command {prog} exited 75: send-mail: fatal: no relay"
+
+
+# --------------------------------------------------------------------------- the commands
+
+
+def test_efficiency_run_samples_then_applies_the_policy_and_actions_lists_it(sim_node, smtp):
+    node, cfg, conn = _idle_node(sim_node, smtp)
+    env = node.env()
+    cp = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "efficiency", "sample", "--node-name", "gpu01"],
+                        env=env, capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.strip() == "sampled 2 GPUs of 1 running jobs on gpu01"
+    # A decision recorded by enforce, listed for the admin.
+    Q.add_action(conn, {"time": time.time(), "cluster": "sgtest", "job_id": 41, "restart_count": 0, "decided_on": "gpu01",
+                        "user": "sgtest", "stage": "notify", "idle_s": 3600.0, "gpus": 2, "idle_gpus": 2,
+                        "evidence": json.dumps({"why": "x", "gpus": []}), "mail_state": "sent", "mail_to": "a@b"})
+    cp = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "efficiency", "actions", "--json"], env=env,
+                        capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    (a,) = json.loads(cp.stdout)
+    assert (a["job_id"], a["stage"], a["mail_state"], a["evidence"]) == (41, "notify", "sent", {"why": "x", "gpus": []})
+    node.write_config("[efficiency]\nnotify_after_s = 0\ncancel_after_s = 60\n")
+    cp = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "efficiency", "run", "--node-name", "gpu01"], env=env,
+                        capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 2 and cp.stderr.startswith("slurm-gpu: error: efficiency.cancel_after_s = 60 needs a warning")
+    assert sqlite3.connect(str(node.db)).execute("SELECT count(*) FROM job_samples").fetchone()[0] == 2
+    assert os.path.exists(node.db)
