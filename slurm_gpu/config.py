@@ -229,7 +229,7 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "site_note": Key(str, "", "`slurm-gpu job`: a line of the site's own shown under every job's notes, e.g. 'GPU efficiency guide: https://...'; empty: none.", _one_line),
     },
     "efficiency": {
-        "sample_every_s": Key(float, 60.0, "How often the site's timer runs `slurm-gpu efficiency run` (or `sample`) on each GPU node (deploy/systemd/slurm-gpu-efficiency.timer; cron: every minute). The policy reads it: a job's samples further apart than 3x this leave a gap that no idle window spans (an unknown minute is never counted idle).", _rng(5, 3600)),
+        "sample_every_s": Key(float, 60.0, "How often the site's timer runs `slurm-gpu efficiency run` (or `sample`) on each GPU node (deploy/systemd/slurm-gpu-efficiency.timer; cron: every minute). The policy reads it: a job's samples further apart than 3x this leave a gap that no idle window spans (an unknown minute is never counted idle).", _rng(1, 3600)),
         "idle_util_pct": Key(float, 0.0, "A GPU is idle in a sample when its utilisation (nvmlDeviceGetUtilizationRates: percent of the last sample period a kernel ran) is at most this.", _rng(0, 100)),
         "idle_memory_mib": Key(int, 0, "...and, when above 0, when its memory used is at most this many MiB (a job that holds its data on the GPU is not idle); 0: memory does not count.", _rng(0, 1 << 24)),
         "grace_s": Key(float, 900.0, "Seconds after the job started on the node before its samples count: loading data and compiling are not idleness.", _rng(0, 30 * 86400)),

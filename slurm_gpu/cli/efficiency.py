@@ -142,9 +142,10 @@ _ACTION_COLUMNS = ("time", "job_id", "user", "account", "partition", "stage", "i
 @click.option("--stage", "stages", multiple=True, type=click.Choice(["advice", "notify", "cancel"]),
               help="Only these stages (repeatable).")
 @click.option("--db", "database", metavar="PATH", help="Node database to read (default: store.database).")
+@node_name_option("This node's Slurm name, for %n in store.database (default: $SLURMD_NODENAME, else the short host name).")
 @output_options(["table", "json", "csv"])
 @click.pass_obj
-def actions_cmd(app: Any, since: str, stages: Any, database: Optional[str], fmt: str) -> None:
+def actions_cmd(app: Any, since: str, stages: Any, database: Optional[str], node_name: Optional[str], fmt: str) -> None:
     """What the idle policy did on this node: every advice, warning and cancel, with its mail's fate.
 
     JSON adds each decision's evidence (per GPU: idle time, highest utilisation and memory used,
@@ -156,8 +157,9 @@ def actions_cmd(app: Any, since: str, stages: Any, database: Optional[str], fmt:
     from slurm_gpu.render import render
     from slurm_gpu.report.timespec import parse_time
     from slurm_gpu.store import samples as Q
+    from slurm_gpu.cli.admin import this_node
     from slurm_gpu.store.node import Store
-    cfg = app.config
+    cfg = app.config.for_node(this_node(node_name))
     t = parse_time(since, now_s=time.time(), option="--since")
     store = Store.from_config(cfg, database=database)
     rows = Q.actions(store.connect(), since=t, stages=stages)

@@ -48,6 +48,10 @@ def _duration(s: float) -> str:
     return f"{h} h {m:02d} min" if h else f"{m} min"
 
 
+def _gpus(n: int) -> str:
+    return "1 GPU" if n == 1 else f"{n} GPUs"
+
+
 def _utc(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
 
@@ -83,14 +87,16 @@ def compose(cfg: Config, job: JobFacts, stage: str, action: Mapping[str, Any], e
     where = f"on cluster {job.cluster}, account {job.account}, partition {job.partition}"
     if stage == CANCEL:
         subject = f"[slurm-gpu] Job {job.job_id} cancelled: its GPUs were idle for {_duration(idle_s)}"
-        head = [f"Your job {job.job_id}{name} {where} was cancelled through Slurm because none of its {gpus} GPUs "
-                f"did any work for {_duration(idle_s)}, after the warning you were sent."]
+        head = [f"Your job {job.job_id}{name} {where} was cancelled through Slurm because "
+                f"{'its GPU' if gpus == 1 else f'none of its {gpus} GPUs'} did {'no' if gpus == 1 else 'any'} work "
+                f"for {_duration(idle_s)}, after the warning you were sent."]
         nxt = ["Its output files are where the job wrote them. Before you submit it again, make sure it uses its GPUs "
                "(see below)."]
     elif stage == NOTIFY:
-        subject = f"[slurm-gpu] Job {job.job_id}: its {gpus} GPUs have been idle for {_duration(idle_s)}"
-        head = [f"Your job {job.job_id}{name} {where} holds {gpus} GPUs that have done no work for "
-                f"{_duration(idle_s)} (since {_utc(float(action.get('idle_since') or 0.0))})."]
+        its = "its GPU has" if gpus == 1 else f"its {gpus} GPUs have"
+        subject = f"[slurm-gpu] Job {job.job_id}: {its} been idle for {_duration(idle_s)}"
+        head = [f"Your job {job.job_id}{name} {where} holds {_gpus(gpus)} that {'has' if gpus == 1 else 'have'} done "
+                f"no work for {_duration(idle_s)} (since {_utc(float(action.get('idle_since') or 0.0))})."]
         if cancel_after_s and not exempt:
             nxt = [f"If its GPUs stay idle, the job will be cancelled once they have been idle for "
                    f"{_duration(cancel_after_s)} (not before {_utc(time.time() + cancel_after_s - idle_s)}).",

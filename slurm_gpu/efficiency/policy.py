@@ -201,12 +201,12 @@ def judge(samples: Sequence[Mapping[str, Any]], job: JobFacts, p: Policy, done: 
                 why = (f"idle {idle_s:.0f} s, not cancelled: warned {now - float(warned_at):.0f} s ago, "
                        f"{cancel_after - notify_after:.0f} s are due")
             else:
-                return result(CANCEL, f"all {len(stretches)} GPUs idle {idle_s:.0f} s (cancel after {cancel_after:.0f} s)",
+                return result(CANCEL, f"all GPUs ({len(stretches)}) idle {idle_s:.0f} s (cancel after {cancel_after:.0f} s)",
                               since, idle_s)
             if NOTIFY in done:
                 return result("", why, since, idle_s)
         if idle_s >= notify_after and NOTIFY not in done:
-            return result(NOTIFY, f"all {len(stretches)} GPUs idle {idle_s:.0f} s (notify after {notify_after:.0f} s)",
+            return result(NOTIFY, f"all GPUs ({len(stretches)}) idle {idle_s:.0f} s (notify after {notify_after:.0f} s)",
                           since, idle_s)
         return result("", f"all GPUs idle {idle_s:.0f} s", since, idle_s)
     long_idle = [s for s in idle if s.idle_since is not None and s.newest - s.idle_since >= notify_after]

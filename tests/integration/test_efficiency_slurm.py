@@ -1,0 +1,131 @@
+"""Issue 38 on real Slurm: jobs run on simulated GPUs whose utilisation the test sets while they run, each
+node's timer is played by `slurm-gpu efficiency run` on both nodes every second (minutes scaled to
+seconds in the config), the mails go to a real SMTP server on 127.0.0.1 (aiosmtpd's server process), and
+Slurm's own records (squeue, sacct) say what happened to each job.  Only testbed APIs: the same test
+runs on every Slurm the testbed has."""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+import simgpu
+from smtpserver import SmtpServer, free_port
+
+from .sites import Site, hooked_cluster, site_fixture, wait_running
+
+pytestmark = pytest.mark.slurm
+
+NOTIFY_S, CANCEL_S = 6, 14
+
+
+class EfficiencySite(Site):
+    """Minutes become seconds: sampled every second, mailed after 6 s idle, cancelled after 14 s."""
+
+    def __init__(self, root):
+        self.smtp_port = free_port()
+        super().__init__(root)
+
+    def config(self) -> str:
+        return super().config() + (
+            f"[efficiency]\nsample_every_s = 1\ngrace_s = 0\nnotify_after_s = {NOTIFY_S}\ncancel_after_s = {CANCEL_S}\n"
+            f'mail_retry_s = 1\nexempt_accounts = ["chem"]\nsmtp_server = "127.0.0.1:{self.smtp_port}"\n'
+            'mail_domain = "example.org"\njob_url = "https://ood.example.org/jobstats?jobid={job_id}"\n')
+
+
+site = site_fixture(EfficiencySite, "efficiency")
+
+
+@pytest.fixture
+def cluster(site, slurm_testbed_factory):
+    return hooked_cluster(site, slurm_testbed_factory)
+
+
+def _run(cluster, node, *args):
+    env = dict(cluster.env, SLURMD_NODENAME=node, SLURM_GPU_CONFIG=str(cluster.conf_dir / "slurm-gpu.toml"))
+    return subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "efficiency", *args, "--node-name", node],
+                          env=env, capture_output=True, text=True, timeout=60)
+
+
+def _samples(site, node):
+    if not site.db(node).exists():
+        return 0
+    conn = sqlite3.connect(str(site.db(node)))
+    try:
+        return conn.execute("SELECT count(*) FROM job_samples").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def _sacct(cluster, job_id):
+    out = cluster.run("sacct", "-n", "-P", "-X", "-j", str(job_id), "--format=JobID,State,AdminComment").stdout
+    return [line.split("|") for line in out.splitlines() if line.split("|")[0] == str(job_id)]
+
+
+def test_idle_jobs_are_warned_once_and_cancelled_busy_and_partly_idle_ones_never(cluster, site, tmp_path):
+    smtp = SmtpServer(tmp_path / "smtp", port=site.smtp_port)  # down at first: the warnings must wait for it
+    for i in range(4):
+        simgpu.set_gpu(site.state("gpu02"), i, gpu_util=80)  # gpu02 works; gpu01's GPUs stay at 0 %
+    idle = cluster.sbatch("sleep 300", args=["-p", "gpu", "-w", "gpu01", "-A", "physics", "--gres=gpu:1"])
+    exempt = cluster.sbatch("sleep 300", args=["-p", "gpu", "-w", "gpu01", "-A", "chem", "--gres=gpu:1"])
+    busy = cluster.sbatch("sleep 300", args=["-p", "gpu", "-w", "gpu02", "-A", "physics", "--gres=gpu:1"])
+    both = cluster.sbatch("sleep 300", args=["-p", "gpu", "-N", "2", "-w", "gpu[01-02]", "-A", "physics",
+                                             "--gres=gpu:1"])
+    for job, node in ((idle, "gpu01"), (exempt, "gpu01"), (busy, "gpu02"), (both, "gpu01"), (both, "gpu02")):
+        wait_running(cluster, site, node, job)
+    try:
+        started, failed_seen, samples_while_down = time.monotonic(), False, 0
+        while time.monotonic() - started < 90:
+            for node in ("gpu01", "gpu02"):
+                r = _run(cluster, node, "run")
+                assert r.returncode in (0, 1), r.stdout + r.stderr  # 1: a mail failed while the server is down
+                failed_seen |= "mail failed" in r.stdout
+            if failed_seen and smtp.proc is None and time.monotonic() - started > NOTIFY_S + 4:
+                samples_while_down = _samples(site, "gpu01")
+                smtp.start()  # the mail server comes back: the waiting warnings go out
+            if cluster.job_info(idle).get("JobState") not in ("RUNNING", None, ""):
+                break
+            time.sleep(0.5)
+        assert failed_seen, "the warnings were never tried while the mail server was down"
+        assert samples_while_down > 0 and _samples(site, "gpu01") > samples_while_down, "sampling stopped"
+        assert cluster.wait_job(idle, timeout=30) == "CANCELLED"
+        # Neither the busy job, the exempt one nor the two-node job idle on one node was cancelled.
+        for job in (exempt, busy, both):
+            assert cluster.job_info(job).get("JobState") == "RUNNING", (job, cluster.job_info(job))
+        # Exactly one warning and one cancel notice for the idle job, one warning for the exempt job.
+        for _ in range(3):  # a run after the cancel must not mail again
+            _run(cluster, "gpu01", "run")
+        mails = smtp.wait_for(3, timeout=10)
+        subjects = sorted(m["Subject"] for m in mails)
+        assert len([s for s in subjects if s.startswith(f"[slurm-gpu] Job {idle}:")]) == 1, subjects
+        assert len([s for s in subjects if s.startswith(f"[slurm-gpu] Job {idle} cancelled")]) == 1, subjects
+        assert len([s for s in subjects if s.startswith(f"[slurm-gpu] Job {exempt}:")]) == 1, subjects
+        assert all(m["To"] == "sgtest@example.org" for m in mails) and len(mails) == 3
+        body = next(m for m in mails if m["Subject"].startswith(f"[slurm-gpu] Job {idle}:")).get_payload(decode=True)
+        assert f"https://ood.example.org/jobstats?jobid={idle}".encode() in body
+        # Slurm's accounting: CANCELLED, with our reason.
+        deadline = time.monotonic() + 20
+        while not (rows := _sacct(cluster, idle)) or not rows[0][1].startswith("CANCELLED"):
+            assert time.monotonic() < deadline, rows
+            time.sleep(0.5)
+        assert rows[0][2].startswith("slurm-gpu cancelled this job: its GPUs were idle (all GPUs (1) idle"), rows
+        assert f"[slurm-gpu] Job {idle}: its GPU has been idle for {NOTIFY_S} s" in subjects
+        # The record of what was done, for the admin.
+        r = _run(cluster, "gpu01", "actions", "--json")
+        assert r.returncode == 0, r.stderr
+        acts = {(a["job_id"], a["stage"]): a for a in json.loads(r.stdout)}
+        assert set(acts) == {(idle, "notify"), (idle, "cancel"), (exempt, "notify")}
+        assert acts[(idle, "notify")]["mail_tries"] >= 2 and acts[(idle, "cancel")]["cancel_state"] == "done"
+        r = _run(cluster, "gpu02", "actions", "--json")
+        assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout
+    finally:
+        smtp.stop()
+        for job in (idle, exempt, busy, both):
+            cluster.run("scancel", str(job), check=False)
+        for job in (exempt, busy, both):
+            cluster.wait_job(job, timeout=60)
+    assert os.path.exists(site.db("gpu02"))
