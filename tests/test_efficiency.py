@@ -478,3 +478,34 @@ def test_efficiency_run_samples_then_applies_the_policy_and_actions_lists_it(sim
     assert cp.returncode == 2 and cp.stderr.startswith("slurm-gpu: error: efficiency.cancel_after_s = 60 needs a warning")
     assert sqlite3.connect(str(node.db)).execute("SELECT count(*) FROM job_samples").fetchone()[0] == 2
     assert os.path.exists(node.db)
+
+
+def test_running_jobs_gpus_reach_prometheus_one_series_per_gpu_and_vanish_with_the_job(sim_node, tmp_path):
+    from test_metrics import client_parse, promtool_check
+    node = sim_node(simgpu.h100_sxm(4))
+    textfile = tmp_path / "textfile"
+    node.write_config(f'[metrics]\ntextfile_dir = "{textfile}"\n[efficiency]\ngrace_s = 0\nsample_every_s = 60\n')
+    _start(node, 51, "0,1")
+    simgpu.set_gpu(node.state, 0, gpu_util=0, memory_used=3 * GIB)
+    simgpu.set_gpu(node.state, 1, gpu_util=42, memory_used=9 * GIB)
+    cfg = config.load(str(node.config))
+    conn = _store(node).connect()
+    t0 = rows(node.db, "SELECT start_time FROM job_starts")[0]["start_time"]
+    reader = _reader(cfg)
+    for m in range(1, 6):
+        run = sample(cfg, conn, reader, node="gpu01", boot=0.0, now=t0 + 60 * m)
+        assert run.problem == ""
+    text = (textfile / "slurm_gpu_efficiency.prom").read_text()
+    promtool_check(text)
+    got = client_parse(text)
+    by_gpu = {dict(k)["gpu"]: v for k, v in got["slurm_gpu_running_job_gpu_utilization_ratio"].items()}
+    assert by_gpu == {"0": 0.0, "1": 0.42}
+    mem = {dict(k)["gpu"]: v for k, v in got["slurm_gpu_running_job_memory_used_bytes"].items()}
+    assert mem == {"0": 3 * GIB, "1": 9 * GIB}
+    idle = {dict(k)["gpu"]: v for k, v in got["slurm_gpu_running_job_gpu_idle_seconds"].items()}
+    assert idle == {"0": 300.0, "1": 0.0}
+    assert all(dict(k)["modelName"] == "NVIDIA H100 80GB HBM3" for k in got["slurm_gpu_running_job_gpu_idle_seconds"])
+    _end(node, 51, "0,1")
+    sample(cfg, conn, reader, node="gpu01", boot=0.0, now=t0 + 360)
+    reader.close()
+    assert "slurm_gpu_running_job" not in (textfile / "slurm_gpu_efficiency.prom").read_text()

@@ -56,6 +56,9 @@ def _sample(cfg: Any, store: Any, name: str, log: Any) -> int:
     jobs = len({(r["cluster"], r["job_id"], r["restart_count"]) for r in run.rows})
     log.info("sample", node=name, gpus=len(run.rows), jobs=jobs, merged=run.counts["merged"] or None,
              deleted=run.counts["deleted"] or None, missing="; ".join(run.missing) or None)
+    if run.problem:
+        log.warning("metrics-failed", error=run.problem)
+        click.echo(f"slurm-gpu: warning: {run.problem}", err=True)
     click.echo(f"sampled {len(run.rows)} GPUs of {jobs} running jobs on {name}"
                + (f"; not read: {'; '.join(run.missing)}" if run.missing else ""))
     return 1 if run.missing else 0
@@ -154,10 +157,10 @@ def actions_cmd(app: Any, since: str, stages: Any, database: Optional[str], node
     """
     import json
 
+    from slurm_gpu.cli.admin import this_node
     from slurm_gpu.render import render
     from slurm_gpu.report.timespec import parse_time
     from slurm_gpu.store import samples as Q
-    from slurm_gpu.cli.admin import this_node
     from slurm_gpu.store.node import Store
     cfg = app.config.for_node(this_node(node_name))
     t = parse_time(since, now_s=time.time(), option="--since")

@@ -86,7 +86,8 @@ def compose(cfg: Config, job: JobFacts, stage: str, action: Mapping[str, Any], e
     name = f' ("{job.name}")' if job.name else ""
     where = f"on cluster {job.cluster}, account {job.account}, partition {job.partition}"
     if stage == CANCEL:
-        subject = f"[slurm-gpu] Job {job.job_id} cancelled: its GPUs were idle for {_duration(idle_s)}"
+        subject = (f"[slurm-gpu] Job {job.job_id} cancelled: its {'GPU was' if gpus == 1 else 'GPUs were'} idle for "
+                   f"{_duration(idle_s)}")
         head = [f"Your job {job.job_id}{name} {where} was cancelled through Slurm because "
                 f"{'its GPU' if gpus == 1 else f'none of its {gpus} GPUs'} did {'no' if gpus == 1 else 'any'} work "
                 f"for {_duration(idle_s)}, after the warning you were sent."]

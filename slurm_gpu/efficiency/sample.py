@@ -24,6 +24,7 @@ class SampleRun(NamedTuple):
     rows: List[Dict[str, Any]]  # the samples written
     missing: List[str]  # GPUs of running jobs that could not be read: "job 12: GPU-... (why)"
     counts: Dict[str, int]  # written, merged, deleted
+    problem: str = ""  # the metrics file could not be written (one line)
 
 
 def booted_at(uptime_path: str = "/proc/uptime") -> float:
@@ -95,4 +96,47 @@ def sample(cfg: Config, conn: Any, reader: Any, *, now: Optional[float] = None, 
     counts = Q.record_samples(conn, rows, fine_before=taken - float(eff.samples_fine_s),
                               keep_before=taken - float(eff.samples_keep_days) * 86400.0,
                               max_bytes=float(eff.samples_max_mb) * 1e6)
-    return SampleRun(node, taken, rows, missing, counts)
+    problem = ""
+    if cfg.metrics.textfile_dir:
+        problem = _write_metrics(cfg, conn, starts, rows, snap.gpus if starts else (), taken)
+    return SampleRun(node, taken, rows, missing, counts, problem)
+
+
+def idle_seconds(cfg: Config, conn: Any, starts: Sequence[RunningStart], now: float) -> Dict[str, float]:
+    """{GPU UUID: seconds idle by the policy's rule} of the running starts' GPUs (0 when busy or unknown)."""
+    from slurm_gpu.efficiency.policy import Policy, stretch
+    p = Policy.from_config(cfg)  # ConfigError: the caller writes no idle figures
+    lookback = max(p.notify_after_s, p.cancel_after_s, p.interactive_notify_after_s, p.interactive_cancel_after_s,
+                   3600.0) + 2 * p.max_gap_s
+    out: Dict[str, float] = {}
+    seen = set()
+    for s in starts:
+        key = (s.cluster, s.job_id, s.restart_count)
+        if key in seen:
+            continue
+        seen.add(key)
+        by_gpu: Dict[str, List[Dict[str, Any]]] = {}
+        for r in Q.job_samples(conn, s.cluster, s.job_id, s.restart_count, since=now - lookback):
+            by_gpu.setdefault(str(r["gpu_uuid"]), []).append(r)
+        for uuid, rs in by_gpu.items():
+            st = stretch(rs, p, s.start_time + p.grace_s)
+            out[uuid] = st.newest - st.idle_since if st.idle_since is not None else 0.0
+    return out
+
+
+def _write_metrics(cfg: Config, conn: Any, starts: Sequence[RunningStart], rows: Sequence[Dict[str, Any]],
+                   gpus: Sequence[GpuSnapshot], now: float) -> str:
+    """slurm_gpu_efficiency.prom; a failure is returned as one line, never raised (the samples are written)."""
+    from slurm_gpu.errors import ConfigError
+    from slurm_gpu.metrics.running import action_counts, running_samples, write_running
+    directory = cfg.path_value("metrics", "textfile_dir")
+    try:
+        idle = idle_seconds(cfg, conn, starts, now)
+    except ConfigError:
+        idle = {}
+    models = {g.index: g.name.value for g in gpus if g.name.ok}
+    try:
+        write_running(directory, running_samples(rows, models, idle, action_counts(conn)))
+    except OSError as e:
+        return f"metrics not written to {directory}: {e.strerror or e}"
+    return ""

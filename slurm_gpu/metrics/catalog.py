@@ -20,6 +20,7 @@ USAGE_FILE = "slurm_gpu_usage.prom"
 REMEDIATION_FILE = "slurm_gpu_remediation.prom"
 BREAKER_FILE = "slurm_gpu_breaker.prom"
 JOB_FILE_PREFIX = "slurm_gpu_job_"  # + <job id> + ".prom"
+EFFICIENCY_FILE = "slurm_gpu_efficiency.prom"
 
 # NVML clock event reason bits (nvmlClocksEventReason*) -> label value.
 CLOCK_EVENT_REASONS: Tuple[Tuple[int, str], ...] = (
@@ -40,6 +41,7 @@ class Family(NamedTuple):
 _HOOKS = "prolog, epilog, healthcheck (node file)"
 _STORE = "healthcheck (node file), exporter (each scrape)"
 _USAGE = "epilog (usage file)"
+_EFFICIENCY = "`efficiency sample` and `run` (`slurm_gpu_efficiency.prom`, replaced each run)"
 
 
 def _gpu(name: str, kind: str, extra: Tuple[str, ...], text: str, note: str = "") -> Family:
@@ -130,6 +132,17 @@ FAMILIES: Tuple[Family, ...] = (
     Family("slurm_gpu_job_info", "gauge", GPU_LABELS + ("GPU_I_ID", "slurm_job", "user", "account", "partition"),
            "1 while a Slurm job holds the GPU (GPU_I_ID: the MIG GPU instance of a slice, else empty).",
            "prolog writes `slurm_gpu_job_<job>.prom`, the epilog removes it"),
+    Family("slurm_gpu_running_job_gpu_utilization_ratio", "gauge", GPU_LABELS,
+           "Utilisation (0..1) of a GPU that a running job holds, at the last sample; absent while no job holds it "
+           "(join slurm_gpu_job_info on UUID for the job).", _EFFICIENCY),
+    Family("slurm_gpu_running_job_memory_used_bytes", "gauge", GPU_LABELS,
+           "Memory used on a GPU (or MIG slice: its own UUID) that a running job holds, at the last sample.", _EFFICIENCY),
+    Family("slurm_gpu_running_job_gpu_idle_seconds", "gauge", GPU_LABELS,
+           "How long a running job's GPU has been idle by the [efficiency] policy's rule (0 when busy); the policy "
+           "acts on the job when all its GPUs are idle long enough.", _EFFICIENCY),
+    Family("slurm_gpu_efficiency_actions_total", "counter", ("stage", "outcome"),
+           "Idle-policy decisions taken on this node, by stage (advice, notify, cancel) and outcome (the mail's: "
+           "sent, failed, pending, capped; for a cancel, done or failed), from the node database.", _EFFICIENCY),
     Family("slurm_gpu_allocated_seconds_total", "counter", ("account",),
            "GPU-seconds allocated to finished jobs on this node, by account (node database, job_gpus).", _USAGE),
     Family("slurm_gpu_used_seconds_total", "counter", ("account",),
