@@ -19,6 +19,7 @@ import pytest
 from mariadb import MariaDB
 from testbed import unavailable
 
+from slurm_gpu.central import schema as CS
 from slurm_gpu.central import server as C
 from slurm_gpu.errors import ExitCode
 from slurm_gpu.store.node import Store
@@ -778,7 +779,8 @@ def test_central_init_migrates_a_v3_server_with_a_shared_writer_to_per_node_writ
         admin.close()
     shared = f"sw_{site.db[-8:]}"
     grants = [g for g in C.grants(C.parse_url(site.server.url(site.admin, site.db)), shared, site.reporter)
-              if g.startswith("GRANT") and f"'{shared}'" in g and "remediation" not in g]  # v3 had no remediations
+              if g.startswith("GRANT") and f"'{shared}'" in g
+              and not any(t in g for t in ("remediation", "job_samples", "efficiency_actions"))]  # not at v3
     shared_pw = site.server.new_user(shared, grants)
     shared_cfg = site.write_config(shared, shared_pw, name="shared.toml")
     _forge(site, shared, shared_pw, {"jobs": [_forged_job("c", "n1")]})  # v3: the shared writer ships
@@ -900,3 +902,59 @@ def test_ssl_ca_for_a_server_without_tls_is_one_line_saying_tls_failed(site, tls
     with pytest.raises(C.CentralError) as e:
         C.Central(C.parse_url(site.server.url(site.admin, site.db) + f"?ssl_ca={ca}"), site.admin_pw, 10)
     assert "TLS failed" in str(e.value) and "have_ssl" in e.value.hint, str(e.value)
+
+
+# --------------------------------------------------------------------------- issue 38: samples and actions
+
+
+def _sample(t, util, *, job=7, gpu="GPU-a", coarse=0, span=60.0, samples=1):
+    return {"cluster": "c", "job_id": job, "restart_count": 0, "node": "n1", "gpu_uuid": gpu, "gpu_index": 0,
+            "time": t, "span_s": span, "samples": samples, "coarse": coarse, "gpu_util_pct": util,
+            "gpu_util_max_pct": util, "memory_used_bytes": 1 << 30, "memory_total_bytes": 80 << 30, "energy_j": t / 10}
+
+
+def test_running_jobs_samples_ship_and_a_coarse_row_replaces_its_fine_rows_on_the_server(site):
+    from slurm_gpu.store import samples as Q
+    site.init()
+    conn = site.store.connect()
+    t0 = float(int(time.time()) // 600 * 600 - 3600)  # an hour ago, on a 10-minute boundary
+    Q.record_samples(conn, [_sample(t0 + 60 * i, 0.0) for i in range(1, 16)], fine_before=0, keep_before=0, max_bytes=1e9)
+    r = site.push()
+    assert r.returncode == 0 and "job_samples 15" in r.stdout, r.stdout + r.stderr
+    assert site.rows("SELECT COUNT(*), SUM(coarse) FROM job_samples") == [["15", "0"]]
+    # The node merges the first 10 minutes (9 fine rows: t0+60 .. t0+540) into one coarse row: on the server too.
+    Q.record_samples(conn, [], fine_before=t0 + 600, keep_before=0, max_bytes=1e9)
+    r = site.push()
+    assert r.returncode == 0 and "job_samples 1" in r.stdout, r.stdout + r.stderr
+    assert site.rows("SELECT coarse, COUNT(*), SUM(samples), SUM(span_s) FROM job_samples GROUP BY coarse ORDER BY coarse") == \
+        [["0", "6", "6", "360"], ["1", "1", "9", "540"]]
+    # Pushed twice (a node restored from a backup): nothing doubled.
+    conn.execute("UPDATE job_samples SET pushed_version = 0")
+    assert site.push().returncode == 0
+    assert site.rows("SELECT COUNT(*) FROM job_samples") == [["7"]]
+    # Samples older than the server keeps them go with the next push of that node.
+    Q.record_samples(conn, [_sample(time.time() - CS.SAMPLES_KEPT_S - 60, 5.0, job=8),
+                            _sample(time.time(), 5.0, job=8)], fine_before=0, keep_before=0, max_bytes=1e9)
+    assert site.push().returncode == 0
+    assert site.rows("SELECT job_id, COUNT(*) FROM job_samples GROUP BY job_id ORDER BY job_id") == [["7", "7"], ["8", "1"]]
+
+
+def test_an_idle_policy_action_ships_and_its_later_outcome_replaces_it_on_the_server(site):
+    from slurm_gpu.store import samples as Q
+    site.init()
+    conn = site.store.connect()
+    row_id = Q.add_action(conn, {"time": 1_800_000_000.0, "cluster": "c", "job_id": 7, "restart_count": 0,
+                                 "decided_on": "n1", "user": "alice", "account": "physics", "partition": "gpu",
+                                 "stage": "notify", "idle_s": 3600.0, "gpus": 2, "idle_gpus": 2, "evidence": "{}",
+                                 "mail_to": "alice@example.org", "mail_state": "pending", "mail_tries": 0,
+                                 "message": '{"subject": "s", "body": "private"}'})
+    assert site.push().returncode == 0
+    assert site.rows("SELECT node, id, stage, mail_state FROM efficiency_actions") == [["n1", str(row_id), "notify", "pending"]]
+    Q.update_action(conn, row_id, mail_state="sent", mail_tries=1, mail_time=1_800_000_060.0)
+    r = site.push()
+    assert r.returncode == 0 and "efficiency_actions 1" in r.stdout, r.stdout
+    assert site.rows("SELECT mail_state, mail_tries, row_version FROM efficiency_actions") == [["sent", "1", "2"]]
+    # The message itself never leaves the host that sent it.
+    cols = [r[0] for r in site.rows("SELECT column_name FROM information_schema.columns "
+                                    f"WHERE table_schema = '{site.db}' AND table_name = 'efficiency_actions'")]
+    assert "message" not in cols and "body" not in cols

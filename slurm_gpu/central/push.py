@@ -25,7 +25,14 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Se
 from slurm_gpu.central import schema as C
 from slurm_gpu.errors import CentralError, StoreError
 from slurm_gpu.store import record as R
-from slurm_gpu.store.schema import INVENTORY_COLUMNS, PUSHED_TABLES, REMEDIATION_COLUMNS, XID_COLUMNS
+from slurm_gpu.store.schema import (
+    ACTION_COLUMNS,
+    INVENTORY_COLUMNS,
+    PUSHED_TABLES,
+    REMEDIATION_COLUMNS,
+    SAMPLE_COLUMNS,
+    XID_COLUMNS,
+)
 
 _ORDER = dict(PUSHED_TABLES)
 # A batch rolled back for another's locks (deadlock victim 1213, lock wait timeout 1205) is sent again.
@@ -43,6 +50,10 @@ _NODE_COLUMNS = {
     "xid_events": XID_COLUMNS,
     # v8: the node's row id (with the attempt's time) is the central key; its push_version the central row_version (newer wins)
     "remediations": ("id",) + REMEDIATION_COLUMNS + ("push_version",),
+    # v12 (docs/efficiency.md): samples as they are; actions keyed by the deciding host's row id and time (the
+    # mail's text stays on the host that sent it)
+    "job_samples": SAMPLE_COLUMNS,
+    "efficiency_actions": ("id",) + ACTION_COLUMNS + ("push_version",),
 }
 
 
@@ -125,6 +136,8 @@ def _central_row(table: str, row: Dict[str, Any], cluster: str) -> Tuple[Any, ..
         row = dict(row, cluster=cluster)
     elif table == "remediations":
         row = dict(row, cluster=cluster, row_version=row["push_version"])
+    elif table == "efficiency_actions":
+        row = dict(row, node=row["decided_on"], row_version=row["push_version"])
     return tuple(row[c] for c in C.COLUMNS[table])
 
 

@@ -26,6 +26,9 @@ procedure and the versioned migrations that `central init` runs (central/server.
 - Schema v10: rollup_partition_day, per partition and GPU model without user and account, so that
   a year's report by those reads days x partitions x models (central/rollups.py).
 - Schema v11: each run's SLUID in jobs and job_gpus (Slurm 25.11+; node schema v10).
+- Schema v12: running jobs' GPU samples and the idle policy's actions (docs/efficiency.md; node schema
+  v11).  A coarse sample row replaces the fine rows of its 10 minutes, as on the node; apply_batch keeps
+  a node's samples for SAMPLES_KEPT_S.
 """
 from __future__ import annotations
 
@@ -38,7 +41,10 @@ from slurm_gpu.central import writers as W
 if TYPE_CHECKING:
     from slurm_gpu.central.server import Central
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
+# Samples of running jobs are for the policy's window and `slurm-gpu job` on a running job: a week is kept.
+SAMPLES_KEPT_S = 7 * 86400
+SAMPLE_BUCKET_S = 600  # a coarse sample row's 10 minutes (store/samples.py COARSE_STEP_S)
 
 # --------------------------------------------------------------------------- schema
 #
@@ -79,15 +85,26 @@ CENTRAL_XID_COLUMNS = ("cluster", "node", "event_key", "time", "gpu_index", "gpu
 # row_version is the node's push_version of the row (an attempt's outcome comes after its intent).
 CENTRAL_REMEDIATION_COLUMNS = ("cluster", "node", "id", "time", "gpu_index", "gpu_uuid", "serial", "fault_check", "fault",
                                "action", "outcome", "detail", "drain_time", "finished", "row_version")
+# Schema v12 (docs/efficiency.md): running jobs' GPU samples keyed as on the node (a coarse row beside the
+# fine rows it replaces: the coarse flag is part of the key), and the idle policy's actions keyed by the
+# deciding host's row id and time, with its row version (a mail's outcome comes after the decision).
+CENTRAL_SAMPLE_COLUMNS = ("cluster", "node", "job_id", "restart_count", "gpu_uuid", "time", "coarse", "gpu_index", "span_s",
+                          "samples", "gpu_util_pct", "gpu_util_max_pct", "memory_used_bytes", "memory_total_bytes",
+                          "energy_j")
+CENTRAL_ACTION_COLUMNS = ("cluster", "node", "id", "time", "job_id", "restart_count", "user", "account", "partition",
+                          "stage", "idle_since", "idle_s", "gpus", "idle_gpus", "evidence", "mail_to", "mail_state",
+                          "mail_tries", "mail_time", "mail_error", "cancel_state", "cancel_error", "row_version")
 V1_TABLES = ("jobs", "job_gpus", "health_events", "drains")
 V2_TABLES = V1_TABLES + ("gpu_inventory", "xid_events")  # the record tables of schema v2 to v6
 COLUMNS = {"jobs": CENTRAL_JOB_COLUMNS, "job_gpus": CENTRAL_JOB_GPU_COLUMNS, "health_events": CENTRAL_EVENT_COLUMNS,
            "drains": CENTRAL_DRAIN_COLUMNS, "gpu_inventory": CENTRAL_INVENTORY_COLUMNS, "xid_events": CENTRAL_XID_COLUMNS,
-           "remediations": CENTRAL_REMEDIATION_COLUMNS}
+           "remediations": CENTRAL_REMEDIATION_COLUMNS, "job_samples": CENTRAL_SAMPLE_COLUMNS,
+           "efficiency_actions": CENTRAL_ACTION_COLUMNS}
 # leading key columns of each list
 KEYS = {"jobs": 4, "job_gpus": 5, "health_events": 3, "drains": 3, "gpu_inventory": 4, "xid_events": 3,
-        "remediations": 4}
+        "remediations": 4, "job_samples": 7, "efficiency_actions": 4}
 RECORD_TABLES = tuple(COLUMNS)
+V7_TABLES = V2_TABLES + ("remediations",)  # the record tables of schema v7 to v11 (their migrations' text)
 SHIPPED = ("withdrawn", "shipped_at")  # set by push, not by the node's row
 # v3: rows that change on the node carry its version of them (push_version).
 VERSIONED = ("jobs", "job_gpus")
@@ -115,6 +132,11 @@ _TYPES = {
     "xid": "INT NOT NULL", "detail": "TEXT", "row_version": "BIGINT NOT NULL DEFAULT 0",
     "id": "BIGINT", "fault_check": "VARCHAR(128)", "fault": "TEXT", "action": "VARCHAR(16) NOT NULL",
     "drain_time": "DOUBLE", "finished": "DOUBLE", "sluid": "VARCHAR(32)",
+    "coarse": "TINYINT NOT NULL", "span_s": "DOUBLE NOT NULL", "samples": "INT", "gpu_util_pct": "DOUBLE",
+    "gpu_util_max_pct": "DOUBLE", "memory_used_bytes": "BIGINT", "stage": "VARCHAR(16) NOT NULL",
+    "idle_since": "DOUBLE", "idle_s": "DOUBLE", "gpus": "INT", "idle_gpus": "INT", "evidence": "MEDIUMTEXT",
+    "mail_to": _NAME, "mail_state": "VARCHAR(16)", "mail_tries": "INT", "mail_time": "DOUBLE", "mail_error": "TEXT",
+    "cancel_state": "VARCHAR(16)", "cancel_error": "TEXT",
     **{c: "BIGINT" for c in INVENTORY_COUNTERS},
 }
 # Besides the key columns: a record's times may be unknown only in jobs; in job_gpus they are the record.
@@ -134,6 +156,8 @@ _INDEXES = {
     "gpu_inventory": ("KEY gpu_inventory_time (time)",),
     "xid_events": ("KEY xid_events_time (time)",),
     "remediations": ("KEY remediations_serial (serial, time)", "KEY remediations_time (time)"),
+    "job_samples": ("KEY job_samples_job (cluster, job_id, restart_count, time)", "KEY job_samples_node_time (node, time)"),
+    "efficiency_actions": ("KEY efficiency_actions_time (time)", "KEY efficiency_actions_job (cluster, job_id, restart_count)"),
 }
 
 
@@ -185,8 +209,17 @@ def _apply_sql(table: str, version: int = SCHEMA_VERSION) -> List[str]:
         on = " AND ".join(f's."{k}" = t."{k}"' for k in key)
         out.append(f"DELETE s FROM stage_{table} AS s JOIN {table} AS t ON {on} WHERE s.batch = b AND s.withdrawn = 0 "
                    "AND t.row_version > s.row_version")
+    if table == "job_samples":
+        # A coarse row replaces the fine rows of its 10 minutes (store/samples.py merged them on the node).
+        out.append("DELETE f FROM job_samples AS f JOIN stage_job_samples AS s ON f.cluster = s.cluster AND f.node = s.node "
+                   "AND f.job_id = s.job_id AND f.restart_count = s.restart_count AND f.gpu_uuid = s.gpu_uuid "
+                   "WHERE s.batch = b AND s.withdrawn = 0 AND s.coarse = 1 AND f.coarse = 0 "
+                   f"AND FLOOR(f.time / {SAMPLE_BUCKET_S}) = FLOOR(s.time / {SAMPLE_BUCKET_S})")
     out.append(f"INSERT INTO {table} ({_q(cols)}) SELECT {_q(cols)} FROM stage_{table} WHERE batch = b AND withdrawn = 0 "
                f"ON DUPLICATE KEY UPDATE {sets}")
+    if table == "job_samples":
+        out.append("DELETE FROM job_samples WHERE node IN (SELECT DISTINCT node FROM stage_job_samples WHERE batch = b) "
+                   f"AND time < UNIX_TIMESTAMP() - {SAMPLES_KEPT_S}")
     if table in ("jobs", "job_gpus"):
         # A tombstone: the row the node deleted after shipping it.  Never seen here (a push
         # lost before it): a placeholder row, already withdrawn, that no report reads.
@@ -274,8 +307,8 @@ MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
         # and a writer reads one GPU's attempts through remediation_history (self-contained: renumber freely).
         _table_ddl("remediations"),
         _stage_ddl("remediations"),
-        W.check_procedure(RECORD_TABLES),
-        _procedure(RECORD_TABLES, 7, with_rollups=True),
+        W.check_procedure(V7_TABLES),
+        _procedure(V7_TABLES, 7, with_rollups=True),
         REMEDIATION_HISTORY_DDL,
     ),
     (   # v8, "coarse rollups" (central/rollups.py): rollup_month, rollup_node_day, rollup_node_month.
@@ -295,7 +328,14 @@ MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
             f'ALTER TABLE stage_{t} ADD COLUMN IF NOT EXISTS "sluid" {_TYPES["sluid"]}')),
         "ALTER TABLE job_gpus ADD INDEX IF NOT EXISTS job_gpus_sluid (sluid)",
         "CREATE OR REPLACE VIEW job_gpus_current AS SELECT * FROM job_gpus WHERE withdrawn = 0",
-        _procedure(RECORD_TABLES, 11, with_rollups=True),
+        _procedure(V7_TABLES, 11, with_rollups=True),
+    ),
+    (   # v12, "efficiency" (docs/efficiency.md): running jobs' samples and the idle policy's actions; apply_batch and
+        # its owner check learn them (the writers' GRANTs that `central init` prints name their staging tables).
+        *(_table_ddl(t) for t in ("job_samples", "efficiency_actions")),
+        *(_stage_ddl(t) for t in ("job_samples", "efficiency_actions")),
+        W.check_procedure(RECORD_TABLES),
+        _procedure(RECORD_TABLES, 12, with_rollups=True),
     ),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION

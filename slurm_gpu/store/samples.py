@@ -9,16 +9,14 @@ from __future__ import annotations
 import sqlite3
 from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence
 
+from slurm_gpu.store import schema
 from slurm_gpu.store.apply import rollback
+from slurm_gpu.store.schema import SAMPLE_COLUMNS
 
 COARSE_STEP_S = 600.0  # a coarse row covers at most one 10-minute bucket of one GPU
 ROW_BYTES = 200  # a sample row in the database, its two indexes included (measured: benchmarks/bench_efficiency.py)
 
-SAMPLE_COLUMNS = ("cluster", "job_id", "restart_count", "node", "gpu_uuid", "gpu_index", "time", "span_s", "samples",
-                  "coarse", "gpu_util_pct", "gpu_util_max_pct", "memory_used_bytes", "memory_total_bytes", "energy_j")
-ACTION_COLUMNS = ("time", "cluster", "job_id", "restart_count", "decided_on", "user", "account", "partition", "stage",
-                  "idle_since", "idle_s", "gpus", "idle_gpus", "evidence", "mail_to", "mail_state", "mail_tries",
-                  "mail_time", "mail_error", "message", "cancel_state", "cancel_error")
+ACTION_COLUMNS = schema.ACTION_COLUMNS + ("message",)
 
 
 class RunningStart(NamedTuple):

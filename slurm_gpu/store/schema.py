@@ -24,7 +24,8 @@ COVERED = ("start_time", "end_time", "job_id", "cluster", "gpu_util_mean_pct", "
 # The tables `db push` ships, with the column that orders their outbox (oldest first): those of
 # v5, the fleet's history of v6, and the remediation attempts of v8.
 _V5_PUSHED = (("jobs", "end_time"), ("job_gpus", "end_time"), ("health_events", "time"), ("drains", "time"))
-PUSHED_TABLES = _V5_PUSHED + (("gpu_inventory", "time"), ("xid_events", "time"), ("remediations", "time"))
+PUSHED_TABLES = _V5_PUSHED + (("gpu_inventory", "time"), ("xid_events", "time"), ("remediations", "time"),
+                              ("job_samples", "time"), ("efficiency_actions", "time"))
 
 # v6 (`slurm-gpu fleet`, docs/fleet.md).  gpu_inventory: one row per GPU per observation, written
 # by `healthcheck` when anything but the time changed, or once per inventory.record_every_s.
@@ -65,8 +66,14 @@ _V5_COLUMNS = {
 }
 
 
+# v11 (docs/efficiency.md): running jobs' samples and the idle policy's actions (the message itself stays here).
+SAMPLE_COLUMNS = ("cluster", "job_id", "restart_count", "node", "gpu_uuid", "gpu_index", "time", "span_s", "samples",
+                  "coarse", "gpu_util_pct", "gpu_util_max_pct", "memory_used_bytes", "memory_total_bytes", "energy_j")
+ACTION_COLUMNS = ("time", "cluster", "job_id", "restart_count", "decided_on", "user", "account", "partition", "stage",
+                  "idle_since", "idle_s", "gpus", "idle_gpus", "evidence", "mail_to", "mail_state", "mail_tries",
+                  "mail_time", "mail_error", "cancel_state", "cancel_error")
 _PUSHED_COLUMNS = dict(_V5_COLUMNS, gpu_inventory=INVENTORY_COLUMNS, xid_events=XID_COLUMNS,
-                       remediations=REMEDIATION_COLUMNS)
+                       remediations=REMEDIATION_COLUMNS, job_samples=SAMPLE_COLUMNS, efficiency_actions=ACTION_COLUMNS)
 
 
 def _changed(table: str) -> str:
@@ -348,7 +355,7 @@ MIGRATIONS: List[Tuple[str, ...]] = [
     # figure), so fine and coarse rows of a GPU never overlap.  NULL: not available (a MIG slice has no
     # utilisation of its own), never 0.  energy_j counts from the job's start on the GPU (the prolog's counter).
     (
-        """CREATE TABLE IF NOT EXISTS job_samples (
+        f"""CREATE TABLE IF NOT EXISTS job_samples (
             id INTEGER PRIMARY KEY,
             cluster TEXT NOT NULL,
             job_id INTEGER NOT NULL,
@@ -364,13 +371,14 @@ MIGRATIONS: List[Tuple[str, ...]] = [
             gpu_util_max_pct REAL,
             memory_used_bytes INTEGER,
             memory_total_bytes INTEGER,
-            energy_j REAL
+            energy_j REAL,
+            {_OUTBOX_COLUMNS}
         )""",
         "CREATE INDEX IF NOT EXISTS job_samples_job ON job_samples (cluster, job_id, restart_count, node, time)",
         "CREATE INDEX IF NOT EXISTS job_samples_time ON job_samples (coarse, time)",
         # One row per job start and stage (advice, notify, cancel): at most one message per job and stage,
         # whatever crashes or runs twice.  The mail's and the cancel's outcome are written after the act.
-        """CREATE TABLE IF NOT EXISTS efficiency_actions (
+        f"""CREATE TABLE IF NOT EXISTS efficiency_actions (
             id INTEGER PRIMARY KEY,
             time REAL NOT NULL,
             cluster TEXT NOT NULL,
@@ -394,10 +402,15 @@ MIGRATIONS: List[Tuple[str, ...]] = [
             message TEXT,
             cancel_state TEXT,
             cancel_error TEXT,
+            {_OUTBOX_COLUMNS},
             UNIQUE (cluster, job_id, restart_count, stage)
         )""",
         "CREATE INDEX IF NOT EXISTS efficiency_actions_time ON efficiency_actions (time)",
         "CREATE INDEX IF NOT EXISTS efficiency_actions_mail ON efficiency_actions (mail_to, mail_time)",
+        # Shipped by `db push` (central v12): the samples once (rows are only added; the merged fine rows the
+        # server drops when their coarse row arrives), the actions again whenever their outcome changes.
+        *_outbox("job_samples", "time"),
+        *_outbox("efficiency_actions", "time"),
     ),
 ]
 
