@@ -249,8 +249,8 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "mail_retry_s": Key(float, 300.0, "A mail that failed (server down, command failed) is tried again after this many seconds, by a later run; each try is logged.", _rng(0, 86400)),
         "job_url": Key(str, "", "A link in every mail, e.g. 'https://ood.example.org/pun/sys/jobstats?jobid={job_id}' (Open OnDemand) or a Grafana dashboard; {job_id}, {cluster}, {user}; empty: none.", _one_line),
         "samples_fine_s": Key(float, 3600.0, "A running job's samples keep their full resolution this long; older ones are merged into one row per 10 minutes and GPU.", _rng(60, 30 * 86400)),
-        "samples_keep_days": Key(float, 14.0, "Samples of jobs that ended are deleted after this many days.", _rng(0, 3650)),
-        "samples_max_mb": Key(float, 64.0, "Cap of the samples in the node database (rows x 200 bytes, measured); past it the oldest samples of ended jobs go first, then the oldest coarse rows.", _rng(1, 1 << 20)),
+        "samples_keep_days": Key(float, 14.0, "Samples older than this many days are deleted (a job that runs longer keeps its last samples_keep_days).", _rng(0, 3650)),
+        "samples_max_mb": Key(float, 64.0, "Cap of the samples in the node database (rows x 215 bytes, measured in benchmarks/bench_efficiency.py); past it the oldest coarse rows go first, then the oldest fine ones. A node busy all the time fills about 1.3 MB per 1,000 GPU-hours.", _rng(1, 1 << 20)),
     },
     "remediation": {
         "enabled": Key(bool, False, "`healthcheck` (HealthCheckProgram) also runs `slurm-gpu remediate` on this node after its check: a node drained by slurm-gpu, idle, is reset, rebooted through Slurm or marked for RMA by the fault -> remedy map (docs/remediation.md). Off: only `slurm-gpu remediate` run by an admin or a timer acts."),

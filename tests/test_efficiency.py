@@ -122,7 +122,7 @@ def test_the_samples_table_stays_under_its_cap_oldest_first(tmp_path):
     Q.record_samples(conn, [_row(t0 + i, 0.0) for i in range(500)], fine_before=0, keep_before=0,
                      max_bytes=100 * Q.ROW_BYTES)
     times = [r[0] for r in conn.execute("SELECT time FROM job_samples ORDER BY time")]
-    assert times == [t0 + i for i in range(400, 500)]
+    assert times == [t0 + i for i in range(400, 500)]  # 100 rows: the cap
     out = Q.record_samples(conn, [_row(t0 + 1000, 0.0)], fine_before=0, keep_before=t0 + 450, max_bytes=1e9)
     assert out["deleted"] == 50
 

@@ -14,7 +14,9 @@ from slurm_gpu.store.apply import rollback
 from slurm_gpu.store.schema import SAMPLE_COLUMNS
 
 COARSE_STEP_S = 600.0  # a coarse row covers at most one 10-minute bucket of one GPU
-ROW_BYTES = 200  # a sample row in the database, its two indexes included (measured: benchmarks/bench_efficiency.py)
+# A sample row in the database file, its indexes and outbox columns included, with most rows coarse (measured:
+# benchmarks/bench_efficiency.py, 214 bytes; docs/benchmarks.md).
+ROW_BYTES = 215
 
 ACTION_COLUMNS = schema.ACTION_COLUMNS + ("message",)
 
@@ -70,12 +72,14 @@ def downsample(conn: sqlite3.Connection, before: float) -> int:
 
 def bound(conn: sqlite3.Connection, keep_before: float, max_bytes: float) -> int:
     """Delete samples older than `keep_before`, then the oldest rows past the cap; returns rows deleted."""
-    gone = conn.execute("DELETE FROM job_samples WHERE time < ?", (keep_before,)).rowcount
-    rows = conn.execute("SELECT count(*) FROM job_samples").fetchone()[0]
-    over = rows - int(max_bytes // ROW_BYTES)
-    if over > 0:
-        gone += conn.execute("DELETE FROM job_samples WHERE id IN (SELECT id FROM job_samples ORDER BY time LIMIT ?)",
-                             (over,)).rowcount
+    # Both through the (coarse, time) index: a range per kind of row, never a scan of the table.
+    gone = conn.execute("DELETE FROM job_samples WHERE coarse IN (0, 1) AND time < ?", (keep_before,)).rowcount
+    over = conn.execute("SELECT count(*) FROM job_samples").fetchone()[0] - int(max_bytes // ROW_BYTES)
+    for coarse in (1, 0):  # the oldest coarse rows first: fine rows are the last hour's
+        if over > 0:
+            n = conn.execute("DELETE FROM job_samples WHERE id IN (SELECT id FROM job_samples WHERE coarse = ? "
+                             "ORDER BY time LIMIT ?)", (coarse, over)).rowcount
+            gone, over = gone + n, over - n
     return int(gone)
 
 
