@@ -230,6 +230,7 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
     },
     "efficiency": {
         "sample_every_s": Key(float, 60.0, "How often the site's timer runs `slurm-gpu efficiency run` (or `sample`) on each GPU node (deploy/systemd/slurm-gpu-efficiency.timer; cron: every minute). The policy reads it: a job's samples further apart than 3x this leave a gap that no idle window spans (an unknown minute is never counted idle).", _rng(1, 3600)),
+        "decide_on": Key(str, "node", "Where jobs are judged: 'node' (each node's `efficiency run` judges the jobs that run on it alone; `efficiency enforce --db central` on a controller or login node judges the jobs on several nodes) or 'central' (`efficiency enforce --db central` judges every job; the nodes only sample). Without a central server only 'node' works, and jobs on several nodes are never judged.", _choice("node", "central")),
         "idle_util_pct": Key(float, 0.0, "A GPU is idle in a sample when its utilisation (nvmlDeviceGetUtilizationRates: percent of the last sample period a kernel ran) is at most this.", _rng(0, 100)),
         "idle_memory_mib": Key(int, 0, "...and, when above 0, when its memory used is at most this many MiB (a job that holds its data on the GPU is not idle); 0: memory does not count.", _rng(0, 1 << 24)),
         "grace_s": Key(float, 900.0, "Seconds after the job started on the node before its samples count: loading data and compiling are not idleness.", _rng(0, 30 * 86400)),

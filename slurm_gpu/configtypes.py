@@ -104,6 +104,7 @@ class Job:
 
 class Efficiency:
     sample_every_s: float
+    decide_on: str
     idle_util_pct: float
     idle_memory_mib: int
     grace_s: float

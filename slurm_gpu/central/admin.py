@@ -48,7 +48,7 @@ class Outbox:
         name = cfg.cluster_name or os.environ.get("SLURM_CLUSTER_NAME", "")
         if name:
             return name
-        name = _slurm_conf_cluster(os.environ.get("SLURM_CONF") or cfg.slurm_conf)
+        name = slurm_conf_cluster(os.environ.get("SLURM_CONF") or cfg.slurm_conf)
         if name:
             return name
         name = latest_job_cluster(self._conn)
@@ -61,7 +61,7 @@ class Outbox:
         return P.Pusher(self._conn, srv, cluster, batch_size, max_seconds, progress=progress).run()
 
 
-def _slurm_conf_cluster(path: str) -> str:
+def slurm_conf_cluster(path: str) -> str:
     """ClusterName= of slurm.conf, '' when unreadable or absent."""
     from slurm_gpu.slurm.conf import GresConfigError, config_lines
     try:

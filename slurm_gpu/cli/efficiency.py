@@ -64,12 +64,24 @@ def _sample(cfg: Any, store: Any, name: str, log: Any) -> int:
     return 1 if run.missing else 0
 
 
-def _enforce(cfg: Any, store: Any, name: str, log: Any, dry_run: bool) -> int:
-    from slurm_gpu.efficiency.enforce import enforce
+def _enforce(cfg: Any, store: Any, name: str, log: Any, dry_run: bool, db: Optional[str] = None,
+             password_file: Optional[str] = None) -> int:
+    from slurm_gpu.efficiency.enforce import NoJobs, enforce
     from slurm_gpu.efficiency.sample import booted_at
     from slurm_gpu.slurm.cli_backend import CliBackend
-    outcomes = enforce(cfg, store.connect(), CliBackend(cfg), booted_at=booted_at(), dry_run=dry_run, node=name,
-                       log=log.info)
+    conn, backend = store.connect(), CliBackend(cfg)
+    if db:
+        from slurm_gpu.central.server import Central
+        from slurm_gpu.efficiency.central import CentralSource, cluster_of
+        from slurm_gpu.efficiency.policy import Policy
+        cluster = cluster_of(cfg)
+        with Central.from_config(cfg, None if db == "central" else db, password_file) as central:
+            source = CentralSource(central, conn, cluster, Policy.from_config(cfg).max_gap_s)
+            outcomes = enforce(cfg, conn, backend, dry_run=dry_run, node=name, log=log.info, source=source,
+                               only_multi_node=cfg.efficiency.decide_on == "node")
+    else:
+        outcomes = enforce(cfg, conn, backend, booted_at=booted_at(), dry_run=dry_run, node=name, log=log.info,
+                           source=NoJobs() if cfg.efficiency.decide_on == "central" else None)
     for o in outcomes:
         if o.stage or o.error or dry_run:
             click.echo(o.line())
@@ -97,24 +109,32 @@ def sample_cmd(app: Any, node_name: Optional[str]) -> None:
 
 
 @efficiency.command("enforce")
-@node_name_option("This node's Slurm name (default: $SLURMD_NODENAME, else the short host name).")
+@node_name_option("This host's name: %n in the config, and who decided (default: $SLURMD_NODENAME, else the short host name).")
+@click.option("--db", metavar="central|URL", default=None,
+              help="Judge the jobs from the central server's samples ('central': central.url; or mysql://USER@HOST/DB, "
+                   "a reading account): the jobs on several nodes, or every job with efficiency.decide_on = 'central'.")
+@click.option("--password-file", metavar="PATH", default=None,
+              help="With --db URL: the file with its password (default: central.password_file).")
 @dry_run_option("Print the decisions, the mails' subjects and the cancels; write, mail and cancel nothing.")
 @click.pass_obj
-def enforce_cmd(app: Any, node_name: Optional[str], dry_run: bool) -> None:
-    """Apply the [efficiency] policy to the jobs running on this node.
+def enforce_cmd(app: Any, node_name: Optional[str], db: Optional[str], password_file: Optional[str],
+                dry_run: bool) -> None:
+    """Apply the [efficiency] policy to the running jobs.
 
-    A job on this node alone is judged from its samples: a mail when all its GPUs stayed idle for
-    notify_after_s (advice when only some did), a cancel through Slurm after cancel_after_s if its
-    user was warned in time and it is not exempt. A job on several nodes is left to the central
-    server. Each decision is recorded before it is acted on, once per job and stage; a mail that
-    failed is tried again by later runs every mail_retry_s.
+    On a GPU node (no --db): the jobs that run on this node alone, from its samples. With --db
+    (a timer on a controller or login node): the jobs whose samples are on the central server,
+    each judged on all its nodes' samples. A mail when all of a job's GPUs stayed idle for
+    notify_after_s (advice when only some did), a cancel through Slurm after cancel_after_s if
+    its user was warned in time and it is not exempt. Each decision is recorded in this host's
+    database before it is acted on, once per job and stage; a mail that failed is tried again by
+    later runs every mail_retry_s.
 
     \b
     Exit codes: 0 done (or nothing due); 1 a mail or a cancel failed (recorded, tried again);
-    2 usage/config error; 4 Slurm error.
+    2 usage/config error; 4 Slurm error; 5 the database or the central server could not be used.
     """
     name, cfg, store, log = _setup(app, node_name, dry_run, "enforce")
-    sys.exit(_enforce(cfg, store, name, log, dry_run))
+    sys.exit(_enforce(cfg, store, name, log, dry_run, db, password_file))
 
 
 @efficiency.command("run")

@@ -16,8 +16,9 @@ and prints, and writes, mails and cancels nothing.
 from __future__ import annotations
 
 import json
+import re
 import time
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from slurm_gpu.config import Config, node_name
 from slurm_gpu.efficiency import mail as M
@@ -26,6 +27,7 @@ from slurm_gpu.errors import SlurmError
 from slurm_gpu.store import samples as Q
 from slurm_gpu.store.samples import RunningStart
 from slurm_gpu.store.summary import CANCEL_NOTE, is_ours
+from slurm_gpu.timefmt import slurm_to_unix
 
 DAY_S = 86400.0
 
@@ -49,15 +51,18 @@ class Outcome(NamedTuple):
         return " - ".join(parts)
 
 
-def facts_from_record(rec: Mapping[str, str], start: RunningStart, started: float) -> JobFacts:
-    """JobFacts of `scontrol -o show job` fields; the start time is the prolog's (the samples' clock)."""
+def facts_from_record(rec: Mapping[str, str], cluster: str, job_id: int, started: Optional[float]) -> JobFacts:
+    """JobFacts of `scontrol -o show job` fields.  The start: the prolog's where this node has it (the samples'
+    clock), else Slurm's StartTime."""
     def name(v: str) -> str:
         return (v or "").split("(")[0]
 
     def num(v: str) -> int:
         return int(v) if (v or "").isdigit() else 0
     mail_user = rec.get("MailUser", "")
-    return JobFacts(cluster=start.cluster, job_id=start.job_id, restart_count=num(rec.get("Restarts", "0")),
+    if started is None:
+        started = slurm_to_unix(rec.get("StartTime")) or 0.0
+    return JobFacts(cluster=cluster, job_id=job_id, restart_count=num(rec.get("Restarts", "0")),
                     user=name(rec.get("UserId", "")), account=rec.get("Account", ""), partition=rec.get("Partition", ""),
                     qos=rec.get("QOS", ""), batch=rec.get("BatchFlag", "0") == "1", state=rec.get("JobState", ""),
                     num_nodes=num(rec.get("NumNodes", "1")) or 1, nodes=rec.get("NodeList", ""),
@@ -66,14 +71,50 @@ def facts_from_record(rec: Mapping[str, str], start: RunningStart, started: floa
                     admin_comment="" if rec.get("AdminComment", "") in ("(null)", "") else rec.get("AdminComment", ""))
 
 
-_StartKey = Tuple[str, int, int]  # cluster, job id, restart count
+def tres_gpus(rec: Mapping[str, str]) -> int:
+    """The GPUs a job holds on all its nodes (`gres/gpu=N` in its TRES); 0 when Slurm does not say."""
+    m = re.search(r"(?:^|,)gres/gpu=(\d+)", rec.get("AllocTRES") or rec.get("TRES") or "")
+    return int(m.group(1)) if m else 0
 
 
-def _group(starts: Sequence[RunningStart]) -> Dict[_StartKey, List[RunningStart]]:
-    out: Dict[_StartKey, List[RunningStart]] = {}
-    for s in starts:
-        out.setdefault((s.cluster, s.job_id, s.restart_count), []).append(s)
-    return out
+class Candidate(NamedTuple):
+    """A running job start whose samples a source holds."""
+
+    cluster: str
+    job_id: int
+    restart_count: int
+    started: Optional[float]  # the prolog's start on this node (node source); None: take Slurm's
+    gpus: int  # GPUs (and MIG slices) it holds as far as the source knows; 0: unknown
+
+
+class NodeSource:
+    """This node's database: the job starts the prolog recorded here, their samples and actions."""
+
+    multi_node = False  # a job on several nodes is judged where all their samples meet
+
+    def __init__(self, conn: Any, node: str, booted_at: float):
+        self.conn, self.node, self.booted_at = conn, node, booted_at
+
+    def candidates(self, now: float) -> List[Candidate]:
+        out: Dict[Tuple[str, int, int], List[RunningStart]] = {}
+        for s in Q.running_starts(self.conn, self.node, self.booted_at):
+            out.setdefault((s.cluster, s.job_id, s.restart_count), []).append(s)
+        return [Candidate(*key, min(s.start_time for s in starts), len(starts)) for key, starts in sorted(out.items())]
+
+    def samples(self, c: Candidate, since: float) -> List[Dict[str, Any]]:
+        return Q.job_samples(self.conn, c.cluster, c.job_id, c.restart_count, since=since)
+
+    def done(self, c: Candidate) -> Dict[str, Dict[str, Any]]:
+        return Q.actions_of(self.conn, c.cluster, c.job_id, c.restart_count)
+
+
+class NoJobs:
+    """A node whose jobs the central server judges (efficiency.decide_on = "central"): only its mails to retry."""
+
+    multi_node = False
+
+    def candidates(self, now: float) -> List[Candidate]:
+        return []
 
 
 def _no_log(event: str, **fields: Any) -> None:
@@ -82,43 +123,48 @@ def _no_log(event: str, **fields: Any) -> None:
 
 class Enforcer:
     def __init__(self, cfg: Config, conn: Any, backend: Any, *, node: Optional[str] = None, dry_run: bool = False,
-                 send: Callable[[Config, M.Message], str] = M.send, log: Callable[..., None] = _no_log):
+                 send: Callable[[Config, M.Message], str] = M.send, log: Callable[..., None] = _no_log,
+                 source: Any = None, only_multi_node: bool = False):
         self.cfg, self.conn, self.backend = cfg, conn, backend
         self.node = node or cfg.node or node_name()
         self.dry_run = dry_run
         self.send = send
         self.log = log
         self.policy = Policy.from_config(cfg)
+        self.source = source
+        self.only_multi_node = only_multi_node  # a central run where the nodes judge their own single-node jobs
 
     # -- the run -----------------------------------------------------------------------------
     def run(self, now: float, booted_at: float) -> List[Outcome]:
         out = [] if self.dry_run else self.retry_mails(now)
-        for (cluster, job_id, restart), starts in sorted(_group(Q.running_starts(self.conn, self.node, booted_at)).items()):
+        source = self.source or NodeSource(self.conn, self.node, booted_at)
+        for c in source.candidates(now):
             try:
-                o = self.one_job(starts, now)
+                o = self.one_job(source, c, now)
             except SlurmError as e:
-                o = Outcome(job_id, "", "Slurm could not be asked", error=e.message)
+                o = Outcome(c.job_id, "", "Slurm could not be asked", error=e.message)
             if o is not None:
                 out.append(o)
         return out
 
-    def one_job(self, starts: List[RunningStart], now: float) -> Optional[Outcome]:
-        s0 = starts[0]
-        rec = self.backend.job_record(s0.job_id)
+    def one_job(self, source: Any, c: Candidate, now: float) -> Optional[Outcome]:
+        rec = self.backend.job_record(c.job_id)
         if rec is None:
-            return Outcome(s0.job_id, "", "slurmctld does not know the job (ended)")
-        job = facts_from_record(rec, s0, min(s.start_time for s in starts))
-        if job.restart_count != s0.restart_count:
-            return Outcome(s0.job_id, "", f"the job was requeued (restart {job.restart_count}, here {s0.restart_count})")
-        if job.num_nodes > 1:
-            return Outcome(s0.job_id, "", f"runs on {job.num_nodes} nodes ({job.nodes}): judged where all nodes' samples "
-                                          "meet (the central server), not on one node")
+            return Outcome(c.job_id, "", "slurmctld does not know the job (ended)")
+        job = facts_from_record(rec, c.cluster, c.job_id, c.started)
+        if job.restart_count != c.restart_count:
+            return Outcome(c.job_id, "", f"the job was requeued (restart {job.restart_count}, sampled {c.restart_count})")
+        if job.num_nodes > 1 and not source.multi_node:
+            return Outcome(c.job_id, "", f"runs on {job.num_nodes} nodes ({job.nodes}): judged where all nodes' samples "
+                                         "meet (the central server), not on one node")
+        if job.num_nodes == 1 and self.only_multi_node:
+            return None  # its node judges it (efficiency.decide_on = "node")
         notify_after, cancel_after = self.policy.thresholds(job.batch)
         lookback = max(notify_after, cancel_after) + 2 * self.policy.max_gap_s + Q.COARSE_STEP_S
-        rows = Q.job_samples(self.conn, s0.cluster, s0.job_id, s0.restart_count, since=now - lookback)
-        done = Q.actions_of(self.conn, s0.cluster, s0.job_id, s0.restart_count)
-        failed_cancel = done.get(CANCEL, {}).get("cancel_state") == "failed"
-        j = judge(rows, job, self.policy, done, now, len(starts))
+        rows = source.samples(c, now - lookback)
+        done = source.done(c)
+        failed_cancel = done.get(CANCEL, {}).get("cancel_state") == "failed" and done[CANCEL].get("id") is not None
+        j = judge(rows, job, self.policy, done, now, max(tres_gpus(rec), c.gpus))
         if failed_cancel and job.state == "RUNNING" and not self.dry_run:
             return self._cancel(job, done[CANCEL], j.why)
         if not j.stage:
@@ -195,9 +241,11 @@ class Enforcer:
         return out
 
 
-def enforce(cfg: Config, conn: Any, backend: Any, *, now: Optional[float] = None, booted_at: float,
+def enforce(cfg: Config, conn: Any, backend: Any, *, now: Optional[float] = None, booted_at: float = 0.0,
             dry_run: bool = False, node: Optional[str] = None, send: Callable[[Config, M.Message], str] = M.send,
-            log: Callable[..., None] = _no_log) -> List[Outcome]:
-    return Enforcer(cfg, conn, backend, node=node, dry_run=dry_run, send=send, log=log).run(
-        time.time() if now is None else now, booted_at)
+            log: Callable[..., None] = _no_log, source: Any = None, only_multi_node: bool = False) -> List[Outcome]:
+    """One run: this node's jobs (source None: its database), or those of a source such as the central server's
+    (efficiency/central.py).  Decisions are recorded in `conn` (this host's node database) either way."""
+    return Enforcer(cfg, conn, backend, node=node, dry_run=dry_run, send=send, log=log, source=source,
+                    only_multi_node=only_multi_node).run(time.time() if now is None else now, booted_at)
 

@@ -130,3 +130,82 @@ def test_idle_jobs_are_warned_once_and_cancelled_busy_and_partly_idle_ones_never
         for job in (exempt, busy, both):
             cluster.wait_job(job, timeout=60)
     assert os.path.exists(site.db("gpu02"))
+
+
+# --------------------------------------------------------------------------- jobs on several nodes: the central server
+
+
+@pytest.fixture
+def central(mariadb_server, tmp_path):
+    from .test_job_summary_slurm import Central
+    (tmp_path / "central").mkdir()
+    return Central(mariadb_server, tmp_path / "central")
+
+
+def _gpu_of(site, node, job, timeout=20):
+    """The GPU the job's prolog recorded on the node (its log says "pass" a moment before the write)."""
+    end = time.monotonic() + timeout
+    while not (rows := site.rows(node, "SELECT gpu_index FROM job_starts WHERE job_id = ?", job)):
+        assert time.monotonic() < end, f"no start record of job {job} on {node}"
+        time.sleep(0.1)
+    assert len(rows) == 1, rows
+    return rows[0]["gpu_index"]
+
+
+def test_a_job_on_two_nodes_is_judged_on_both_nodes_samples_on_the_central_server(cluster, site, central, tmp_path):
+    """The nodes sample and push; a controller-side `efficiency enforce --db central` judges the jobs on
+    several nodes: the one idle on both nodes is warned and cancelled, the one busy on one node gets
+    advice only."""
+    smtp = SmtpServer(tmp_path / "smtp", port=site.smtp_port).start()
+    ctl = tmp_path / "ctl.toml"
+    ctl.write_text(central.reporter.read_text().replace("[central]", (
+        f'[store]\ndatabase = "{tmp_path}/ctl/usage.db"\nspool_dir = "{tmp_path}/ctl/spool"\n'
+        f'[log]\nsyslog = false\nfile = "{tmp_path}/ctl/efficiency.log"\n'
+        "[efficiency]" + site.config().split("[efficiency]")[1] + "[central]")))
+    os.chmod(ctl, 0o644)
+    idle = cluster.sbatch("sleep 300", args=["-p", "gpu", "-N", "2", "-w", "gpu[01-02]", "-A", "physics", "--gres=gpu:1"])
+    half = cluster.sbatch("sleep 300", args=["-p", "gpu", "-N", "2", "-w", "gpu[01-02]", "-A", "physics", "--gres=gpu:1"])
+    for job in (idle, half):
+        for node in ("gpu01", "gpu02"):
+            wait_running(cluster, site, node, job)
+    simgpu.set_gpu(site.state("gpu02"), _gpu_of(site, "gpu02", half), gpu_util=80)  # half works on gpu02 only
+    env = dict(cluster.env)
+    try:
+        started = time.monotonic()
+        while time.monotonic() - started < 90:
+            for node in ("gpu01", "gpu02"):
+                r = _run(cluster, node, "run")
+                assert r.returncode == 0, r.stdout + r.stderr
+                assert "runs on 2 nodes" not in r.stdout  # the nodes leave it to the central run, quietly
+                r = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "--config", str(central.writer), "db", "push",
+                                    "--quiet", "--db", str(site.db(node))], env=env, capture_output=True, text=True,
+                                   timeout=60)
+                assert r.returncode == 0, r.stdout + r.stderr
+            r = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "--config", str(ctl), "efficiency", "enforce",
+                                "--db", "central", "--node-name", "ctl"], env=env, capture_output=True, text=True,
+                               timeout=60)
+            assert r.returncode == 0, r.stdout + r.stderr
+            if cluster.job_info(idle).get("JobState") not in ("RUNNING", None, ""):
+                break
+            time.sleep(0.5)
+        assert cluster.wait_job(idle, timeout=30) == "CANCELLED"
+        assert cluster.job_info(half).get("JobState") == "RUNNING"
+        subjects = sorted(m["Subject"] for m in smtp.wait_for(3, timeout=10))
+        assert sorted(s.split(":")[0] for s in subjects) == sorted([
+            f"[slurm-gpu] Job {idle}", f"[slurm-gpu] Job {idle} cancelled", f"[slurm-gpu] Job {half}"]), subjects
+        assert f"[slurm-gpu] Job {half}: 1 of its 2 GPUs are idle" in subjects
+        assert f"[slurm-gpu] Job {idle}: its 2 GPUs have been idle for" in " ".join(subjects)
+        # The controller's decisions reach the central server with its next push.
+        r = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "--config", str(central.writer), "db", "push",
+                            "--quiet", "--db", f"{tmp_path}/ctl/usage.db"], env=env, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        got = central.server.rows("SELECT node, job_id, stage, cancel_state FROM efficiency_actions ORDER BY job_id, stage",
+                                  central.db)
+        assert got == [["ctl", str(idle), "cancel", "done"], ["ctl", str(idle), "notify", "NULL"],
+                       ["ctl", str(half), "advice", "NULL"]], got
+    finally:
+        smtp.stop()
+        for job in (idle, half):
+            cluster.run("scancel", str(job), check=False)
+        cluster.wait_job(half, timeout=60)
