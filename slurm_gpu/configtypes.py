@@ -123,6 +123,7 @@ class Efficiency:
     mail_command: List[Any]
     mail_retry_s: float
     job_url: str
+    live_summary_every_s: float
     samples_fine_s: float
     samples_keep_days: float
     samples_max_mb: float

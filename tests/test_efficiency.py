@@ -247,10 +247,15 @@ class RecordingSlurm:
     def __init__(self, records):
         self.records = records  # job id -> scontrol fields
         self.cancelled = []
+        self.summaries = []
         self.fail_cancel = False
 
     def job_record(self, job_id):
         return self.records.get(job_id)
+
+    def set_running_summary(self, job_id, text):
+        self.summaries.append((job_id, text))
+        self.records[job_id] = dict(self.records[job_id], AdminComment=text)
 
     def cancel_with_note(self, job_id, note):
         if self.fail_cancel:
@@ -509,3 +514,33 @@ def test_running_jobs_gpus_reach_prometheus_one_series_per_gpu_and_vanish_with_t
     sample(cfg, conn, reader, node="gpu01", boot=0.0, now=t0 + 360)
     reader.close()
     assert "slurm_gpu_running_job" not in (textfile / "slurm_gpu_efficiency.prom").read_text()
+
+
+def test_a_running_jobs_figures_so_far_go_into_its_admin_comment_every_so_often_never_over_another_tools(sim_node, smtp):
+    from slurm_gpu.store import summary as sg
+    node, cfg, conn = _idle_node(sim_node, smtp, "live_summary_every_s = 120\n")
+    simgpu.set_gpu(node.state, 1, gpu_util=70, memory_used=30 * GIB)
+    t0 = rows(node.db, "SELECT start_time FROM job_starts")[0]["start_time"]
+    slurm = RecordingSlurm({41: _record(41)})
+    _minutes(cfg, conn, t0, 3)
+    E.enforce(cfg, conn, slurm, now=t0 + 180, booted_at=0.0, node="gpu01")
+    ((job, text),) = slurm.summaries
+    s = sg.decode(text)
+    assert job == 41 and s.job_id == 41 and s.partial and s.live is not None and s.live["t"] == pytest.approx(t0 + 180, abs=0.1)
+    assert [(g.node, g.index, g.util_pct, g.peak_mib) for g in s.gpus] == [("gpu01", 0, 0.0, 2048),
+                                                                         ("gpu01", 1, 70.0, 30720)]
+    (idle0, points0), (idle1, points1) = s.live["g"]
+    assert (idle0, idle1) == (180, 0) and len(points0) == 60
+    assert points0[-3:] == [0, 0, 0] and points1[-3:] == [70, 70, 70] and points1[:-3] == [None] * 57
+    # Not again before live_summary_every_s; again after it.
+    _minutes(cfg, conn, t0 + 180, 1)
+    E.enforce(cfg, conn, slurm, now=t0 + 240, booted_at=0.0, node="gpu01")
+    assert len(slurm.summaries) == 1
+    _minutes(cfg, conn, t0 + 240, 1)
+    E.enforce(cfg, conn, slurm, now=t0 + 300, booted_at=0.0, node="gpu01")
+    assert len(slurm.summaries) == 2 and sg.decode(slurm.summaries[1][1]).live["t"] == pytest.approx(t0 + 300, abs=0.1)
+    # Another tool's AdminComment (jobstats) is never overwritten.
+    slurm.records[41]["AdminComment"] = "jobstats:xyz"
+    _minutes(cfg, conn, t0 + 300, 3)
+    E.enforce(cfg, conn, slurm, now=t0 + 480, booted_at=0.0, node="gpu01")
+    assert len(slurm.summaries) == 2

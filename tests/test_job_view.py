@@ -561,3 +561,66 @@ def test_summary_with_wrong_types_or_a_negative_node_index_is_damaged_exit_10(sa
     r = invoke("4711_3")
     error_answer(r, ExitCode.JOB_NO_SUMMARY, "job 4711_3: the job's GPU summary is damaged")
     assert "Traceback" not in r.stderr and "gpu02" not in r.stdout
+
+
+# ------------------------------------------------------------------ a running job: its figures so far (issue 38)
+
+def _live_summary(job_id=4725, idle=(0, 900), points=None):
+    gpus = [sg.GpuUse(node="gpu01", index=i, model=None, start=START, end=START + 1800, util_pct=u, mem_util_pct=None,
+                      peak_mib=pk, total_mib=81559, energy_wh=e, ecc_uncorrected=None, xids=[], mig=False)
+            for i, u, pk, e in ((0, 72.5, 30000, 250.0), (1, 0.0, 500, 40.0))]
+    pts = points or [[80] * 60, [None] * 30 + [0] * 30]
+    return sg.Summary("c", job_id, 0, True, ["gpu01"], [], gpus, "gpu",
+                      {"t": START + 1800.0, "g": [[idle[0], pts[0]], [idle[1], pts[1]]]})
+
+
+class FakeSlurm:
+    """sacct shows the running job; scontrol shows it with its AdminComment (as slurmctld shows it to the caller)."""
+
+    def __init__(self, comment):
+        self.comment, self.calls = comment, []
+
+    def run(self, tool, args, timeout_s=None):
+        self.calls.append((tool, list(args)))
+        if tool == "sacct":
+            return 0, sacct_line(state="RUNNING", end="Unknown", tres="cpu=2,gres/gpu=2,node=1"), ""
+        return 0, f"JobId=4725 JobName=train UserId=alice(1000) JobState=RUNNING AdminComment={self.comment} NumNodes=1\n", ""
+
+
+def test_a_running_job_shows_its_figures_so_far_with_the_last_hour_and_what_is_idle_now(monkeypatch, tmp_path):
+    fake = FakeSlurm(sg.encode(_live_summary()))
+    monkeypatch.setattr(cli_job, "_backend", lambda app: fake)
+    (tmp_path / "config.toml").write_text("")
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(tmp_path / "config.toml"))
+    r = invoke("4711_3")
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert "GPUs (so far: means since the job started):" in out and "LAST HOUR" in out and "IDLE FOR" in out
+    assert "MODEL" not in out  # a running job's samples do not name the model
+    line0 = next(ln for ln in out.splitlines() if ln.startswith("gpu01") and ln.split()[1] == "0")
+    line1 = next(ln for ln in out.splitlines() if ln.startswith("gpu01") and ln.split()[1] == "1")
+    assert "busy" in line0 and "▇" * 30 in line0  # 80 %
+    assert "00:15:00" in line1 and line1.endswith("·" * 15 + "▁" * 15)  # half the hour unseen, half at 0 %
+    assert "The job is still running: figures so far" in out and "Idle right now" in out and "scancel 4711_3" in out
+    assert ("scontrol", ["-o", "show", "job", "4725"]) in fake.calls
+    j = json.loads(invoke("4711_3", "--json").output)
+    assert j["summary"]["source"] == "live" and j["live"]["gpus"][1]["idle_s"] == 900
+    assert j["live"]["gpus"][0]["last_hour_util_pct"] == [80] * 60
+
+
+def test_a_running_job_without_figures_so_far_or_with_another_jobs_is_still_exit_9(monkeypatch, tmp_path):
+    (tmp_path / "config.toml").write_text("")
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(tmp_path / "config.toml"))
+    for comment in ("", "jobstats:abc", sg.encode(_live_summary(job_id=9999)), sg.encode(_live_summary()._replace(live=None))):
+        fake = FakeSlurm(comment)
+        monkeypatch.setattr(cli_job, "_backend", lambda app, fake=fake: fake)
+        plain_answer(invoke("4711_3"), ExitCode.JOB_NOT_ENDED, "job 4711_3 is still RUNNING")
+
+
+def test_a_damaged_live_part_is_refused_not_shown():
+    doc = sg.encode(_live_summary())
+    s = _live_summary()
+    bad = s._replace(live={"t": START, "g": [[0, [1, 2]]]})  # one row for two GPUs
+    with pytest.raises(InputError):
+        sg.decode(sg.encode(bad))
+    assert sg.decode(doc).live["g"][1][0] == 900

@@ -44,6 +44,10 @@ class CentralSource:
             "ORDER BY time, node, gpu_uuid", (c.cluster, c.job_id, c.restart_count, since))
         return [dict(zip(SAMPLE_COLUMNS, r)) for r in got]
 
+    def totals(self, c: Candidate) -> List[Dict[str, Any]]:
+        got = self.central.execute(Q.totals_sql("%s"), (c.cluster, c.job_id, c.restart_count))
+        return [dict(zip(Q.TOTAL_COLUMNS, r)) for r in got]
+
     def done(self, c: Candidate) -> Dict[str, Dict[str, Any]]:
         """This host's actions on the job, and those another host shipped (this host's win: they are newer)."""
         cols = ", ".join(f'"{col}"' for col in _ACTION_READ)

@@ -21,10 +21,12 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from slurm_gpu.config import Config, node_name
+from slurm_gpu.efficiency import live
 from slurm_gpu.efficiency import mail as M
 from slurm_gpu.efficiency.policy import CANCEL, JobFacts, Judgement, Policy, judge
 from slurm_gpu.errors import SlurmError
 from slurm_gpu.store import samples as Q
+from slurm_gpu.store import summary as sg
 from slurm_gpu.store.samples import RunningStart
 from slurm_gpu.store.summary import CANCEL_NOTE, is_ours
 from slurm_gpu.timefmt import slurm_to_unix
@@ -104,6 +106,9 @@ class NodeSource:
     def samples(self, c: Candidate, since: float) -> List[Dict[str, Any]]:
         return Q.job_samples(self.conn, c.cluster, c.job_id, c.restart_count, since=since)
 
+    def totals(self, c: Candidate) -> List[Dict[str, Any]]:
+        return Q.job_totals(self.conn, c.cluster, c.job_id, c.restart_count)
+
     def done(self, c: Candidate) -> Dict[str, Dict[str, Any]]:
         return Q.actions_of(self.conn, c.cluster, c.job_id, c.restart_count)
 
@@ -160,16 +165,30 @@ class Enforcer:
         if job.num_nodes == 1 and self.only_multi_node:
             return None  # its node judges it (efficiency.decide_on = "node")
         notify_after, cancel_after = self.policy.thresholds(job.batch)
-        lookback = max(notify_after, cancel_after) + 2 * self.policy.max_gap_s + Q.COARSE_STEP_S
+        lookback = max(notify_after, cancel_after, live.POINTS * live.POINT_S) + 2 * self.policy.max_gap_s + Q.COARSE_STEP_S
         rows = source.samples(c, now - lookback)
         done = source.done(c)
         failed_cancel = done.get(CANCEL, {}).get("cancel_state") == "failed" and done[CANCEL].get("id") is not None
         j = judge(rows, job, self.policy, done, now, max(tres_gpus(rec), c.gpus))
+        if job.state == "RUNNING" and not self.dry_run:
+            self._live_summary(source, c, job, rows, j, now)
         if failed_cancel and job.state == "RUNNING" and not self.dry_run:
             return self._cancel(job, done[CANCEL], j.why)
         if not j.stage:
             return Outcome(job.job_id, "", j.why)
         return self.act(job, j, now)
+
+    def _live_summary(self, source: Any, c: Candidate, job: JobFacts, rows: List[Dict[str, Any]], j: Judgement,
+                      now: float) -> None:
+        """The job's figures so far into its AdminComment (efficiency/live.py), when due; a failure is logged."""
+        every = float(self.cfg.efficiency.live_summary_every_s)
+        if not every or self.cfg.job_summary.field != "AdminComment" or not live.due(job.admin_comment, every, now):
+            return
+        text = sg.fit(live.summary(job, source.totals(c), [r for r in rows if float(r["time"]) > now - 3600], j, now))
+        try:
+            self.backend.set_running_summary(job.job_id, text)
+        except SlurmError as e:
+            self.log("efficiency-live-summary-failed", job=job.job_id, error=e.message)
 
     # -- acting --------------------------------------------------------------------------------
     def act(self, job: JobFacts, j: Judgement, now: float) -> Outcome:

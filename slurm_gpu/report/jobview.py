@@ -89,8 +89,40 @@ def load(cfg: Config, backend: Any, job_id: str, fallback: Optional[Fallback] = 
     rec = job_record(backend, job_id)
     if rec is None:
         raise JobNotFound(f"job {job_id} not found, or not visible to you", VISIBLE_HINT.format(job=job_id))
+    if not rec.pending and not rec.ended:
+        running = running_summary(backend, rec)
+        if running is not None:
+            return JobView(rec, running, "live", live_notes(rec, running, cfg))
     s, source = resolve(rec, fallback)
     return JobView(rec, s, source, job_notes(rec, s, cfg))
+
+
+def running_summary(backend: Any, rec: JobRecord) -> Optional[sg.Summary]:
+    """A running job's figures so far, from its AdminComment as slurmctld shows it to the caller (`scontrol show
+    job`: Slurm's privacy, as sacct's for a finished job); None when there are none (yet)."""
+    from slurm_gpu.slurm.cli_text import parse_kv, split_records
+    rc, out, _err = backend.run("scontrol", ["-o", "show", "job", str(rec.job_id_raw)])
+    recs = [parse_kv(r) for r in split_records(out)] if rc == 0 else []
+    fields = next((r for r in recs if r.get("JobId") == str(rec.job_id_raw)), {})
+    comment = fields.get("AdminComment", "")
+    found = sg.decode_safe(comment) if sg.is_ours(comment) else None
+    if found is None or found.live is None or found.job_id != rec.job_id_raw:
+        return None
+    return found
+
+
+def live_notes(rec: JobRecord, s: sg.Summary, cfg: Config) -> List[Note]:
+    """A running job's notes: how fresh the figures are, GPUs idle right now, then the usual advice."""
+    live = s.live or {}
+    notes = [Note("live", f"The job is still running: figures so far, from samples up to {_when(live.get('t'))}. "
+                          "Its summary is written when it ends.", "info")]
+    idle = [(g, float(row[0])) for g, row in zip(s.gpus, live.get("g") or []) if float(row[0] or 0) >= LIVE_IDLE_S]
+    if idle:
+        names = ", ".join(f"{_gpu_name(g)} {format_duration(sec / 3600.0)}" for g, sec in idle[:6])
+        notes.append(Note("idle_now", f"Idle right now (no work for at least {LIVE_IDLE_S // 60} minutes): {names}. "
+                                      f"If the job no longer needs its GPUs, end it: scancel {rec.job_id}", "warn"))
+    notes += [n for n in job_notes(rec, s._replace(partial=False), cfg) if n.code not in ("short",)]
+    return notes
 
 
 def check_state(rec: JobRecord) -> None:
@@ -107,7 +139,8 @@ def check_state(rec: JobRecord) -> None:
                              "a GPU job asks for them, e.g. sbatch --gres=gpu:1")
     if not rec.ended:
         raise JobNotEnded(f"{what} is still {rec.base_state or 'running'}: its GPU summary is written when it ends",
-                          f"live figures: squeue -j {rec.job_id}; run slurm-gpu job {rec.job_id} after it ends")
+                          "figures so far appear once the site's efficiency timer has sampled it (docs/efficiency.md); "
+                          f"else run slurm-gpu job {rec.job_id} after it ends")
 
 
 def resolve(rec: JobRecord, fallback: Optional[Fallback] = None) -> Tuple[sg.Summary, str]:
@@ -139,6 +172,8 @@ def resolve(rec: JobRecord, fallback: Optional[Fallback] = None) -> Tuple[sg.Sum
     cluster = str(rows[0].get("cluster") or "")
     return sg.from_records(cluster, rec.job_id_raw, restart, rec.nodes, rows), source
 
+
+LIVE_IDLE_S = 300  # a running job's GPU idle this long gets the idle-now note
 
 ROW_COLUMNS = ("cluster", "job_id", "restart_count", "node", "gpu_index", "gpu_model", "start_time", "end_time",
                "gpu_util_mean_pct", "mem_util_mean_pct", "max_memory_bytes", "memory_total_bytes", "energy_j",
@@ -373,7 +408,9 @@ def header_lines(view: JobView) -> List[Tuple[str, str]]:
              ("GPUs", f"{rec.gpus}" + (f" ({one_model(s)})" if one_model(s) else "")), ("Start", _when(rec.start)),
              ("Run time", run), ("Time limit", limit), ("Exit code", p(rec.exit_code)),
              ("GPU energy", energy_text(total_energy_wh(s)))]
-    if view.source != "admin_comment":
+    if view.source == "live":
+        lines.append(("Source", "figures so far, sampled while the job runs"))
+    elif view.source != "admin_comment":
         lines.append(("Source", f"{view.source.replace('_', ' ')} records (no summary in AdminComment)"))
     return lines
 
@@ -386,18 +423,42 @@ def _model(g: sg.GpuUse) -> str:
 def one_model(s: sg.Summary) -> Optional[str]:
     """The model of every GPU of the job (shown once, in the header), or None when they differ."""
     models = {_model(g) for g in s.gpus}
-    return models.pop() if len(models) == 1 else None
+    return models.pop() if len(models) == 1 and models != {"-"} else None
+
+
+def _unknown_models(s: sg.Summary) -> bool:
+    """No GPU's model is known (a running job's samples do not carry it): no model column."""
+    return all(_model(g) == "-" for g in s.gpus)
 
 
 def _gpu_rows(s: sg.Summary, util_bw: int, mem_bw: int) -> List[Dict[str, Any]]:
+    live = (s.live or {}).get("g") or [None] * len(s.gpus)
     return [{"node": render.printable(g.node),
              "gpu": f"{g.count} GPUs" if g.count > 1 else "-" if g.index is None else g.index, "model": _model(g),
              "util": bar(g.util_pct, util_bw), "mem": bar(g.mem_util_pct, mem_bw), "peak": memory_text(g),
-             "energy": energy_text(g.energy_wh), "events": events_text(g)} for g in s.gpus]
+             "energy": energy_text(g.energy_wh), "events": events_text(g),
+             "idle": "-" if row is None else format_duration(float(row[0] or 0) / 3600.0) if row[0] else "busy",
+             "hour": "" if row is None else sparkline(row[1])} for g, row in zip(s.gpus, live)]
 
 
 GPU_COLUMNS = ("node", "gpu", "model", "util", "mem", "peak", "energy", "events")
 GPU_HEADERS = ("NODE", "GPU", "MODEL", "GPU UTIL", "MEM UTIL", "PEAK MEMORY", "ENERGY", "EVENTS")
+# A running job's table: no memory utilisation (not sampled) nor events (known at the end), but the idle time and
+# the last hour, a character per two minutes.
+LIVE_COLUMNS = ("node", "gpu", "model", "util", "peak", "energy", "idle", "hour")
+LIVE_HEADERS = ("NODE", "GPU", "MODEL", "GPU UTIL", "PEAK MEMORY", "ENERGY SO FAR", "IDLE FOR", "LAST HOUR")
+_BLOCKS = "▁▂▃▄▅▆▇█"  # 0 % to 100 %
+
+
+def sparkline(points: Sequence[Optional[float]], per_char: int = 2) -> str:
+    """Utilisation points (0-100, None unseen) as block characters, `per_char` points to a character (their
+    mean); a character with no point seen is '·'."""
+    out = []
+    for i in range(0, len(points), per_char):
+        seen = [p for p in points[i:i + per_char] if p is not None]
+        level = max(0.0, min(100.0, sum(seen) / len(seen))) if seen else None
+        out.append("·" if level is None else _BLOCKS[int(round(level * (len(_BLOCKS) - 1) / 100.0))])
+    return "".join(out)
 # Bar widths (GPU utilisation, memory utilisation) from the richest layout to the poorest:
 # both bars shrink to 10 cells, then the memory bar goes, then the utilisation bar shrinks and goes.
 LAYOUTS = [(w, w) for w in range(20, 9, -1)] + [(w, 0) for w in range(20, 4, -1)] + [(0, 0)]
@@ -406,8 +467,9 @@ LAYOUTS = [(w, w) for w in range(20, 9, -1)] + [(w, 0) for w in range(20, 4, -1)
 def gpu_table(s: sg.Summary, width: int) -> Tuple[str, int]:
     """The per-GPU table in the richest layout that fits `width`; (text, utilisation bar width).
     The model column is left out when every GPU is the same model (the header names it)."""
-    cols = [c for c in GPU_COLUMNS if c != "model" or one_model(s) is None]
-    heads = [h for c, h in zip(GPU_COLUMNS, GPU_HEADERS) if c in cols]
+    all_cols, all_heads = (LIVE_COLUMNS, LIVE_HEADERS) if s.live is not None else (GPU_COLUMNS, GPU_HEADERS)
+    cols = [c for c in all_cols if c != "model" or (one_model(s) is None and not _unknown_models(s))]
+    heads = [h for c, h in zip(all_cols, all_heads) if c in cols]
     for util_bw, mem_bw in LAYOUTS:
         text = render.table(_gpu_rows(s, util_bw, mem_bw), cols, heads)
         if max(len(line) for line in text.splitlines()) <= width:
@@ -436,7 +498,8 @@ def render_text(view: JobView, cfg: Config, width: int = 100, color: bool = Fals
     """The table format: header, one line per GPU, notes (wrapped to `width`)."""
     width = max(40, width)
     out = [f"{k + ':':<12}{v}" for k, v in header_lines(view)]
-    out += ["", "GPUs (means over the job):"]
+    out += ["", "GPUs (so far: means since the job started):" if view.summary.live is not None
+            else "GPUs (means over the job):"]
     table, bw = gpu_table(view.summary, width)
     lines = table.splitlines()
     out += lines[:2]
@@ -464,4 +527,6 @@ def to_json(view: JobView) -> Dict[str, Any]:
                     "nodes_missing": s.missing, "energy_wh": total_energy_wh(s)},
         "gpus": [g._asdict() for g in s.gpus],
         "notes": [{"code": n.code, "text": n.text} for n in view.notes],
+        **({"live": {"as_of": s.live["t"], "gpus": [{"idle_s": row[0], "last_hour_util_pct": row[1]}
+                                                     for row in s.live.get("g") or []]}} if s.live is not None else {}),
     }

@@ -323,6 +323,13 @@ class CliBackend(SlurmBackend):
         recs = [parse_kv(r) for r in split_records(out)]
         return next((r for r in recs if r.get("JobId") == str(job_id)), None)
 
+    def set_running_summary(self, job_id: int, text: str) -> None:
+        """A running job's GPU figures so far into its AdminComment (the caller checked the field is free or
+        ours): `scontrol update`, which slurmctld takes while the job runs (sacctmgr only after it ended)."""
+        rc, out, err = self.run("scontrol", ["update", f"JobId={int(job_id)}", f"AdminComment={text}"])
+        if rc != 0:
+            self._raise(rc, out, err, f"scontrol update JobId={job_id} AdminComment=", job=int(job_id))
+
     def cancel_with_note(self, job_id: int, note: Optional[str]) -> bool:
         """Cancel a running job (the idle policy), its reason first put into its AdminComment (`note`; the
         caller has checked that the field is free or already ours: sacct then shows it).  True when the note

@@ -110,6 +110,23 @@ def job_samples(conn: sqlite3.Connection, cluster: str, job_id: int, restart_cou
         conn.row_factory = None
 
 
+TOTAL_COLUMNS = ("node", "gpu_uuid", "gpu_index", "start", "end", "util_pct", "memory_max_bytes", "memory_total_bytes",
+                 "energy_j")
+
+
+def totals_sql(mark: str = "?") -> str:
+    """A job start's figures so far per GPU, over all its samples (fine and coarse rows never overlap, here and on
+    the central server): the SQL for SQLite (mark '?') and MariaDB ('%s')."""
+    return ("SELECT node, gpu_uuid, MAX(gpu_index), MIN(time - span_s), MAX(time), "
+            "SUM(gpu_util_pct * span_s) / SUM(CASE WHEN gpu_util_pct IS NOT NULL THEN span_s END), "
+            "MAX(memory_used_bytes), MAX(memory_total_bytes), MAX(energy_j) FROM job_samples "
+            f"WHERE cluster = {mark} AND job_id = {mark} AND restart_count = {mark} GROUP BY node, gpu_uuid")
+
+
+def job_totals(conn: sqlite3.Connection, cluster: str, job_id: int, restart_count: int) -> List[Dict[str, Any]]:
+    return [dict(zip(TOTAL_COLUMNS, r)) for r in conn.execute(totals_sql(), (cluster, job_id, restart_count))]
+
+
 # --------------------------------------------------------------------------- actions
 
 

@@ -79,11 +79,18 @@ class Summary(NamedTuple):
     missing: List[str]
     gpus: List[GpuUse]
     detail: str = "gpu"  # what gpus holds: one row per GPU, per node, or none ("central")
+    # A running job's figures so far (`slurm-gpu efficiency`, docs/efficiency.md): {"t": time of the newest
+    # sample, "g": one [idle seconds, [utilisation % per minute of the last hour, None for a minute unseen]]
+    # per row of gpus (empty when the rows are per node)}; None: the summary of a job that ended.
+    live: Optional[Dict[str, Any]] = None
 
     def to_json(self) -> Dict[str, Any]:
-        return {"cluster": self.cluster, "job_id": self.job_id, "restart": self.restart, "partial": self.partial,
-                "nodes": self.nodes, "nodes_missing": self.missing, "detail": self.detail,
-                "gpus": [g._asdict() for g in self.gpus]}
+        out = {"cluster": self.cluster, "job_id": self.job_id, "restart": self.restart, "partial": self.partial,
+               "nodes": self.nodes, "nodes_missing": self.missing, "detail": self.detail,
+               "gpus": [g._asdict() for g in self.gpus]}
+        if self.live is not None:
+            out["live"] = self.live
+        return out
 
 
 def _r(v: Optional[float], nd: int) -> Optional[float]:
@@ -134,6 +141,8 @@ def encode(s: Summary) -> str:
                  + ([g.count] if g.count != 1 else []) for g in s.gpus]}
     if s.detail != "gpu":
         doc["d"] = s.detail
+    if s.live is not None:
+        doc["l"] = s.live
     raw = json.dumps(doc, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
     packed = zlib.compress(raw, 9)
     return PREFIX + base64.b32encode(packed).decode("ascii").rstrip("=").lower()
@@ -156,7 +165,7 @@ def per_node(s: Summary) -> Summary:
             energy_wh=_sum([g.energy_wh for g in gs], 2), ecc_uncorrected=_sum([g.ecc_uncorrected for g in gs], 0),
             xids=sorted({x for g in gs for x in g.xids}), mig=any(g.mig for g in gs),
             count=sum(g.count for g in gs)))
-    return s._replace(gpus=rows, detail="node")
+    return s._replace(gpus=rows, detail="node", live=None if s.live is None else {"t": s.live["t"], "g": []})
 
 
 def _known(vals: Iterable[Any]) -> List[Any]:
@@ -232,8 +241,25 @@ def _from_doc(doc: Any) -> Summary:
     cluster = doc["c"]
     if not isinstance(cluster, str) or not isinstance(doc["p"], int):
         raise ValueError("c is not a name or p not 0/1")
-    return Summary(cluster, _int(doc["j"], "j"), _int(doc["r"], "r"), bool(doc["p"]), nodes, missing,
-                   [_gpu(row, nodes, models) for row in rows], detail)
+    gpus = [_gpu(row, nodes, models) for row in rows]
+    return Summary(cluster, _int(doc["j"], "j"), _int(doc["r"], "r"), bool(doc["p"]), nodes, missing, gpus, detail,
+                   _live(doc["l"], len(gpus)) if "l" in doc else None)
+
+
+def _live(v: Any, rows: int) -> Dict[str, Any]:
+    if not isinstance(v, dict) or _number(v.get("t")) is None or not isinstance(v.get("g"), list):
+        raise ValueError("l is not a running job's figures")
+    per = v["g"]
+    if per and len(per) != rows:
+        raise ValueError(f"l has {len(per)} rows for {rows} GPUs")
+    for row in per:
+        if not isinstance(row, list) or len(row) != 2 or not isinstance(row[1], list) or len(row[1]) > 1440:
+            raise ValueError("a row of l is not [idle seconds, [points]]")
+        _number(row[0])
+        for x in row[1]:
+            if x is not None:
+                _number(x)
+    return {"t": v["t"], "g": per}
 
 
 def _gpu(row: Any, nodes: List[str], models: List[str]) -> GpuUse:

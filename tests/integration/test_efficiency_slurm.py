@@ -33,7 +33,8 @@ class EfficiencySite(Site):
     def config(self) -> str:
         return super().config() + (
             f"[efficiency]\nsample_every_s = 1\ngrace_s = 0\nnotify_after_s = {NOTIFY_S}\ncancel_after_s = {CANCEL_S}\n"
-            f'mail_retry_s = 1\nexempt_accounts = ["chem"]\nsmtp_server = "127.0.0.1:{self.smtp_port}"\n'
+            f'mail_retry_s = 1\nlive_summary_every_s = 1\nexempt_accounts = ["chem"]\n'
+            f'smtp_server = "127.0.0.1:{self.smtp_port}"\n'
             'mail_domain = "example.org"\njob_url = "https://ood.example.org/jobstats?jobid={job_id}"\n')
 
 
@@ -123,6 +124,16 @@ def test_idle_jobs_are_warned_once_and_cancelled_busy_and_partly_idle_ones_never
         assert acts[(idle, "notify")]["mail_tries"] >= 2 and acts[(idle, "cancel")]["cancel_state"] == "done"
         r = _run(cluster, "gpu02", "actions", "--json")
         assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout
+        # Its user sees a running job's figures so far, through Slurm (scontrol shows its AdminComment).
+        from testbed import user_cli
+        r = user_cli("sgtest", ["job", str(busy), "--format", "json"], dict(cluster.env))
+        assert r.returncode == 0, r.stdout + r.stderr
+        view = json.loads(r.stdout)
+        assert view["summary"]["source"] == "live" and view["job"]["state"] == "RUNNING"
+        assert [g["util_pct"] for g in view["gpus"]] == [80.0] and view["live"]["gpus"][0]["idle_s"] == 0
+        assert 80 in view["live"]["gpus"][0]["last_hour_util_pct"]
+        r = user_cli("sgtest", ["job", str(exempt)], dict(cluster.env))
+        assert r.returncode == 0 and "LAST HOUR" in r.stdout and "Idle right now" not in r.stdout, r.stdout + r.stderr
     finally:
         smtp.stop()
         for job in (idle, exempt, busy, both):
