@@ -101,8 +101,8 @@ def sample_cmd(app: Any, node_name: Optional[str]) -> None:
     into 10-minute rows; the table is bounded by samples_keep_days and samples_max_mb.
 
     \b
-    Exit codes: 0 sampled; 1 a running job's GPU could not be read; 2 usage/config error or an
-    unusable node database; 3 NVML unavailable.
+    Exit codes: 0 sampled; 1 a running job's GPU could not be read; 2 usage/config error;
+    3 NVML unavailable; 5 an unusable node database.
     """
     name, cfg, store, log = _setup(app, node_name, False, "sample")
     sys.exit(_sample(cfg, store, name, log))
@@ -130,8 +130,9 @@ def enforce_cmd(app: Any, node_name: Optional[str], db: Optional[str], password_
     later runs every mail_retry_s.
 
     \b
-    Exit codes: 0 done (or nothing due); 1 a mail or a cancel failed (recorded, tried again);
-    2 usage/config error; 4 Slurm error; 5 the database or the central server could not be used.
+    Exit codes: 0 done (or nothing due); 1 a mail or a cancel failed (recorded, tried again), or
+    Slurm could not be asked about a job; 2 usage/config error; 5 the database or the central
+    server could not be used.
     """
     name, cfg, store, log = _setup(app, node_name, dry_run, "enforce")
     sys.exit(_enforce(cfg, store, name, log, dry_run, db, password_file))

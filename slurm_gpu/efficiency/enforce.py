@@ -199,7 +199,8 @@ class Enforcer:
             "decided_on": self.node, "user": job.user, "account": job.account, "partition": job.partition,
             "stage": j.stage, "idle_since": j.idle_since, "idle_s": j.idle_s, "gpus": j.gpus, "idle_gpus": j.idle_gpus,
             "evidence": json.dumps({"why": j.why, "gpus": j.evidence()}, separators=(",", ":")), "mail_tries": 0}
-        msg = M.compose(self.cfg, job, j.stage, row, j.evidence(), cancel_after_s=cancel_after, exempt=exempt)
+        msg = M.compose(self.cfg, job, j.stage, row, j.evidence(), cancel_after_s=cancel_after,
+                        notify_after_s=notify_after, exempt=exempt)
         row["mail_to"] = msg.to
         if self.dry_run:
             return Outcome(job.job_id, j.stage, j.why, mail=f"dry-run to {msg.to}: {msg.subject}",

@@ -79,7 +79,7 @@ def gpu_table(evidence: Sequence[Mapping[str, Any]]) -> List[str]:
 
 
 def compose(cfg: Config, job: JobFacts, stage: str, action: Mapping[str, Any], evidence: Sequence[Mapping[str, Any]],
-            *, cancel_after_s: float = 0.0, exempt: str = "") -> Message:
+            *, cancel_after_s: float = 0.0, notify_after_s: float = 0.0, exempt: str = "") -> Message:
     """The mail of one stage.  action: the efficiency_actions row (idle_s, idle_since, gpus, idle_gpus)."""
     idle_s = float(action.get("idle_s") or 0.0)
     gpus, idle_gpus = int(action.get("gpus") or 0), int(action.get("idle_gpus") or 0)
@@ -99,8 +99,10 @@ def compose(cfg: Config, job: JobFacts, stage: str, action: Mapping[str, Any], e
         head = [f"Your job {job.job_id}{name} {where} holds {_gpus(gpus)} that {'has' if gpus == 1 else 'have'} done "
                 f"no work for {_duration(idle_s)} (since {_utc(float(action.get('idle_since') or 0.0))})."]
         if cancel_after_s and not exempt:
+            # Not before it has been idle cancel_after_s, nor before this warning is cancel - notify old (policy.py).
+            earliest = time.time() + max(cancel_after_s - idle_s, cancel_after_s - notify_after_s)
             nxt = [f"If its GPUs stay idle, the job will be cancelled once they have been idle for "
-                   f"{_duration(cancel_after_s)} (not before {_utc(time.time() + cancel_after_s - idle_s)}).",
+                   f"{_duration(cancel_after_s)} (not before {_utc(earliest)}).",
                    "If the job no longer needs them, please end it now: scancel " + str(job.job_id)]
         else:
             nxt = ["If the job no longer needs them, please end it now: scancel " + str(job.job_id),
