@@ -8,7 +8,8 @@ unprivileged user `sgtest` while the simulated driver counts energy and utilisat
 node's GPUs (uncorrectable ECC errors), shows the drained node with its reason and a per-job GPU
 usage table, ships both nodes' records to a central database on the same MariaDB (`db push`)
 and reports the cluster from there, closes the loop with `slurm-gpu remediate` (reset, verify,
-resume; a pending row remap cured the same way; a failed remap left drained as an RMA), and tears
+resume; a pending row remap cured the same way; a failed remap left drained as an RMA), shows an idle
+job's user warned by mail and the job cancelled through Slurm (`slurm-gpu efficiency`), and tears
 everything down.
 """
 from __future__ import annotations
@@ -80,6 +81,8 @@ def main() -> int:
             g["minor"] = m
         simgpu.write_state(site / f"{node}.state", prof)
     # [job] min_runtime_s: the demo's jobs last seconds; `slurm-gpu job` judges them anyway.
+    from smtpserver import SmtpServer, free_port
+    smtp_port = free_port()
     config = (f'nvml_library = "{lib}"\nnvml_timeout_s = 2.0\n'
               f'[store]\ndatabase = "{site}/%n/usage.db"\nspool_dir = "{site}/%n/spool"\n'
               f'[log]\nsyslog = false\nfile = "{site}/%n/hooks.log"\n[xid]\nsource = "none"\n'
@@ -95,7 +98,12 @@ def main() -> int:
               # nccl-tests; docs/remediation.md, "Verification job").
               f'[verify]\nenabled = true\ndcgmi = "{simgpu.STAND_IN_DCGMI}"\n'
               f'nccl_command = ["{simgpu.STAND_IN_ALL_REDUCE_PERF}", "-b", "8M", "-e", "256M", "-f", "2", "-g", "{{gpus}}"]\n'
-              'start_timeout_s = 60\ntimeout_s = 120\n')
+              'start_timeout_s = 60\ntimeout_s = 120\n'
+              # Idle GPUs of running jobs (docs/efficiency.md), minutes scaled to seconds: sampled every second,
+              # the user warned after 4 s idle, the job cancelled after 12 s; mails to a local SMTP server.
+              f'[efficiency]\nsample_every_s = 1\ngrace_s = 0\nnotify_after_s = 4\ncancel_after_s = 12\n'
+              f'mail_retry_s = 1\nlive_summary_every_s = 1\nsmtp_server = "127.0.0.1:{smtp_port}"\n'
+              'mail_domain = "example.org"\njob_url = "https://ood.example.org/pun/sys/jobstats?jobid={job_id}"\n')
     bed = SlurmTestbed(work / "cluster", prolog=prolog, epilog=epilog, slurm_gpu_config=config)
     try:
         say("Starting a 2-node Slurm 22.05 cluster (munge, MariaDB, slurmdbd, slurmctld, 2x slurmd) on 127.0.0.1")
@@ -169,6 +177,7 @@ def main() -> int:
             print(f"{DIM}$ slurm-gpu job {job}    # as sgtest, through sacct: no root, no database{RESET}")
             cp = user_cli("sgtest", ["job", str(job)], env)
             sys.stdout.write(cp.stdout + (cp.stderr if cp.returncode not in (0,) else ""))
+        _idle_job(bed, site, env, SmtpServer(work / "smtp", port=smtp_port))
         _remediation(bed, site, env)
         say("What the hooks logged on gpu01")
         log = (site / "gpu01" / "hooks.log").read_text().splitlines()
@@ -238,6 +247,42 @@ def _remediation(bed, site: Path, env: dict) -> None:
     print(f"{DIM}$ slurm-gpu fleet remediation --node-db {db}{RESET}")
     run_cli("fleet", "remediation", "--node-db", db, env=env)
     run_cli("fleet", "remediation", "--by", "fault", "--node-db", db, env=env)
+
+
+def _idle_job(bed, site: Path, env: dict, smtp) -> None:
+    """Issue 38: a job that holds a GPU and does nothing. gpu02's timer (played here every second) samples it,
+    its user sees it idle with `slurm-gpu job`, gets one warning by mail, then Slurm cancels the job."""
+    from testbed import user_cli
+    node_env = dict(env, SLURMD_NODENAME="gpu02", SIMNVML_STATE=str(site / "%n.state"))
+    say("An idle job: its user is warned by mail, then Slurm cancels it (slurm-gpu efficiency run, every second here)")
+    print(f"{DIM}policy: mail after 4 s with every GPU idle, cancel after 12 s if the warning went out "
+          f"(a site: an hour and two); mails to an SMTP server on 127.0.0.1{RESET}")
+    smtp.start()
+    try:
+        job = bed.sbatch("sleep 300", args=["-p", "gpu", "-w", "gpu02", "-A", "physics", "--gres=gpu:1"])
+        _wait_all_running(bed, site, [(job, "gpu02", 0)])
+        shown, end = False, time.monotonic() + 60
+        while time.monotonic() < end and bed.job_info(job).get("JobState") == "RUNNING":
+            subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "efficiency", "run", "--node-name", "gpu02"],
+                           env=node_env, capture_output=True, text=True)
+            if not shown and smtp.messages():
+                print(f"{DIM}$ slurm-gpu job {job}    # as sgtest, while it runs: its figures so far{RESET}")
+                cp = user_cli("sgtest", ["job", str(job)], env)
+                sys.stdout.write(cp.stdout if cp.returncode == 0 else cp.stderr)
+                shown = True
+            time.sleep(1)
+        print(f"job {job}: {bed.wait_job(job, timeout=60)}")
+        for m in sorted(smtp.wait_for(2), key=lambda m: "cancelled" in m["Subject"]):
+            body = m.get_payload(decode=True).decode()
+            print(f"{DIM}mail to {m['To']}:{RESET} {m['Subject']}")
+            print("\n".join("    " + line for line in body.splitlines()[2:3] + body.splitlines()[4:7]))
+        print(f"{DIM}$ sacct -X -j {job} -o JobID,State,AdminComment%90{RESET}")
+        time.sleep(2)  # slurmdbd has the end a moment after slurmctld
+        print(bed.run("sacct", "-X", "-j", str(job), "-o", "JobID,State,AdminComment%90").stdout, end="")
+        print(f"{DIM}$ slurm-gpu efficiency actions --node-name gpu02{RESET}")
+        run_cli("efficiency", "actions", "--node-name", "gpu02", env=node_env)
+    finally:
+        smtp.stop()
 
 
 def _show_metrics(path: Path) -> None:

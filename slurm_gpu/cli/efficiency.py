@@ -147,11 +147,10 @@ def run_cmd(app: Any, node_name: Optional[str], dry_run: bool) -> None:
     """`sample`, then `enforce`: what the timer runs on each GPU node every minute.
 
     The policy runs even when sampling failed (a GPU not read leaves a gap: its job is not judged),
-    so that mails waiting for a retry still go out. Exit status: the worse of the two.
+    so that mails waiting for a retry still go out; and sampling goes on under a policy that cannot
+    apply (exit 2 after the samples are written). Exit status: the worse of the two.
     """
     name, cfg, store, log = _setup(app, node_name, False, "run")
-    from slurm_gpu.efficiency.policy import Policy
-    Policy.from_config(cfg)  # a policy that cannot apply is a config error before anything is read
     code = _sample(cfg, store, name, log)
     sys.exit(max(code, _enforce(cfg, store, name, log, dry_run)))
 
