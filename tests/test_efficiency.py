@@ -323,7 +323,7 @@ def test_an_idle_job_gets_one_mail_and_is_cancelled_with_its_reason_after_the_wa
     out = E.enforce(cfg, conn, slurm, now=t0 + 360, booted_at=0.0, node="gpu01")
     assert [(o.stage, o.cancel, o.mail) for o in out] == [("cancel", "done", "sent")]
     ((job, note),) = slurm.cancelled
-    assert job == 41 and note.startswith("slurm-gpu cancelled this job: its GPUs were idle (all GPUs (2) idle")
+    assert job == 41 and note.startswith("slurm-gpu cancelled this job: all GPUs (2) idle")
     assert sorted(m["Subject"] for m in smtp.wait_for(2))[1] == "[slurm-gpu] Job 41: its 2 GPUs have been idle for 3 min"
     assert sorted(m["Subject"] for m in smtp.wait_for(2))[0] == "[slurm-gpu] Job 41 cancelled: its GPUs were idle for 6 min"
     acts = Q.actions(conn)

@@ -134,3 +134,30 @@ def test_html_axis_ticks_for_seconds_long_jobs_are_distinct_not_all_0_00(tmp_pat
     if os.environ.get("REPORT_SCREENSHOT_DIR"):  # to look at it: REPORT_SCREENSHOT_DIR=/tmp pytest -k ticks
         import shutil
         shutil.copy(png, os.path.join(os.environ["REPORT_SCREENSHOT_DIR"], "report-short-jobs.png"))
+
+
+def test_a_running_jobs_page_charts_each_gpus_last_hour_with_gaps_unjoined(tmp_path, monkeypatch):
+    """Issue 38: `slurm-gpu job --format html` on a running job: one chart per GPU of its last hour, a line
+    broken where no sample was taken, rendered by headless Chromium without a console error."""
+    from test_job_view import FakeSlurm, _live_summary
+
+    from slurm_gpu.cli import job as cli_job
+    from slurm_gpu.store import summary as sg
+    fake = FakeSlurm(sg.encode(_live_summary(points=[[80] * 60, [None] * 30 + [0] * 25 + [None] * 2 + [0] * 3])))
+    monkeypatch.setattr(cli_job, "_backend", lambda app: fake)
+    (tmp_path / "config.toml").write_text("")
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(tmp_path / "config.toml"))
+    r = CliRunner().invoke(main, ["job", "4711_3", "--format", "html"])
+    assert r.exit_code == 0, r.output
+    page = tmp_path / "job.html"
+    page.write_text(r.output)
+    dom, log = open_in_chromium(page)
+    assert console_messages(log) == []
+    root = re.search(r"<html[^>]*>", dom).group(0)
+    assert 'data-ready="1"' in root and "data-js-errors" not in root and 'data-charts="2"' in root
+    assert "Job 4711_3: figures so far (running)" in dom and "Idle right now" in dom
+    charts = re.findall(r'<svg class="chart".*?</svg>', dom, re.S)
+    assert len(re.findall("<polyline", charts[0])) == 1  # 60 points, no gap
+    assert len(re.findall("<polyline", charts[1])) == 2  # 25 points, a 2-minute gap, 3 points
+    urls = set(re.findall(r"(?:https?:)?//[\w.-]+[^\s\"'<>]*", r.output))
+    assert urls <= {"http://www.w3.org/2000/svg"}, urls

@@ -24,7 +24,7 @@ def _color(no_color: bool) -> bool:
 
 @click.command("job")
 @click.argument("job_id", metavar="JOBID")
-@output_options(("table", "json"))
+@output_options(("table", "json", "html"))
 @click.option("--no-color", "no_color", is_flag=True, help="No colour (none either when stdout is not a terminal).")
 @click.option("--db", metavar="PATH|URL", default=None,
               help="Admins: where there is no summary in the job's AdminComment, build it from the records: a node "
@@ -63,6 +63,10 @@ def job(ctx: click.Context, job_id: str, fmt: str, no_color: bool, db: Optional[
         raise click.exceptions.Exit(int(answer.exit_code)) from None
     if fmt == "json":
         click.echo(json.dumps(jobview.to_json(view), indent=2))
+        return
+    if fmt == "html":
+        from slurm_gpu.report.html import render_job
+        click.echo(render_job(view), nl=False)
         return
     width = shutil.get_terminal_size((120, 24)).columns  # 120 when piped: no terminal to fit
     click.echo(jobview.render_text(view, cfg, width=width, color=_color(no_color)), nl=False)

@@ -220,7 +220,7 @@ class Enforcer:
 
     def _cancel(self, job: JobFacts, action: Mapping[str, Any], why: str) -> Outcome:
         # The reason goes where sacct shows it, unless another tool owns the field (never overwritten).
-        note = f"{CANCEL_NOTE}: its GPUs were idle ({why}); see slurm-gpu efficiency actions"
+        note = f"{CANCEL_NOTE}: {why}; see slurm-gpu efficiency actions"
         try:
             self.backend.cancel_with_note(job.job_id, note if not job.admin_comment or is_ours(job.admin_comment) else None)
         except SlurmError as e:

@@ -16,7 +16,7 @@ from slurm_gpu import __version__
 from slurm_gpu.render import _cell
 from slurm_gpu.report import reports as report
 from slurm_gpu.report.timespec import format_time
-from slurm_gpu.report.units import ENERGY_UNITS, TIME_UNITS, human_view, pick_unit
+from slurm_gpu.report.units import ENERGY_UNITS, TIME_UNITS, format_duration, human_view, pick_unit
 
 if TYPE_CHECKING:  # types only: jinja2 is imported when the page is rendered
     import jinja2
@@ -218,3 +218,83 @@ def render_report(table: Any, src: Any, kind: str, now_s: Optional[float] = None
         headers=headers, columns=table.columns, numeric=numeric, rows=body, total=total,
         charts=charts, nonce=secrets.token_urlsafe(16), kind=kind, notes=table.notes,
     )
+
+
+# --------------------------------------------------------------------------- `slurm-gpu job --format html`
+
+JOB_TEMPLATE = "job.html.j2"
+
+
+def last_hour_chart(title: str, points: Sequence[Optional[float]], end_s: float, tz: str = "local") -> str:
+    """A GPU's utilisation over the last hour, a point a minute (None: not sampled): a line broken at every gap,
+    on a 0-100 % axis."""
+    width, height, left, bottom, top = 380, 150, 40, 26, 10
+    plot_w, plot_h = width - left - 10, height - bottom - top
+    n = max(len(points), 1)
+    step = plot_w / max(n - 1, 1)
+    out = [f'<svg class="chart" role="img" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}"><title>{_esc(title)}</title>']
+    for tick in (0, 50, 100):
+        y = top + plot_h * (1 - tick / 100)
+        out.append(f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
+                   f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end" class="axis tick">{tick} %</text>')
+    for i, label in ((0, "-60 min"), (n // 2, "-30 min"), (n - 1, format_time(end_s, tz) or "now")):
+        anchor = "start" if i == 0 else "end" if i == n - 1 else "middle"
+        out.append(f'<text x="{left + i * step:.1f}" y="{height - 8}" text-anchor="{anchor}" class="axis">{_esc(label)}</text>')
+    segment: List[str] = []
+    segments: List[List[str]] = []
+    for i, v in enumerate(points):
+        if v is None:
+            if segment:
+                segments.append(segment)
+            segment = []
+            continue
+        segment.append(f"{left + i * step:.1f},{top + plot_h * (1 - max(0.0, min(100.0, float(v))) / 100):.1f}")
+    if segment:
+        segments.append(segment)
+    for seg in segments:
+        if len(seg) == 1:
+            cx, cy = seg[0].split(",")
+            out.append(f'<circle cx="{cx}" cy="{cy}" r="2" fill="{PALETTE[2]}"/>')
+        else:
+            out.append(f'<polyline points="{" ".join(seg)}" fill="none" stroke="{PALETTE[2]}" stroke-width="2"/>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def render_job(view: Any, now_s: Optional[float] = None, most_charts: int = 16) -> str:
+    """A job's page (report/jobview.JobView): its header, per-GPU table, charts and notes.  A running job's
+    charts are each GPU's last hour; a finished job's, the mean utilisation per GPU."""
+    from markupsafe import Markup
+
+    from slurm_gpu.report import jobview as J
+    s = view.summary
+    live = s.live or {}
+    per_gpu = live.get("g") or [None] * len(s.gpus)
+    charts: List[Dict[str, Any]] = []
+    if s.live is not None:
+        for g, row in list(zip(s.gpus, per_gpu))[:most_charts]:
+            if row is not None:
+                name = f"{g.node} GPU {'-' if g.index is None else g.index}"
+                charts.append({"title": f"{name}: utilisation, last hour (%)",
+                               "svg": Markup(last_hour_chart(name, row[1], float(live["t"])))})
+    elif s.gpus:
+        charts.append({"title": "Mean utilisation per GPU over the job (%)",
+                       "svg": Markup(bar_chart("utilisation", [(f"{g.node} GPU {'-' if g.index is None else g.index}",
+                                                                (g.util_pct,)) for g in s.gpus], ("GPU util",), "%"))})
+    headers = ["node", "GPU", "GPU util", "peak memory", "energy"] + (["idle for"] if s.live is not None else [])
+    rows = []
+    for g, row in zip(s.gpus, per_gpu):
+        cells = [g.node, "-" if g.index is None else str(g.index), J.pct_text(g.util_pct), J.memory_text(g),
+                 J.energy_text(g.energy_wh)]
+        if s.live is not None:
+            cells.append("busy" if row is None or not row[0] else format_duration(float(row[0]) / 3600.0))
+        rows.append(cells)
+    running = s.live is not None
+    title = f"Job {view.record.job_id}" + (": figures so far (running)" if running else "")
+    footer = ("A running job's figures come from samples taken every minute; the final summary is written when it "
+              "ends." if running else "Means over the job, from its summary in Slurm's accounting.")
+    return _env().get_template(JOB_TEMPLATE).render(
+        job_id=view.record.job_id, title=title, header=J.header_lines(view), charts=charts, headers=headers,
+        rows=rows, notes=view.notes, version=__version__, footer=footer, nonce=secrets.token_urlsafe(16),
+        generated=format_time(time.time() if now_s is None else now_s, "local"))

@@ -82,6 +82,7 @@ class Deployment:
             "slurm_gpu_textfile_dir": f"{self.textfile}/%n",
             "slurm_gpu_exporter": True,
             "slurm_gpu_efficiency_timer": True,
+            "slurm_gpu_efficiency_central": True,
             "slurm_gpu_systemd_unit_dir": str(self.units),
             "slurm_gpu_prolog_d": str(self.slurm_dir / "prolog.d"),
             "slurm_gpu_epilog_d": str(self.slurm_dir / "epilog.d"),
@@ -267,14 +268,16 @@ def test_first_run_installs_venv_config_directories_hooks_units_and_schema(deplo
     assert "NodeName=gpu01" in gres and "gpu02" not in gres and "Type=h100" not in gres
     assert list(d.slurm_dir.glob("gres.conf.*")), "no backup of the old gres.conf"
     # The units pass systemd-analyze verify (the role ran it) and name this installation.
-    for unit, args in (("slurm-gpu-push.service", ["db", "push"]), ("slurm-gpu-efficiency.service", ["efficiency", "run"])):
+    for unit, args in (("slurm-gpu-push.service", ["db", "push"]), ("slurm-gpu-efficiency.service", ["efficiency", "run"]),
+                       ("slurm-gpu-efficiency-central.service", ["efficiency", "enforce"])):
         argv, env = _unit_command(d.units / unit)
         assert argv[0] == str(d.venv / "bin" / "slurm-gpu") and argv[1:3] == args, argv
-        assert env == {"SLURM_GPU_CONFIG": str(d.config), "SLURMD_NODENAME": "gpu01"}
+        assert env["SLURM_GPU_CONFIG"] == str(d.config), env
     assert "Verify the units with systemd-analyze" in r.stdout
     # The role's units are the shipped ones (deploy/systemd) but for the paths.
     for name in ("slurm-gpu-push.service", "slurm-gpu-push.timer", "slurm-gpu-exporter.service",
-                 "slurm-gpu-efficiency.service", "slurm-gpu-efficiency.timer"):
+                 "slurm-gpu-efficiency.service", "slurm-gpu-efficiency.timer",
+                 "slurm-gpu-efficiency-central.service", "slurm-gpu-efficiency-central.timer"):
         shipped, rendered = _unit(REPO / "deploy" / "systemd" / name), _unit(d.units / name)
         for section in shipped.sections():
             for key, value in shipped[section].items():
