@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import click
 
 from slurm_gpu import render
-from slurm_gpu.cli import apply_options, emit_output, output_file_option, output_options
+from slurm_gpu.cli import apply_options, dry_run_option, emit_output, output_file_option, output_options
 from slurm_gpu.errors import InputError
 from slurm_gpu.report.query import BY_CHOICES, TIME_KEYS
 
@@ -42,7 +42,14 @@ def split_list(values: Sequence[str]) -> Tuple[str, ...]:
     return tuple(p.strip() for v in values for p in v.split(",") if p.strip())
 
 
-def _common_options(f: Callable) -> Callable:
+_FORMAT_HELP = ("Default: table. table/markdown/html show units that suit the figures "
+                "(GPU-h, GPU-min or GPU-s; kWh or Wh; a job's GPU time as [D-]HH:MM:SS) and control "
+                "characters in names as escapes; csv/json carry GPU-hours and kWh (6 decimals), csv "
+                "quotes text that a spreadsheet would run as a formula. html: one self-contained page "
+                "with charts.")
+
+
+def _common_options(f: Callable, formats: Sequence[str] = FORMAT_CHOICES, format_help: str = _FORMAT_HELP) -> Callable:
     """Options every report command takes; given before or after the subcommand name."""
     opts = [
         click.option("--db", "dbs", multiple=True, metavar="PATH|URL",
@@ -61,12 +68,7 @@ def _common_options(f: Callable) -> Callable:
         click.option("--idle-threshold", type=float, default=None, metavar="PCT",
                      help="A job's GPU whose mean utilisation is below PCT counts as idle (default: "
                           "report.idle_threshold_pct, 5)."),
-        output_options(FORMAT_CHOICES, default=None,
-                       extra_help="Default: table. table/markdown/html show units that suit the figures "
-                                  "(GPU-h, GPU-min or GPU-s; kWh or Wh; a job's GPU time as [D-]HH:MM:SS) and control "
-                                  "characters in names as escapes; csv/json carry GPU-hours and kWh (6 decimals), csv "
-                                  "quotes text that a spreadsheet would run as a formula. html: one self-contained page "
-                                  "with charts."),
+        output_options(formats, default=None, extra_help=format_help),
         output_file_option(),
         click.option("--explain", is_flag=True, default=None,
                      help="Say on stderr which plan the summary ran: the central server's rollups (whole days) "
@@ -280,3 +282,156 @@ def job_cmd(ctx: click.Context, job_id: str, **opts: Any) -> None:
         _produce(ctx, o, report.job, job_id=jid)
 
     _run(go)
+
+
+DIGEST_FORMATS = ("table", "json", "html")
+MANY_MAILS = 5  # more mails than this get a progress bar, when stderr is a terminal
+
+
+def _digest_options(f: Callable) -> Callable:
+    return _common_options(f, DIGEST_FORMATS,
+                           "Default: table (both tables; GPU time in GPU-h, GPU-min or GPU-s, whichever suits). json: "
+                           "users and accounts with their figures in GPU-hours (6 decimals), the change and the window "
+                           "before's figures. html: one self-contained page with the two tables.")
+
+
+@report_cmd.command("digest")
+@click.option("--week", metavar="YYYY-Www", default=None,
+              help="This ISO week, Monday 00:00 to Monday 00:00 in --tz (e.g. 2026-W48). Default: the last full "
+                   "week; --since/--until give any other window (--until default: now).")
+@click.option("--mail", "mail_users", is_flag=True,
+              help="Mail each user with GPU time in the window their own figures, to USER@efficiency.mail_domain "
+                   "(without mail_domain: the bare user name, which only efficiency.mail_command delivers), through "
+                   "efficiency.smtp_server or efficiency.mail_command. With --mail or --to the digest is printed only when "
+                   "--format or -o is given.")
+@click.option("--to", "to", multiple=True, metavar="ADDRESS",
+              help="Mail the whole digest (both tables, plain text) to ADDRESS instead of the users' mails "
+                   "(repeatable): the admins, account coordinators.")
+@dry_run_option("With --mail or --to: print the mails that would be sent (To, Subject, body); send nothing.")
+@_window_options
+@_digest_options
+@click.pass_context
+def digest_cmd(ctx: click.Context, week: Optional[str], mail_users: bool, to: Tuple[str, ...], dry_run: bool,
+               **opts: Any) -> None:
+    """Weekly digest: per user and per account, GPU-hours allocated, used and idle, jobs and idle jobs,
+    and the change against the week before.
+
+    The window is the last full week (Monday 00:00 to Monday 00:00 in report.tz), --week, or
+    --since/--until; the comparison is the window of the same length just before it. Each
+    window is read as `slurm-gpu report --by user` (and `--by account`) reads it, from the same
+    sources (--db, report.sources, the central server and its rollups): a user's GPU-hours are
+    exactly that report's for the same window. Idle jobs are those `report jobs --idle` lists
+    (at least one GPU below the idle threshold). Explained in docs/report.md, "Weekly digest".
+
+    \b
+    Examples:
+      slurm-gpu report digest --db central
+      slurm-gpu report digest --week 2026-W48 --format html -o w48.html
+      slurm-gpu report digest --mail --dry-run
+      slurm-gpu report digest --db central --mail     (from cron, on Mondays)
+      slurm-gpu report digest -A physics --to physics-pi@example.org
+
+    \b
+    Exit codes: 0 digest printed or every mail sent; 1 a mail could not be sent (one line each
+    on stderr; the others were sent); 2 bad option or time; 5 a database that cannot be read.
+    """
+    o = _merged(ctx, opts)
+
+    def go() -> None:
+        from slurm_gpu.report import digest as D
+        from slurm_gpu.report.central import is_central, read_central
+        from slurm_gpu.report.sources import read_consistently
+        from slurm_gpu.report.timespec import parse_time
+
+        fmt = o.get("fmt")
+        if fmt is not None and fmt not in DIGEST_FORMATS:
+            raise InputError(f"--format {fmt}: the digest is printed as {', '.join(DIGEST_FORMATS)}",
+                             "use --format table, json or html (or `report --by user --format csv`)")
+        if dry_run and not (mail_users or to):
+            raise InputError("--dry-run shows the mails of --mail or --to", "add --mail or --to ADDRESS")
+        cfg = _config(ctx)
+        tz = o.get("tz") or cfg.report.tz
+        since, until = o.get("since"), o.get("until")
+        now = time.time()
+        if week and (since or until):
+            raise InputError("--week and --since/--until both give the window", "give one of them")
+        if week:
+            w = D.iso_week(week, tz)
+        elif since:
+            w = D.window(parse_time(since, now_s=now, tz=tz, option="--since"),
+                         parse_time(until, now_s=now, tz=tz, option="--until") if until else now, tz)
+        elif until:
+            raise InputError("--until without --since: a digest needs both ends of its window",
+                             "give --since too, or --week YYYY-Www")
+        else:
+            w = D.last_full_week(now, tz)
+        query, dbs = _build_query(ctx, dict(o, since=None, until=None))
+
+        def read(q, fn):
+            if is_central(dbs):
+                return read_central(cfg, dbs, q, fn, o.get("password_file"))
+            return read_consistently(dbs, q, fn)
+
+        d = D.collect(read, query, w)
+        if o.get("explain"):
+            for plan in d.plans:
+                click.echo(f"slurm-gpu: plan: {plan}", err=True)
+        for note in d.notes:
+            click.echo(f"slurm-gpu: note: {note}", err=True)
+        if d.empty():
+            click.echo(f"slurm-gpu: no GPU records match in {w.label} or the window before "
+                       "(check --week/--since/--until, the filters and --db)", err=True)
+        mailing = D.admin_messages(d, to) if to else D.user_messages(cfg, d, query) if mail_users else None
+        if mailing is None or fmt or o.get("output"):
+            text = D.to_json(d) if fmt == "json" else D.to_html(d, now) if fmt == "html" else D.to_text(d)
+            _emit(o, text)
+        if mailing is None:
+            return
+        if dry_run:
+            for line in mailing.refused:
+                click.echo(f"slurm-gpu: error: {line}", err=True)
+            if mailing.messages:
+                click.echo(D.dry_run_text(mailing.messages))
+            click.echo(f"slurm-gpu: dry run: {len(mailing.messages)} mail(s) not sent", err=True)
+            if mailing.refused:
+                ctx.exit(1)
+            return
+        if not _send_all(cfg, mailing, w.label):
+            ctx.exit(1)
+
+    _run(go)
+
+
+def _send_all(cfg: Any, mailing: Any, label: str) -> bool:
+    """Send every message; a failure is one line on stderr and the others still go.  True: all went."""
+    import contextlib
+    import sys
+
+    from slurm_gpu.efficiency.mail import MailError, send
+
+    errors = [f"slurm-gpu: error: {line}" for line in mailing.refused]
+    for line in errors:
+        click.echo(line, err=True)
+    msgs = list(mailing.messages)
+    show = sys.stderr.isatty() and len(msgs) > MANY_MAILS
+    held: List[str] = []  # failures while the bar is drawn: printed after it
+    sent, how = 0, ""
+    bar_cm = click.progressbar(msgs, label="mailing", file=sys.stderr) if show else contextlib.nullcontext(msgs)
+    with bar_cm as bar:
+        for msg in bar:
+            try:
+                how = send(cfg, msg)
+                sent += 1
+            except MailError as e:
+                line = f"slurm-gpu: error: mail to {msg.to}: {e.message}"
+                errors.append(line)
+                if show:
+                    held.append(line)
+                else:
+                    click.echo(line, err=True)
+    for line in held:
+        click.echo(line, err=True)
+    failed = len(msgs) - sent + len(mailing.refused)
+    click.echo(f"slurm-gpu: digest {label}: {sent} of {len(msgs) + len(mailing.refused)} mail(s) sent"
+               + (f" ({how})" if how else "") + (f", {failed} failed" if failed else ""), err=True)
+    return not failed
