@@ -399,6 +399,48 @@ def test_a_failed_cancel_is_recorded_and_tried_again(sim_node, smtp):
     assert sorted(m["Subject"].split(":")[0] for m in smtp.wait_for(2)) == ["[slurm-gpu] Job 41", "[slurm-gpu] Job 41 cancelled"]
 
 
+def test_a_crash_between_the_cancel_decision_and_scancel_is_finished_by_the_next_run_then_mailed(sim_node, smtp):
+    node, cfg, conn = _idle_node(sim_node, smtp)
+    t0 = rows(node.db, "SELECT start_time FROM job_starts")[0]["start_time"]
+    slurm = RecordingSlurm({41: _record(41)})
+    _minutes(cfg, conn, t0, 3)
+    E.enforce(cfg, conn, slurm, now=t0 + 180, booted_at=0.0, node="gpu01")
+    Q.update_action(conn, Q.actions(conn)[0]["id"], mail_time=t0)
+    _minutes(cfg, conn, t0 + 180, 3)
+    # The run that decided the cancel died right after writing it: no scancel, no notice.
+    real = slurm.cancel_with_note
+    slurm.cancel_with_note = lambda job_id, note: (_ for _ in ()).throw(KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        E.enforce(cfg, conn, slurm, now=t0 + 360, booted_at=0.0, node="gpu01")
+    slurm.cancel_with_note = real
+    assert [(a["stage"], a["cancel_state"], a["mail_state"]) for a in Q.actions(conn)] == [
+        ("notify", None, "sent"), ("cancel", None, "pending")]
+    assert len(smtp.wait_for(1)) == 1  # the cancel notice did not go before the cancel
+    out = E.enforce(cfg, conn, slurm, now=t0 + 420, booted_at=0.0, node="gpu01")
+    assert [(o.stage, o.cancel, o.mail) for o in out] == [("cancel", "done", "sent")] and len(slurm.cancelled) == 1
+    assert sorted(m["Subject"].split(":")[0] for m in smtp.wait_for(2)) == ["[slurm-gpu] Job 41", "[slurm-gpu] Job 41 cancelled"]
+
+
+def test_a_cancel_that_failed_is_dropped_once_the_job_works_again(sim_node, smtp):
+    node, cfg, conn = _idle_node(sim_node, smtp)
+    t0 = rows(node.db, "SELECT start_time FROM job_starts")[0]["start_time"]
+    slurm = RecordingSlurm({41: _record(41)})
+    _minutes(cfg, conn, t0, 3)
+    E.enforce(cfg, conn, slurm, now=t0 + 180, booted_at=0.0, node="gpu01")
+    Q.update_action(conn, Q.actions(conn)[0]["id"], mail_time=t0)
+    _minutes(cfg, conn, t0 + 180, 3)
+    slurm.fail_cancel = True
+    assert [o.cancel for o in E.enforce(cfg, conn, slurm, now=t0 + 360, booted_at=0.0, node="gpu01")] == ["failed"]
+    slurm.fail_cancel = False
+    simgpu.set_gpu(node.state, 0, gpu_util=90)  # Slurm was down a while; meanwhile the job got to work
+    _minutes(cfg, conn, t0 + 360, 2)
+    out = E.enforce(cfg, conn, slurm, now=t0 + 480, booted_at=0.0, node="gpu01")
+    assert slurm.cancelled == [] and out[0].why.startswith("a cancel decided earlier is not carried out")
+    assert [(a["stage"], a["cancel_state"], a["mail_state"]) for a in Q.actions(conn)] == [
+        ("notify", None, "sent"), ("cancel", "dropped", "none")]
+    assert len(smtp.wait_for(1)) == 1  # the warning only: no notice of a cancel that never happened
+
+
 def test_another_tools_admin_comment_is_not_overwritten_by_the_cancel_reason(sim_node, smtp):
     node, cfg, conn = _idle_node(sim_node, smtp)
     t0 = rows(node.db, "SELECT start_time FROM job_starts")[0]["start_time"]

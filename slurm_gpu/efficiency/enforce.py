@@ -168,15 +168,40 @@ class Enforcer:
         lookback = max(notify_after, cancel_after, live.POINTS * live.POINT_S) + 2 * self.policy.max_gap_s + Q.COARSE_STEP_S
         rows = source.samples(c, now - lookback)
         done = source.done(c)
-        failed_cancel = done.get(CANCEL, {}).get("cancel_state") == "failed" and done[CANCEL].get("id") is not None
         j = judge(rows, job, self.policy, done, now, max(tres_gpus(rec), c.gpus))
         if job.state == "RUNNING" and not self.dry_run:
             self._live_summary(source, c, job, rows, j, now)
-        if failed_cancel and job.state == "RUNNING" and not self.dry_run:
-            return self._cancel(job, done[CANCEL], j.why)
+            unfinished = self._unfinished_cancel(done, job, j, cancel_after)
+            if unfinished is not None:
+                return unfinished
         if not j.stage:
             return Outcome(job.job_id, "", j.why)
         return self.act(job, j, now)
+
+    def _unfinished_cancel(self, done: Mapping[str, Mapping[str, Any]], job: JobFacts, j: Judgement,
+                           cancel_after: float) -> Optional[Outcome]:
+        """A cancel this host decided that is not done: it failed (Slurm refused or was down), or a crash came
+        between the decision and the scancel.  It is carried out only while the job is still idle past
+        cancel_after (a job its user woke up meanwhile is left alone), then its mail goes."""
+        action = done.get(CANCEL)
+        if action is None or action.get("id") is None or action.get("cancel_state") == "done":
+            return None
+        if j.idle_since is None or j.idle_s < cancel_after or self.policy.exemption(job):
+            why = f"a cancel decided earlier is not carried out: {j.why}"
+            if action.get("cancel_state") != "dropped":
+                # Its notice never goes (mail_state none); the stage stays taken: no second cancel of this start.
+                Q.update_action(self.conn, int(action["id"]), cancel_state="dropped", cancel_error=j.why,
+                                mail_state="none")
+                self.log("efficiency-cancel-dropped", job=job.job_id, why=j.why)
+            return Outcome(job.job_id, "", why)
+        o = self._cancel(job, action, j.why)
+        if o.cancel == "done" and action.get("mail_state") in ("pending", "failed"):
+            saved = json.loads(action.get("message") or "{}")
+            if saved.get("subject"):
+                o = o._replace(mail=self._mail(int(action["id"]), M.Message(str(action["mail_to"]), saved["subject"],
+                                                                           saved["body"]), time.time(),
+                                               int(action.get("mail_tries") or 0)))
+        return o
 
     def _live_summary(self, source: Any, c: Candidate, job: JobFacts, rows: List[Dict[str, Any]], j: Judgement,
                       now: float) -> None:
@@ -215,6 +240,8 @@ class Enforcer:
         cancel = ""
         if j.stage == CANCEL:
             cancel = self._cancel(job, {"id": row_id}, j.why).cancel
+            if cancel != "done":  # the notice says it was cancelled: it waits for the cancel
+                return Outcome(job.job_id, j.stage, j.why, mail="pending", cancel=cancel)
         mail = self._mail(row_id, msg, now)
         return Outcome(job.job_id, j.stage, j.why, mail=mail, cancel=cancel)
 
@@ -253,8 +280,8 @@ class Enforcer:
         out = []
         for a in Q.pending_mails(self.conn, now - float(self.cfg.efficiency.mail_retry_s)):
             saved = json.loads(a["message"] or "{}")
-            if not saved.get("subject"):
-                continue
+            if not saved.get("subject") or (a["stage"] == CANCEL and a["cancel_state"] != "done"):
+                continue  # a cancel's notice goes once the cancel is done (_unfinished_cancel), never before
             msg = M.Message(a["mail_to"], saved["subject"], saved["body"])
             state = self._mail(int(a["id"]), msg, now, int(a["mail_tries"] or 0))
             out.append(Outcome(int(a["job_id"]), a["stage"], "mail tried again", mail=state))
