@@ -587,3 +587,29 @@ def test_a_running_jobs_figures_so_far_go_into_its_admin_comment_every_so_often_
     _minutes(cfg, conn, t0 + 300, 3)
     E.enforce(cfg, conn, slurm, now=t0 + 480, booted_at=0.0, node="gpu01")
     assert len(slurm.summaries) == 2
+
+
+def test_many_running_jobs_are_asked_of_slurm_in_one_call_not_one_each(sim_node, smtp):
+    node, cfg, conn = _idle_node(sim_node, smtp)
+
+    class ManyJobs:
+        multi_node = True
+
+        def candidates(self, now):
+            return [E.Candidate("sgtest", 100 + i, 0, None, 1) for i in range(20)]
+
+        def samples(self, c, since):
+            return []
+
+        def totals(self, c):
+            return []
+
+        def done(self, c):
+            return {}
+
+    slurm = RecordingSlurm({100 + i: _record(100 + i, JobState="RUNNING") for i in range(20)})
+    asked = []
+    slurm.job_record = lambda job_id: asked.append(job_id) or slurm.records.get(job_id)
+    slurm.job_records = lambda: dict(slurm.records)
+    out = E.enforce(cfg, conn, slurm, source=ManyJobs(), node="ctl")
+    assert asked == [] and len(out) == 20 and all("not judged" in o.why or "fresh" in o.why for o in out)

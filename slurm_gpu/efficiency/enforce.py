@@ -32,6 +32,7 @@ from slurm_gpu.store.summary import CANCEL_NOTE, is_ours
 from slurm_gpu.timefmt import slurm_to_unix
 
 DAY_S = 86400.0
+BATCH_ASK = 8  # more running jobs than this: one `scontrol show job` for all of them
 
 
 class Outcome(NamedTuple):
@@ -138,12 +139,20 @@ class Enforcer:
         self.policy = Policy.from_config(cfg)
         self.source = source
         self.only_multi_node = only_multi_node  # a central run where the nodes judge their own single-node jobs
+        self._records: Optional[Dict[int, Dict[str, str]]] = None  # every job, asked once (run)
 
     # -- the run -----------------------------------------------------------------------------
     def run(self, now: float, booted_at: float) -> List[Outcome]:
         out = [] if self.dry_run else self.retry_mails(now)
         source = self.source or NodeSource(self.conn, self.node, booted_at)
-        for c in source.candidates(now):
+        candidates = source.candidates(now)
+        self._records = None
+        if len(candidates) > BATCH_ASK and hasattr(self.backend, "job_records"):
+            try:  # one `scontrol show job` for all, not one per job (the central run sees every running job)
+                self._records = self.backend.job_records()
+            except SlurmError as e:
+                return out + [Outcome(0, "", "Slurm could not be asked", error=e.message)]
+        for c in candidates:
             try:
                 o = self.one_job(source, c, now)
             except SlurmError as e:
@@ -153,7 +162,7 @@ class Enforcer:
         return out
 
     def one_job(self, source: Any, c: Candidate, now: float) -> Optional[Outcome]:
-        rec = self.backend.job_record(c.job_id)
+        rec = self._records.get(c.job_id) if self._records is not None else self.backend.job_record(c.job_id)
         if rec is None:
             return Outcome(c.job_id, "", "slurmctld does not know the job (ended)")
         job = facts_from_record(rec, c.cluster, c.job_id, c.started)

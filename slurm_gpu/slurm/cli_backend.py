@@ -323,6 +323,15 @@ class CliBackend(SlurmBackend):
         recs = [parse_kv(r) for r in split_records(out)]
         return next((r for r in recs if r.get("JobId") == str(job_id)), None)
 
+    def job_records(self) -> Dict[int, Dict[str, str]]:
+        """Every job slurmctld knows, `scontrol -o show job` once, by raw job id: what the central idle policy
+        asks about hundreds of running jobs in one call instead of one each."""
+        rc, out, err = self.run("scontrol", ["-o", "show", "job"])
+        if rc != 0 and "no jobs in the system" not in (err + out).lower():
+            self._raise(rc, out, err, "scontrol show job")
+        recs = [parse_kv(r) for r in split_records(out)] if rc == 0 else []
+        return {int(r["JobId"]): r for r in recs if r.get("JobId", "").isdigit()}
+
     def set_running_summary(self, job_id: int, text: str) -> None:
         """A running job's GPU figures so far into its AdminComment (the caller checked the field is free or
         ours): `scontrol update`, which slurmctld takes while the job runs (sacctmgr only after it ended)."""

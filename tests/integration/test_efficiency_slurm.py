@@ -201,6 +201,12 @@ def test_a_job_on_two_nodes_is_judged_on_both_nodes_samples_on_the_central_serve
             time.sleep(0.5)
         assert cluster.wait_job(idle, timeout=30) == "CANCELLED"
         assert cluster.job_info(half).get("JobState") == "RUNNING"
+        # The central run asks slurmctld about many jobs in one `scontrol show job`: the same fields.
+        from slurm_gpu import config as config_mod
+        from slurm_gpu.slurm.cli_backend import CliBackend
+        backend = CliBackend(config_mod.load(str(ctl)), env=env)
+        every = backend.job_records()
+        assert every[half]["JobState"] == "RUNNING" and every[half] == backend.job_record(half)
         subjects = sorted(m["Subject"] for m in smtp.wait_for(3, timeout=10))
         assert sorted(s.split(":")[0] for s in subjects) == sorted([
             f"[slurm-gpu] Job {idle}", f"[slurm-gpu] Job {idle} cancelled", f"[slurm-gpu] Job {half}"]), subjects
