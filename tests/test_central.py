@@ -958,3 +958,26 @@ def test_an_idle_policy_action_ships_and_its_later_outcome_replaces_it_on_the_se
     cols = [r[0] for r in site.rows("SELECT column_name FROM information_schema.columns "
                                     f"WHERE table_schema = '{site.db}' AND table_name = 'efficiency_actions'")]
     assert "message" not in cols and "body" not in cols
+
+
+def test_report_jobs_idle_on_the_central_server_lists_what_the_idle_policy_did(site):
+    """Issue 38: `report jobs --idle --db central` shows the policy's actions shipped by the deciding host."""
+    import json
+
+    from slurm_gpu.store import samples as Q
+    site.init()
+    rec = job_end(7, end=1_800_003_600.0)  # a date a report can place (2000-2099)
+    rec["job"]["start_time"] = 1_800_000_000.0
+    for g in rec["gpus"]:
+        g.update(gpu_util_mean_pct=0.0, start_time=1_800_000_000.0, duration_s=3600.0)  # held idle
+    site.store.write(rec)
+    conn = site.store.connect()
+    Q.add_action(conn, {"time": 5.0, "cluster": "c", "job_id": 7, "restart_count": 0, "decided_on": "n1",
+                        "stage": "notify", "mail_state": "sent"})
+    assert site.push().returncode == 0
+    reporter = site.write_config(site.reporter, site.reporter_pw, name="reporter.toml")
+    r = cli("--config", str(reporter), "report", "jobs", "--idle", "--db", "central", "--since", "@1799990000",
+            "--json")
+    assert r.returncode == 0, r.stderr
+    (job,) = json.loads(r.stdout)
+    assert (job["job_id"], job["idle_policy"]) == (7, "notify sent")

@@ -613,3 +613,36 @@ def test_many_running_jobs_are_asked_of_slurm_in_one_call_not_one_each(sim_node,
     slurm.job_records = lambda: dict(slurm.records)
     out = E.enforce(cfg, conn, slurm, source=ManyJobs(), node="ctl")
     assert asked == [] and len(out) == 20 and all("not judged" in o.why or "fresh" in o.why for o in out)
+
+
+def test_report_jobs_idle_lists_what_the_policy_did_from_one_file_several_and_an_old_one(tmp_path):
+    """Issue 38: every action appears in `slurm-gpu report jobs --idle` (node files; the central server: the
+    same query, tests/test_central.py)."""
+    from test_report import make_db, rec
+
+    from slurm_gpu.store import schema as node_schema
+    idle = [rec("c1", 7, "n1", 0, "alice", "physics", "gpu", "2026-11-02T10:00", "2026-11-02T12:00", 0.0, 0, 1e5, GIB)]
+    busy = [rec("c1", 8, "n2", 0, "bob", "chem", "gpu", "2026-11-02T10:00", "2026-11-02T12:00", 50.0, 0, 1e5, GIB)]
+    a, b = make_db(tmp_path / "n1.db", idle), make_db(tmp_path / "n2.db", busy)
+    old = make_db(tmp_path / "old.db", [dict(idle[0], job_id=9)], version=node_schema.SCHEMA_VERSION - 1)
+    conn = sqlite3.connect(a)
+    for stage, mail, cancel in (("notify", "sent", None), ("cancel", "sent", "done")):
+        Q.add_action(conn, {"time": 1.0, "cluster": "c1", "job_id": 7, "restart_count": 0, "decided_on": "n1",
+                            "stage": stage, "mail_state": mail, "cancel_state": cancel})
+    Q.add_action(conn, {"time": 1.0, "cluster": "c1", "job_id": 7, "restart_count": 1, "decided_on": "n1",
+                        "stage": "notify", "mail_state": "failed"})  # another run of job 7: not this record's
+    conn.commit()
+    conn.close()
+    (tmp_path / "empty.toml").write_text("")
+    for dbs in ([a], [a, b, old], [a, str(tmp_path / "n1-copy.db")]):
+        if len(dbs) == 2:
+            import shutil
+            shutil.copy(a, dbs[1])  # the same node file twice: its actions count once
+        args = [x for d in dbs for x in ("--db", str(d))]
+        env = dict(os.environ, SLURM_GPU_CONFIG=str(tmp_path / "empty.toml"))
+        cp = subprocess.run([sys.executable, "-m", "slurm_gpu.cli", "report", "jobs", "--idle", *args, "--json"],
+                            capture_output=True, text=True, timeout=60, env=env)
+        assert cp.returncode == 0, cp.stderr
+        got = {r["job_id"]: r["idle_policy"] for r in json.loads(cp.stdout)}
+        assert got[7] == "notify sent, cancel done", (dbs, got)
+        assert 8 not in got and got.get(9, None) is None

@@ -125,6 +125,9 @@ class CentralSource(ReportSource):
     def floor(self, expr: str) -> str:
         return f"FLOOR({expr})"
 
+    def has_actions(self) -> bool:
+        return (self.central.schema_version() or 0) >= 12  # efficiency_actions (central schema v12)
+
     def covering_keys(self) -> FrozenSet[str]:
         return frozenset()  # the server's planner picks its own indexes; the summary's own plan is the rollups
 

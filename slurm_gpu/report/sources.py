@@ -71,6 +71,29 @@ class ReportSource(abc.ABC):
         """A source's own plan for the summary's raw sums (the central server's rollups); None: none."""
         return None
 
+    def has_actions(self) -> bool:
+        """Does the source hold the idle policy's actions (node schema v11, central v12)?"""
+        return False
+
+    def idle_actions(self, keys: Sequence[Tuple[str, int, int]]) -> Dict[Tuple[str, int, int], str]:
+        """What the idle policy did to these job runs (docs/efficiency.md), as 'notify sent, cancel done'."""
+        if not keys or not self.has_actions():
+            return {}
+        wanted = set(keys)
+        ids = sorted({k[1] for k in wanted})
+        out: Dict[Tuple[str, int, int], Dict[str, str]] = {}  # by stage: a copy of a node file counts once
+        for i in range(0, len(ids), 500):
+            part = ids[i:i + 500]
+            rows = self.conn.execute(
+                "SELECT cluster, job_id, restart_count, stage, mail_state, cancel_state FROM efficiency_actions "
+                f"WHERE job_id IN ({', '.join('?' * len(part))}) ORDER BY time", part).fetchall()
+            for cluster, job_id, restart, stage, mail, cancel in rows:
+                key = (str(cluster), int(job_id), int(restart))
+                if key in wanted:
+                    out.setdefault(key, {})[str(stage)] = (f"{stage} {cancel or 'pending'}" if stage == "cancel"
+                                                           else f"{stage} {mail or 'pending'}")
+        return {k: ", ".join(v.values()) for k, v in out.items()}
+
     def __enter__(self) -> Self:
         return self
 
@@ -131,6 +154,9 @@ def describe_files(files: Sequence[str]) -> str:
     return files[0] if len(files) == 1 else f"{len(files)} databases"
 
 
+_ACTION_COPY = ("time", "cluster", "job_id", "restart_count", "stage", "mail_state", "cancel_state")
+
+
 class FileSource(ReportSource):
     """One connection over all given databases, with job_gpus reachable as ``self.table``.
 
@@ -186,6 +212,7 @@ class FileSource(ReportSource):
         conn.execute("PRAGMA synchronous=OFF")
         ddl = next(s for s in schema.MIGRATIONS[0] if "TABLE IF NOT EXISTS job_gpus" in s)
         conn.execute(ddl)
+        conn.execute(f"CREATE TABLE efficiency_actions ({', '.join(_ACTION_COPY)})")
         try:
             for path in files:
                 self._merge_file(conn, path, query, live)
@@ -220,6 +247,10 @@ class FileSource(ReportSource):
                 conn.execute(f"INSERT OR IGNORE INTO main.job_gpus ({cols}) SELECT {cols} FROM src.job_gpus "
                              f"WHERE {where}", params)
                 skipped = S.count_skipped(conn, "src.job_gpus", query)
+                if conn.execute("SELECT 1 FROM src.sqlite_master WHERE type = 'table' AND name = 'efficiency_actions'"
+                                ).fetchone():  # node schema v11: what the idle policy did (report jobs --idle)
+                    cols = ", ".join(_ACTION_COPY)
+                    conn.execute(f"INSERT INTO main.efficiency_actions ({cols}) SELECT {cols} FROM src.efficiency_actions")
                 if not reading.unchanged():
                     raise SourceChanged(path)
                 conn.execute("COMMIT")
@@ -238,6 +269,10 @@ class FileSource(ReportSource):
 
     def covering_keys(self) -> FrozenSet[str]:
         return self._covering
+
+    def has_actions(self) -> bool:
+        return bool(self.conn.execute("SELECT 1 FROM main.sqlite_master WHERE type = 'table' "
+                                      "AND name = 'efficiency_actions'").fetchone())
 
     def connect_again(self) -> sqlite3.Connection:
         """Another connection to the single file, for a thread (only where the file cannot change)."""
