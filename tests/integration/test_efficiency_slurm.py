@@ -132,6 +132,13 @@ def test_idle_jobs_are_warned_once_and_cancelled_busy_and_partly_idle_ones_never
         assert view["summary"]["source"] == "live" and view["job"]["state"] == "RUNNING"
         assert [g["util_pct"] for g in view["gpus"]] == [80.0] and view["live"]["gpus"][0]["idle_s"] == 0
         assert 80 in view["live"]["gpus"][0]["last_hour_util_pct"]
+        # The same figures as the node's samples up to the time the view is of.
+        (util, peak, energy), = [tuple(r.values()) for r in site.rows(
+            "gpu02", "SELECT SUM(gpu_util_pct * span_s) / SUM(span_s) AS u, MAX(memory_used_bytes) AS m, "
+            "MAX(energy_j) AS e FROM job_samples WHERE job_id = ? AND time <= ?", busy, view["live"]["as_of"] + 0.1)]
+        g = view["gpus"][0]
+        assert g["util_pct"] == round(util, 1) and g["peak_mib"] == round(peak / (1 << 20))
+        assert g["energy_wh"] == (None if energy is None else round(energy / 3600.0, 2))
         r = user_cli("sgtest", ["job", str(exempt)], dict(cluster.env))
         assert r.returncode == 0 and "LAST HOUR" in r.stdout and "Idle right now" not in r.stdout, r.stdout + r.stderr
     finally:
