@@ -646,3 +646,14 @@ def test_report_jobs_idle_lists_what_the_policy_did_from_one_file_several_and_an
         got = {r["job_id"]: r["idle_policy"] for r in json.loads(cp.stdout)}
         assert got[7] == "notify sent, cancel done", (dbs, got)
         assert 8 not in got and got.get(9, None) is None
+
+
+def test_a_live_summary_is_due_over_an_earlier_runs_final_summary_never_over_this_runs():
+    from slurm_gpu.efficiency import live
+    from slurm_gpu.store import summary as sg
+    final = sg.encode(sg.Summary("c", 41, 0, False, ["gpu01"], [], [], "gpu"))
+    assert live.due(final, 60, 1000.0, restart=1) and not live.due(final, 60, 1000.0, restart=0)
+    running = sg.encode(sg.Summary("c", 41, 1, True, ["gpu01"], [], [], "gpu", {"t": 950.0, "g": []}))
+    assert not live.due(running, 60, 1000.0, 1) and live.due(running, 60, 1010.0, 1)
+    assert not live.due("jobstats:x", 60, 1000.0) and not live.due("slurm-gpu cancelled this job: ...", 60, 1000.0)
+    assert live.due("", 60, 1000.0) and live.due("sg1:damaged!", 60, 1000.0)

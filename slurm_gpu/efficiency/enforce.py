@@ -216,7 +216,9 @@ class Enforcer:
                       now: float) -> None:
         """The job's figures so far into its AdminComment (efficiency/live.py), when due; a failure is logged."""
         every = float(self.cfg.efficiency.live_summary_every_s)
-        if not every or self.cfg.job_summary.field != "AdminComment" or not live.due(job.admin_comment, every, now):
+        if not every or self.cfg.job_summary.field != "AdminComment":
+            return
+        if not live.due(job.admin_comment, every, now, job.restart_count):
             return
         text = sg.fit(live.summary(job, source.totals(c), [r for r in rows if float(r["time"]) > now - 3600], j, now))
         try:

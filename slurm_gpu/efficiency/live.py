@@ -63,14 +63,16 @@ def summary(job: JobFacts, totals: Sequence[Mapping[str, Any]], recent: Sequence
                       {"t": math.floor(newest * 10) / 10, "g": live})  # down: never later than the sample
 
 
-def due(admin_comment: str, every_s: float, now: float) -> bool:
+def due(admin_comment: str, every_s: float, now: float, restart: int = 0) -> bool:
     """Is a new live summary due?  Not over another tool's AdminComment or our cancel note; not sooner than
-    every_s after the one there."""
+    every_s after the one there; over a finished summary only when it is an earlier run's (a requeued job)."""
     if not admin_comment:
         return True
     if not sg.is_ours(admin_comment) or admin_comment.strip().lower().startswith(sg.CANCEL_NOTE):
         return False
     old = sg.decode_safe(admin_comment)
-    if old is None or old.live is None:
-        return old is None  # damaged: write it again; a final summary (a job requeued?): leave it
+    if old is None:
+        return True  # damaged: write it again
+    if old.live is None:
+        return old.restart < restart  # the final summary of the run before a requeue; this run's stays
     return now - float(old.live["t"]) >= every_s
