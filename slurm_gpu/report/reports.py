@@ -85,7 +85,8 @@ def jobs(src: ReportSource, sort: Optional[str] = None, limit: Optional[int] = N
     rows = [_job_row(raw, src.query.tz) for raw in result]
     title = "Jobs that held GPUs idle" if idle_only else "GPU usage by job"
     notes = _notes(src, sum(r.get("clamped_s") or 0.0 for r in result))
-    columns, headers = JOB_LIST_COLUMNS, JOB_LIST_HEADERS
+    columns: Tuple[str, ...] = JOB_LIST_COLUMNS
+    headers: Tuple[str, ...] = JOB_LIST_HEADERS
     if idle_only:
         # What the idle policy did while each job ran (docs/efficiency.md): its warnings and cancels.
         done = src.idle_actions([(str(r["cluster"]), int(r["job_id"]), int(r["restart"])) for r in rows])
