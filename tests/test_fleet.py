@@ -143,7 +143,7 @@ def sim_xids() -> List[Dict[str, Any]]:
     for n, (node, g, xid, days_ago, detail) in enumerate(ev):
         rows.append(dict(cluster="sim", node=node, event_key=f"{n:064d}", time=NOW - days_ago * DAY + n, gpu_index=g,
                          gpu_uuid=f"GPU-{node}-{g}", pci_bus_id=f"00000000:{g + 0x18:02x}:00.0", xid=xid,
-                         detail=detail))
+                         detail=detail, line_count=1, last_time=None))
     return rows
 
 
@@ -383,6 +383,36 @@ def test_fleet_xids_classify_by_nvidia_catalog_and_mark_unknown_codes(sim):
     got = list(csv.DictReader(io.StringIO(r.stdout)))
     assert len(got) == 11 and tuple(got[0]) == xids.COLUMNS["gpu"]
     assert [(x["xid"], x["node"], x["gpu_index"], x["events"]) for x in got if x["xid"] == "79"] == [("79", "gpu101", "7", "2")]
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+@pytest.mark.central
+def test_fleet_xids_counts_a_floods_lines_and_shows_its_first_and_last_line(sim):
+    """Issue 39: 800,000 identical lines of XID 95 on one GPU are one row on the server (line_count): the
+    view's events count lines, from the flood's first line to its last, even one begun before --since."""
+    def row(n, node, g, t, count, last, detail="pid=7, Uncontained: FBHUB. RST: Yes, D-RST: No"):
+        return dict(cluster="flood", node=node, event_key=f"f{n:063d}", time=t, gpu_index=g, gpu_uuid=f"GPU-{node}-{g}",
+                    pci_bus_id=f"00000000:{g + 0x18:02x}:00.0", xid=95, detail=detail, line_count=count, last_time=last)
+    rows = [row(1, "gpu001", 3, NOW - 2 * DAY, 800_000, NOW - 2 * DAY + 3000),
+            row(2, "gpu001", 3, NOW - 2 * DAY + 10, 28, NOW - 2 * DAY + 2990, "pid=8, Uncontained: LTC TAG"),
+            row(3, "gpu002", 0, NOW - 3600, 1, None),
+            row(4, "gpu003", 1, NOW - 9 * DAY, 50, NOW - 2 * DAY)]  # begun before the window, still going in it
+    _insert(sim.admin, "xid_events", rows)
+    try:
+        r = cli("fleet", "xids", *sim.args(), "-M", "flood", "--format", "json")
+        assert r.returncode == 0, r.stderr
+        got = [(x["node"], x["gpu_index"], x["events"], x["first"], x["last"]) for x in json.loads(r.stdout)]
+        assert got == [("gpu001", 3, 800_028, _iso(NOW - 2 * DAY), _iso(NOW - 2 * DAY + 3000)),
+                       ("gpu002", 0, 1, _iso(NOW - 3600), _iso(NOW - 3600)),
+                       ("gpu003", 1, 50, _iso(NOW - 9 * DAY), _iso(NOW - 2 * DAY))]
+        r = cli("fleet", "xids", *sim.args(), "-M", "flood", "--by", "code", "--format", "json")
+        assert [(x["xid"], x["events"], x["nodes"]) for x in json.loads(r.stdout)] == [(95, 800_079, 3)]
+    finally:
+        sim.admin.execute("DELETE FROM xid_events WHERE cluster = 'flood'")
+        sim.admin.commit()
 
 
 # ------------------------------------------------------------------ inventory-directory mode

@@ -222,6 +222,11 @@ def test_a_v5_database_file_migrates_to_v6_keeping_its_rows_and_outbox(tmp_path)
     conn.execute("UPDATE xid_events SET pushed_version = push_version")
     conn.execute("UPDATE xid_events SET detail = 'GPU has fallen off the bus'")
     assert conn.execute("SELECT push_version, pushed_version FROM xid_events").fetchone() == (2, 1)
+    # v11: a flood's row grows (line count, last time) and ships again
+    assert conn.execute("SELECT line_count, last_time FROM xid_events").fetchone() == (1, None)
+    conn.execute("UPDATE xid_events SET pushed_version = push_version")
+    conn.execute("UPDATE xid_events SET line_count = 7, last_time = 9.0")
+    assert conn.execute("SELECT push_version, pushed_version FROM xid_events").fetchone() == (3, 2)
     st.close()
     assert integrity_check(str(path)) == []
 
@@ -321,16 +326,19 @@ def test_healthcheck_records_each_xid_once_however_often_it_reads_the_log(sim_no
     node, log = xid_node(sim_node, tmp_path)
     healthcheck(node, monkeypatch)
     healthcheck(node, monkeypatch)
-    rows = db_rows(node, "SELECT xid, gpu_index, gpu_uuid IS NOT NULL, pci_bus_id, detail FROM xid_events ORDER BY time")
-    assert rows == [(13, 1, 1, "00000000:2A:00.0", "pid=4711, name=python, Graphics SM Warp Exception")] * 2 + \
-                  [(31, None, 0, "00000000:C1:00.0", "pid=99, name=a.out, MMU Fault")]
-    assert len({k for (k,) in db_rows(node, "SELECT event_key FROM xid_events")}) == 3
-    # the same line dated a rounding away (kmsg dates move with the boot time read each run) is no new event
+    rows = db_rows(node, "SELECT xid, gpu_index, gpu_uuid IS NOT NULL, pci_bus_id, detail, line_count, "
+                         "last_time - time FROM xid_events ORDER BY time")
+    # the two identical XID 13 lines, 10 s apart, are one event of two lines (issue 39: floods counted)
+    assert [r[:6] for r in rows] == [(13, 1, 1, "00000000:2A:00.0", "pid=4711, name=python, Graphics SM Warp Exception", 2),
+                                     (31, None, 0, "00000000:C1:00.0", "pid=99, name=a.out, MMU Fault", 1)]
+    assert [r[6] for r in rows] == [pytest.approx(10.0), 0.0]
+    assert len({k for (k,) in db_rows(node, "SELECT event_key FROM xid_events")}) == 2
+    # the same line again (in a kmsg read, dates move with the boot time read each run) grows the event, no new row
     t = db_rows(node, "SELECT MAX(time) FROM xid_events")[0][0]
     with open(log, "a") as f:
         f.write(f"{t + 0.6:.6f} gpu01 kernel: NVRM: Xid (PCI:0000:c1:00): 31, pid=99, name=a.out, MMU Fault\n")
     healthcheck(node, monkeypatch)
-    assert db_rows(node, "SELECT COUNT(*) FROM xid_events") == [(3,)]
+    assert db_rows(node, "SELECT xid, line_count FROM xid_events ORDER BY time") == [(13, 2), (31, 2)]
 
 
 def mismatch_node(sim_node, tmp_path):
@@ -429,7 +437,86 @@ def test_slurm_gpu_healthcheck_records_through_the_cli(sim_node, tmp_path, monke
     r = CliRunner().invoke(main, ["--config", str(node.config), "healthcheck", "--node", "gpu01"])
     assert r.exit_code == 0, r.output
     assert db_rows(node, "SELECT COUNT(*) FROM gpu_inventory") == [(4,)]
-    assert db_rows(node, "SELECT COUNT(*) FROM xid_events") == [(3,)]
+    assert db_rows(node, "SELECT COUNT(*), SUM(line_count) FROM xid_events") == [(2, 3)]  # two lines are one event
+
+
+# --- issue 39, item 3: a flood is one row, grown as it goes on ------------------------------------------
+
+FLOOD = "gpu01 kernel: NVRM: Xid (PCI:0000:2a:00): 95, pid=7, name=python3, Uncontained: FBHUB. RST: Yes, D-RST: No"
+
+
+def _flood_lines(first: float, n: int, step: float) -> str:
+    return "".join(f"{first + i * step:.6f} {FLOOD}\n" for i in range(n))
+
+
+def test_a_flood_read_twice_by_healthcheck_is_one_row_whose_count_grows_and_ships_again(sim_node, tmp_path, monkeypatch):
+    node = sim_node(simgpu.h100_sxm(4))
+    log = tmp_path / "kern.log"
+    now = time.time()
+    log.write_text(_flood_lines(now - 1200, 50_000, 0.02))  # 50,000 lines of XID 95 on GPU 1, over 1,000 s
+    node.write_config(f'[xid]\nsource = "file:{log}"\n')
+    out = healthcheck(node, monkeypatch, dry_run=False)
+    assert out.worst == "FAIL" and "XID 95" in out.message, out.message  # it gates as one line of it did
+    q = "SELECT xid, gpu_index, line_count, time, last_time, push_version, pushed_version FROM xid_events"
+    [(code, gpu, count, first, last, version, shipped)] = db_rows(node, q)
+    assert (code, gpu, count, version, shipped) == (95, 1, 50_000, 1, 0)
+    assert first == pytest.approx(now - 1200) and last == pytest.approx(now - 1200 + 49_999 * 0.02)
+    healthcheck(node, monkeypatch)  # the same log again: nothing new, nothing to ship again
+    assert db_rows(node, q) == [(code, gpu, count, first, last, version, shipped)]
+    c = sqlite3.connect(node.db)
+    c.execute("UPDATE xid_events SET pushed_version = push_version")  # as `db push` marks it shipped
+    c.commit()
+    c.close()
+    with log.open("a") as f:
+        f.write(_flood_lines(now - 150, 20_000, 0.005))  # the flood goes on: 20,000 more
+    healthcheck(node, monkeypatch)
+    assert db_rows(node, q) == [(95, 1, 70_000, first, pytest.approx(now - 150 + 19_999 * 0.005), 2, 1)]
+
+
+def _event(t: float, count: int, last: float, runs=(), code: int = 95, message: str = "Uncontained: FBHUB"):
+    from slurm_gpu.gpu.xid import XidEvent
+    return XidEvent(t, (0, 0x2A, 0), code, message, None, count, last, tuple(runs))
+
+
+def test_a_flood_whose_start_left_the_window_grows_its_row_by_its_new_lines_only(tmp_path):
+    st = Store(str(tmp_path / "n.db"), str(tmp_path / "spool"))
+    q = "SELECT time, line_count, last_time FROM xid_events ORDER BY time"
+    assert st.record_xids(obs.xid_rows([_event(1000.0, 100, 1099.0, [(1000.0, 1099.0, 100)])], None, "n1")) == 1
+    # read again a kmsg rounding away, the flood grown: the same start, so the new count is the whole
+    assert st.record_xids(obs.xid_rows([_event(1000.3, 150, 1149.3, [(1000.3, 1149.3, 150)])], None, "n1")) == 1
+    assert db_rows_path(st, q) == [(1000.0, 150, 1149.3)]
+    # the window moved past the first 50 lines: the reading starts inside the row's lines; 20 lines are new
+    assert st.record_xids(obs.xid_rows([_event(1050.0, 120, 1169.0, [(1050.0, 1149.0, 100), (1150.0, 1169.0, 20)])],
+                                       None, "n1")) == 1
+    assert db_rows_path(st, q) == [(1000.0, 170, 1169.0)]
+    # the same reading again adds nothing; the same XID hours later is a flood of its own; so is another code
+    assert st.record_xids(obs.xid_rows([_event(1050.0, 120, 1169.0, [(1050.0, 1149.0, 100), (1150.0, 1169.0, 20)])],
+                                       None, "n1")) == 0
+    assert st.record_xids(obs.xid_rows([_event(9000.0, 10, 9009.0), _event(1000.0, 5, 1004.0, code=94)], None, "n1")) == 2
+    assert db_rows_path(st, "SELECT xid, time, line_count, last_time FROM xid_events ORDER BY id") == [
+        (95, 1000.0, 170, 1169.0), (95, 9000.0, 10, 9009.0), (94, 1000.0, 5, 1004.0)]
+    st.close()
+
+
+def test_a_flood_recorded_line_by_line_before_v11_is_not_counted_twice(tmp_path):
+    """Before v11 every line was a row (last_time NULL): the first aggregated read of the same flood takes
+    over its first row and counts only the lines the other rows do not hold already."""
+    st = Store(str(tmp_path / "n.db"), str(tmp_path / "spool"))
+    c = st.connect()
+    for i in range(10):  # as v10 wrote them: one row per line, no line count (1 by the column's default) nor last time
+        row = obs.xid_rows([_event(2000.0 + 3 * i, 1, 2000.0 + 3 * i)], None, "n1")[0]
+        c.execute("INSERT INTO xid_events (event_key, time, node, pci_bus_id, xid, detail) VALUES (?, ?, ?, ?, ?, ?)",
+                  tuple(row[k] for k in ("event_key", "time", "node", "pci_bus_id", "xid", "detail")))
+    assert st.record_xids(obs.xid_rows([_event(2000.0, 15, 2042.0)], None, "n1")) == 1
+    assert c.execute("SELECT COUNT(*), SUM(line_count), MIN(time), MAX(COALESCE(last_time, time)) FROM xid_events"
+                     ).fetchone() == (10, 15, 2000.0, 2042.0)
+    assert st.record_xids(obs.xid_rows([_event(2000.0, 25, 2072.0)], None, "n1")) == 1
+    assert c.execute("SELECT COUNT(*), SUM(line_count) FROM xid_events").fetchone() == (10, 25)
+    st.close()
+
+
+def db_rows_path(st, sql):
+    return st.connect().execute(sql).fetchall()
 
 
 def test_rows_from_a_snapshot_say_null_for_what_the_driver_did_not_report(sim_node, monkeypatch):
@@ -445,6 +532,8 @@ def test_rows_from_a_snapshot_say_null_for_what_the_driver_did_not_report(sim_no
 # --- db push ships the history to the central server (a real MariaDB) -------------------------------------
 
 from test_central import Site  # noqa: E402
+
+from slurm_gpu.central import server as C  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -489,6 +578,48 @@ def test_push_ships_inventory_history_and_xids_once_with_nulls_kept(site, sim_no
     assert r.returncode == 0 and "gpu_inventory 1" in r.stdout, r.stdout
     assert site.rows("SELECT gpu_index, ecc_corrected_aggregate FROM gpu_inventory ORDER BY time, gpu_index") == [
         ["0", "0"], ["1", "0"], ["0", "5"]]
+
+
+@pytest.mark.central
+def test_push_carries_a_floods_count_and_its_growth_to_the_server(site, sim_node, monkeypatch):
+    site.init()
+    q = "SELECT xid, gpu_index, line_count, time, last_time FROM xid_events"
+    assert site.store.record_xids(obs.xid_rows([_event(1000.0, 800_000, 4600.0)], None, "n1")) == 1
+    r = site.push()
+    assert r.returncode == 0 and "xid_events 1" in r.stdout, r.stdout + r.stderr
+    assert site.rows(q) == [["95", "NULL", "800000", "1000", "4600"]]
+    # the flood goes on: its row grows on the node and ships again; the server's row is updated, not doubled
+    assert site.store.record_xids(obs.xid_rows([_event(1000.0, 900_000, 5000.0)], None, "n1")) == 1
+    r = site.push()
+    assert r.returncode == 0 and "xid_events 1" in r.stdout, r.stdout + r.stderr
+    assert site.rows(q) == [["95", "NULL", "900000", "1000", "5000"]]
+    r = site.push()
+    assert r.returncode == 0 and "shipped nothing" in r.stdout, r.stdout
+
+
+@pytest.mark.central
+def test_a_v11_server_gains_the_xid_line_count_and_rows_shipped_before_are_one_line(site):
+    """Central schema v12: a server made at v11 (xid_events and its staging table without the columns)
+    is migrated in place by ADD COLUMN IF NOT EXISTS; one made at v12 has them from CREATE TABLE."""
+    site.init()
+    assert site.store.record_xids(obs.xid_rows([_event(1000.0, 1, 1000.0)], None, "n1")) == 1
+    assert site.push().returncode == 0
+    admin = C.Central(C.parse_url(site.server.url(site.admin, site.db)), site.admin_pw, 10)
+    try:  # back to what v11 made
+        for t in ("xid_events", "stage_xid_events"):
+            admin.execute(f"ALTER TABLE {t} DROP COLUMN line_count, DROP COLUMN last_time")
+        admin.execute("UPDATE meta SET value = '11' WHERE name = 'schema_version'")
+        admin.commit()
+    finally:
+        admin.close()
+    assert site.push().returncode != 0  # a node of v12 does not push to a v11 server
+    r = site.init()
+    assert r.returncode == 0 and f"schema migrated from 11 at version {C.SCHEMA_VERSION}" in r.stderr, r.stderr
+    assert site.rows("SELECT line_count, last_time FROM xid_events") == [["1", "NULL"]]
+    assert site.store.record_xids(obs.xid_rows([_event(1000.0, 40, 1039.0)], None, "n1")) == 1
+    r = site.push()
+    assert r.returncode == 0 and "xid_events 1" in r.stdout, r.stdout + r.stderr
+    assert site.rows("SELECT line_count, last_time FROM xid_events") == [["40", "1039"]]
 
 
 @pytest.mark.central

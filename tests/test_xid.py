@@ -2,6 +2,7 @@
 the dating rules (never a future time, year-less syslog dates) and the count of undated lines."""
 from __future__ import annotations
 
+import os
 import pathlib
 import time
 from datetime import datetime, timezone
@@ -387,7 +388,7 @@ def test_reading_back_in_blocks_finds_what_reading_forward_finds(block, ending):
     data = _log_with_xids(300, now).replace(b"\n", ending.encode() or b"\n") + ending.encode()
     forward = [xid.parse_line(line, now=now) for line in data.decode().splitlines()]
     want = [(e.xid, e.bus) for e in forward if e is not None and e.time is not None and e.time >= now - 600]
-    lines = xid.window_lines(io.BytesIO(data), len(data), 600, None, now, block=block)
+    lines = list(xid.window_lines(io.BytesIO(data), len(data), 600, None, now, block=block))[::-1]  # newest first
     got = [(e.xid, e.bus) for e in (xid.parse_line(line, now=now) for line in lines)
            if e is not None and e.time is not None and e.time >= now - 600]
     assert got == want == [(79, (0, 3, 0)), (94, (0, 4, 0))]
@@ -410,7 +411,7 @@ def test_a_big_log_is_read_back_only_as_far_as_the_window(tmp_path):
     now = float(int(time.time()))
     data = _log_with_xids(200_000, now)
     f = Counting(data)
-    lines = xid.window_lines(f, len(data), 600, None, now)
+    lines = list(xid.window_lines(f, len(data), 600, None, now))[::-1]
     assert [e.xid for e in (xid.parse_line(line, now=now) for line in lines) if e and e.time >= now - 600] == [79, 94]
     assert len(data) > 9_000_000 and Counting.read_bytes <= 3 * (1 << 16), Counting.read_bytes
 
@@ -431,6 +432,301 @@ def test_a_log_without_dates_costs_a_few_date_parses_per_block_not_one_per_line(
     real = xid._split_time
     monkeypatch.setattr(xid, "_split_time", lambda *a: calls.append(1) or real(*a))
     data = b"usb 1-1: reset high-speed USB device\n" * 50_000 + b"NVRM: Xid (PCI:0000:44:00): 79, off the bus\n"
-    lines = xid.window_lines(io.BytesIO(data), len(data), 600, None, NOW, block=1 << 16)
+    lines = list(xid.window_lines(io.BytesIO(data), len(data), 600, None, NOW, block=1 << 16))
     blocks = -(-len(data) // (1 << 16))
     assert lines == ["NVRM: Xid (PCI:0000:44:00): 79, off the bus"] and len(calls) <= 8 * blocks, (len(calls), blocks)
+
+
+# --- issue 39, item 3: floods counted, not stored ---------------------------------------------------
+# A node with 800,000 lines of XID 95 (NVSentinel #1120: 29 distinct events among them) made 800,000
+# events in memory and, through healthcheck, 800,000 rows.  Identical lines of one GPU are one event now.
+
+FLOOD = "vm kernel: NVRM: Xid (PCI:0000:18:00): 95, pid=2345, name=python3, Uncontained: FBHUB. RST: Yes, D-RST: No"
+
+
+def _flood_file(path, n: int, now: float, span_s: float = 3000.0, line=FLOOD, syslog: bool = True) -> None:
+    """n identical XID lines spread over the span_s seconds before now, each with its own date."""
+    step = span_s / n
+    with open(path, "w") as f:
+        for i in range(0, n, 10_000):
+            if syslog:
+                f.write("".join(f"{_syslog_date(now - span_s + (i + k) * step)} {line}\n" for k in range(min(10_000, n - i))))
+            else:
+                f.write("".join(f"{now - span_s + (i + k) * step:.6f} {line}\n" for k in range(min(10_000, n - i))))
+
+
+def test_800000_identical_xid_lines_are_one_event_with_their_count(tmp_path):
+    import tracemalloc
+    now = float(int(time.time()))
+    log = tmp_path / "kern.log"
+    _flood_file(log, 800_000, now)
+    t0 = time.perf_counter()
+    reading = xid.read(f"file:{log}", 3600, now=now)
+    took = time.perf_counter() - t0
+    assert reading.problem == "" and reading.undated == 0
+    [ev] = reading.events
+    assert (ev.xid, ev.bus, ev.gpu_instance, ev.line_count) == (95, (0, 0x18, 0), None, 800_000)
+    assert ev.message == "pid=2345, name=python3, Uncontained: FBHUB. RST: Yes, D-RST: No"
+    assert ev.time == local(*time.localtime(now - 3000)[:6]) and ev.last_time == local(*time.localtime(now - 0.00375)[:6])
+    assert sum(n for _, _, n in ev.runs) == 800_000 and len(ev.runs) <= xid.WINDOW_SLICES + 1
+    assert took < 5.0, f"{took:.2f} s"  # 0.3 s on the 2-core VM: lines repeated byte for byte are parsed once
+    # memory follows the distinct events, not the lines (the whole log is 100 MB)
+    tracemalloc.start()
+    try:
+        assert [e.line_count for e in xid.read(f"file:{log}", 3600, now=now).events] == [800_000]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, f"{peak / (1 << 20):.1f} MiB"
+
+
+def test_a_flood_of_lines_each_dated_to_the_microsecond_is_one_event_too(tmp_path):
+    """journalctl -o short-unix and kmsg give every line a date of its own: aggregated line by line."""
+    now = float(int(time.time()))
+    log = tmp_path / "kern.log"
+    _flood_file(log, 100_000, now, span_s=600.0, syslog=False)
+    [ev] = xid.read(f"file:{log}", 3600, now=now).events
+    assert (ev.xid, ev.line_count) == (95, 100_000)
+    assert ev.time == pytest.approx(now - 600.0) and ev.last_time == pytest.approx(now - 0.006)
+
+
+def test_a_flood_from_the_journal_is_aggregated_as_journalctl_prints_it(tmp_path, monkeypatch):
+    """The journal source reads journalctl's output as a stream (it held the whole output before)."""
+    now = time.time()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "journalctl"
+    script.write_text("#!/usr/bin/env python3\nimport sys\n"
+                      f"assert sys.argv[1:] == ['-k', '-q', '--no-pager', '-o', 'short-unix', '--since', '-3600s']\n"
+                      f"w = sys.stdout.write\nfor i in range(50000):\n"
+                      f"    w('%.6f {FLOOD}\\n' % ({now - 100} + i * 0.001))\n"
+                      f"    w('%.6f vm kernel: usb 1-1: reset\\n' % ({now - 100} + i * 0.001))\n"
+                      f"w('{now - 5:.6f} vm kernel: NVRM: Xid (PCI:0000:19:00): 79, GPU has fallen off the bus.\\n')\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    reading = xid.read("journal", 3600, now=now)
+    assert reading.problem == "", reading.problem
+    assert [(e.xid, e.bus, e.line_count) for e in reading.events] == [(95, (0, 0x18, 0), 50_000), (79, (0, 0x19, 0), 1)]
+    script.write_text("#!/bin/sh\necho 'No journal files were found.' >&2\nexit 1\n")
+    assert xid.read("journal", 3600, now=now).problem == "journalctl -k failed: No journal files were found."
+    script.write_text("#!/bin/sh\nexec sleep 30\n")
+    t0 = time.monotonic()
+    assert xid.read("journal", 3600, timeout_s=0.5, now=now).problem == "reading XIDs from journal timed out after 0.5s"
+    assert time.monotonic() - t0 < 10
+
+
+def test_two_gpus_two_codes_two_instances_or_two_messages_are_never_merged(tmp_path):
+    now = float(int(time.time()))
+    kinds = ["NVRM: Xid (PCI:0000:18:00): 95, pid=1, Uncontained: FBHUB",
+             "NVRM: Xid (PCI:0000:19:00): 95, pid=1, Uncontained: FBHUB",   # another GPU
+             "NVRM: Xid (PCI:0000:18:00): 94, pid=1, Uncontained: FBHUB",   # another code
+             "NVRM: Xid (PCI:0000:18:00 GPU-I:01): 95, pid=1, Uncontained: FBHUB",  # a MIG instance
+             "NVRM: Xid (PCI:0000:18:00 GPU-I:02): 95, pid=1, Uncontained: FBHUB",  # another one
+             "NVRM: Xid (PCI:0000:18:00): 95, pid=2, Uncontained: FBHUB",   # another message (pid): kept apart
+             "NVRM: Xid (0001:18:00): 95, pid=1, Uncontained: FBHUB"]      # another PCI domain
+    log = tmp_path / "kern.log"
+    log.write_text("".join(f"{now - 500 + i:.6f} vm kernel: {kinds[i % len(kinds)]}\n" for i in range(7 * 30)))
+    events = xid.read(f"file:{log}", 3600, now=now).events
+    assert [(e.bus, e.xid, e.gpu_instance, e.message, e.line_count) for e in events] == [
+        ((0, 0x18, 0), 95, None, "pid=1, Uncontained: FBHUB", 30), ((0, 0x19, 0), 95, None, "pid=1, Uncontained: FBHUB", 30),
+        ((0, 0x18, 0), 94, None, "pid=1, Uncontained: FBHUB", 30), ((0, 0x18, 0), 95, 1, "pid=1, Uncontained: FBHUB", 30),
+        ((0, 0x18, 0), 95, 2, "pid=1, Uncontained: FBHUB", 30), ((0, 0x18, 0), 95, None, "pid=2, Uncontained: FBHUB", 30),
+        ((1, 0x18, 0), 95, None, "pid=1, Uncontained: FBHUB", 30)]
+    assert [e.time for e in events] == [now - 500 + i for i in range(7)]
+    assert [e.last_time for e in events] == [now - 500 + 7 * 29 + i for i in range(7)]
+
+
+def test_the_corpus_gives_the_same_events_as_line_by_line_but_counted(tmp_path):
+    """Every real line of tests/data/xid_corpus.txt, the corpus three times over in one file: the
+    events of reading it line by line (what the reader gave before), each once, with a count of 3."""
+    lines = [p.values[1] for p in _corpus()]
+    boot, window = NOW - 30 * 86400, 10 * 366 * 86400  # every dated corpus line is inside the window
+    per_line = [parse_line(line, boot_time=boot, now=NOW) for line in lines]
+    dated = [e for e in per_line if e is not None and e.time is not None and e.time >= NOW - window]
+    want: dict = {}
+    for e in dated:
+        key = (e.bus, e.gpu_instance, e.xid, e.message)
+        prev = want.get(key)
+        want[key] = (e.time, e.time, 3) if prev is None else (min(prev[0], e.time), max(prev[1], e.time), prev[2] + 3)
+    log = tmp_path / "corpus.log"
+    log.write_text("\n".join(lines * 3) + "\n")
+    reading = xid.read(f"file:{log}", window, now=NOW, boot_time=boot)
+    got = {(e.bus, e.gpu_instance, e.xid, e.message): (e.time, e.last_time, e.line_count) for e in reading.events}
+    assert len(dated) >= 10 and got == want
+    assert [(e.bus, e.gpu_instance, e.xid, e.message) for e in reading.events] == list(want), "the log's order"
+    assert reading.undated == 3 * sum(1 for e in per_line if e is not None and e.time is None)
+
+
+def test_more_distinct_messages_than_kept_are_counted_in_one_more_event_of_that_gpu_and_code(tmp_path):
+    """A log whose every line names another address must not make memory follow its lines."""
+    now = float(int(time.time()))
+    log = tmp_path / "kern.log"
+    log.write_text("".join(f"{now - 900 + i * 0.1:.6f} vm kernel: NVRM: Xid (PCI:0000:18:00): 31, pid=1, MMU Fault at "
+                           f"0x{i:08x}\n" for i in range(5000))
+                   + f"{now - 1:.6f} vm kernel: NVRM: Xid (PCI:0000:19:00): 31, pid=1, MMU Fault at 0x0\n")
+    events = xid.read(f"file:{log}", 3600, now=now).events
+    gpu18 = [e for e in events if e.bus == (0, 0x18, 0)]
+    assert len(gpu18) == xid.MAX_MESSAGES + 1 and sum(e.line_count for e in gpu18) == 5000
+    other = [e for e in gpu18 if e.message == xid.OTHER_MESSAGES]
+    assert [e.line_count for e in other] == [5000 - xid.MAX_MESSAGES]
+    assert [(e.bus, e.line_count) for e in events if e.bus != (0, 0x18, 0)] == [((0, 0x19, 0), 1)]
+
+
+def test_lines_after_a_time_are_counted_exactly_but_for_one_slice_of_the_window(tmp_path):
+    """What the metric and the node database count when a flood was seen before: its lines after a time.
+    A burst, a pause and a second burst: the first burst is not counted again after its end."""
+    now = float(int(time.time()))
+    log = tmp_path / "kern.log"
+    log.write_text("".join(f"{now - 3000 + i:.6f} {FLOOD}\n" for i in range(60))      # 60 lines, a minute
+                   + "".join(f"{now - 600 + i * 0.5:.6f} {FLOOD}\n" for i in range(240)))  # 240 lines, two minutes
+    [ev] = xid.read(f"file:{log}", 3600, now=now).events
+    assert ev.line_count == 300
+    assert xid.lines_after(ev, now - 2941) == 240  # the end of the first burst
+    assert xid.lines_after(ev, now - 1000) == 240
+    assert xid.lines_after(ev, now - 3001) == 300 and xid.lines_after(ev, now) == 0
+    assert abs(xid.lines_after(ev, now - 2970) - (29 + 240)) <= 1  # inside the first burst's slice: estimated
+    one = XidEvent(now - 10, (0, 0x18, 0), 79, "off the bus")
+    assert (xid.lines_after(one, now - 11), xid.lines_after(one, now - 10)) == (1, 0)
+
+
+# --- the verdict and a job's record are unchanged by the dedup ---------------------------------------
+
+def _gpus_snapshot() -> NodeSnapshot:
+    gpus = tuple(GpuSnapshot(i, uuid=value(f"GPU-{i}"), pci_bus_id=value(f"00000000:{0x18 + i:02X}:00.0")) for i in range(4))
+    return NodeSnapshot("n1", NOW, gpus=gpus)
+
+
+@pytest.mark.parametrize("code,line", [
+    (95, "Uncontained: FBHUB. RST: Yes, D-RST: No"),  # critical: FAIL
+    (43, "Ch 00000008"),                              # ignored (application): PASS
+    (57, "Error programming video memory clocks"),    # neither: WARN
+])
+def test_the_verdict_on_a_flood_is_the_verdict_on_one_of_its_lines(tmp_path, code, line):
+    def verdict(n: int):
+        log = tmp_path / f"kern-{n}.log"
+        log.write_text("".join(f"{NOW - 3000 + i * 2500 / n:.6f} vm kernel: NVRM: Xid (PCI:0000:19:00): {code}, {line}\n"
+                               for i in range(n))
+                       + f"{NOW - 5:.6f} vm kernel: NVRM: Xid (PCI:0000:1a:00): 79, GPU has fallen off the bus.\n")
+        reading = xid.read(f"file:{log}", 3600, now=NOW)
+        res = health.evaluate(_gpus_snapshot(), config.defaults(), now=NOW, xid_events=reading.events,
+                              xid_problem=reading.problem, xid_undated=reading.undated)
+        return [(r.check, r.status, r.gpu_index, r.message) for r in res if r.check == "xid"]
+    one, flood = verdict(1), verdict(100_000)
+    assert one == flood
+    assert ("xid", "FAIL", 2, "GPU 2 (GPU-2) XID 79 in kernel log: GPU has fallen off the bus.") in one
+    status = {95: "FAIL", 43: None, 57: "WARN"}[code]
+    assert [r[1] for r in one if r[2] == 1] == ([status] if status else [])
+
+
+def test_a_flood_that_began_before_the_window_still_fails_while_its_lines_go_on():
+    """The prolog reads the log, then judges a moment later: a flood whose first line is then just outside
+    the window, and its last well inside, still gates the job (each line did before)."""
+    ev = XidEvent(NOW - 3700, (0, 0x19, 0), 95, "Uncontained", None, 5000, NOW - 10)
+    res = [r for r in health.evaluate(_gpus_snapshot(), config.defaults(), now=NOW, xid_events=[ev]) if r.check == "xid"]
+    assert [(r.status, r.gpu_index) for r in res] == [("FAIL", 1)]
+    old = XidEvent(NOW - 3700, (0, 0x19, 0), 95, "Uncontained", None, 5000, NOW - 3650)
+    res = [r for r in health.evaluate(_gpus_snapshot(), config.defaults(), now=NOW, xid_events=[old]) if r.check == "xid"]
+    assert [r.status for r in res] == ["PASS"]
+
+
+def test_a_jobs_record_lists_a_flood_once_with_its_count_and_the_same_codes():
+    from slurm_gpu.hooks.records import _job_xids
+    from slurm_gpu.slurm.gpumap import JobGpu
+    from slurm_gpu.store import record as R
+    g = _gpus_snapshot().gpus[1]
+    jg = JobGpu(0, 1, "/dev/nvidia1")
+    t0 = NOW - 1000
+    lines = [XidEvent(NOW - 900 + i, (0, 0x19, 0), 95, "Uncontained") for i in range(500)] + \
+            [XidEvent(NOW - 100, (0, 0x19, 0), 48, "DBE"), XidEvent(NOW - 2000, (0, 0x19, 0), 79, "before the job")]
+    flood = [XidEvent(NOW - 900, (0, 0x19, 0), 95, "Uncontained", None, 500, NOW - 401),
+             XidEvent(NOW - 100, (0, 0x19, 0), 48, "DBE"), XidEvent(NOW - 2000, (0, 0x19, 0), 79, "before the job")]
+    before, after = _job_xids(lines, g, jg, t0), _job_xids(flood, g, jg, t0)
+    assert sorted({x["xid"] for x in before}) == sorted({x["xid"] for x in after}) == [48, 95]
+    assert after == [{"xid": 95, "time": NOW - 900, "message": "Uncontained", "line_count": 500, "last_time": NOW - 401},
+                     {"xid": 48, "time": NOW - 100, "message": "DBE"}]
+    import json
+    assert json.loads(R.xid_text(after)) == after  # written as it is
+    # a flood under way when the job started belongs to the job (its last line came after the start)
+    straddle = [XidEvent(t0 - 50, (0, 0x19, 0), 95, "Uncontained", None, 100, t0 + 49)]
+    assert [x["xid"] for x in _job_xids(straddle, g, jg, t0)] == [95]
+    assert [x["xid"] for x in R.xids_after(_job_xids(straddle, g, jg, 0.0), t0)] == [95]
+
+
+def test_the_xid_counter_counts_a_floods_lines_once_each_as_it_grows():
+    """slurm_gpu_xid_errors_total counts lines: a flood read by the prolog, the epilog and healthcheck
+    (each a whole window) adds each of its lines once, and only the new ones when it goes on."""
+    from slurm_gpu.metrics import node as N
+    g = GpuSnapshot(0, uuid=value("GPU-0"), name=value("H100"), pci_bus_id=value("00000000:18:00.0"))
+
+    def run(old, events):
+        up = N.NodeUpdate("healthcheck", NOW)
+        up.xid_gpus.append(g)
+        up.xids(events)
+        return N.apply(old, up)
+
+    def total(samples):
+        return {dict(k)["xid"]: v for k, v in samples[N.XID].items()}
+
+    flood = XidEvent(NOW - 600, (0, 0x18, 0), 95, "Uncontained", None, 800_000, NOW - 60, ((NOW - 600, NOW - 60, 800_000),))
+    one = XidEvent(NOW - 30, (0, 0x18, 0), 79, "off the bus")
+    out = run({}, [flood, one])
+    assert total(out) == {"95": 800_000, "79": 1}
+    out = run(out, [flood, one])  # the same window read again
+    assert total(out) == {"95": 800_000, "79": 1}
+    grown = flood._replace(line_count=800_600, last_time=NOW - 1,
+                           runs=((NOW - 600, NOW - 60, 800_000), (NOW - 20, NOW - 1, 600)))
+    out = run(out, [grown, one])
+    assert total(out) == {"95": 800_600, "79": 1}
+    assert out[N.XID_MARK] == {N.gpu_labels(g): NOW - 1}
+
+
+def test_dates_to_the_sub_second_read_once_per_second_are_the_dates_parse_line_gives():
+    """A flood with a date to the microsecond on every line (rsyslog high precision, journalctl
+    short-iso-precise, short-precise, short-unix) is read once per whole second and header: the same
+    dates, and the same lines refused as a program's, as parse_line reading each line whole."""
+    import random
+    rnd = random.Random(39)
+    heads = []
+    for _ in range(300):
+        t = NOW - rnd.uniform(-2 * 86400, 400 * 86400)
+        frac = f"{rnd.randint(0, 999_999):06d}"[:rnd.randint(1, 6)]
+        iso, sl = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t)), time.strftime("%b %e %H:%M:%S", time.localtime(t))
+        tag = rnd.choice(["kernel", "rtuser[42]", "kernel[0]"])
+        heads += [f"{iso}.{frac}+01:00 host {tag}: ", f"{iso},{frac} host {tag}: ", f"{iso}.{frac}Z ",
+                  f"{sl}.{frac} host {tag}: ", f"{sl},{frac} host {tag}: ", f"{sl}.{frac}  ",
+                  f"{t:.6f} host {tag}: ", f"  {t:.{rnd.randint(1, 6)}f}\thost {tag}: ", f"{int(t)} : err : ", f"{t:.3f}"]
+    for boot in (None, NOW - 5000):
+        w = xid._Window(NOW, 10 ** 9, boot)
+        for head in heads:
+            line = head + "NVRM: Xid (PCI:0000:18:00): 13, pid=1, Graphics Exception"
+            want = parse_line(line, boot, now=NOW)
+            got = w._sub_second(head) or xid._date_and_tag(head, boot, None, NOW)
+            assert (got[0] if got[1] else "not the kernel's") == (want.time if want else "not the kernel's"), line
+
+
+def test_events_come_in_the_order_of_their_first_lines_in_the_log(tmp_path):
+    """As lines did: a flood that began first comes first, even when another XID's lines are newer."""
+    now = float(int(time.time()))
+    a = f"{_syslog_date(now - 100)} vm kernel: NVRM: Xid (PCI:0000:18:00): 95, Uncontained"
+    b = f"{_syslog_date(now - 100)} vm kernel: NVRM: Xid (PCI:0000:19:00): 79, GPU has fallen off the bus."
+    c = f"{_syslog_date(now - 50)} vm kernel: NVRM: Xid (PCI:0000:1a:00): 48, DBE"
+    log = tmp_path / "kern.log"
+    log.write_text("\n".join([a, b, a, c, a, b]) + "\n")
+    assert [(e.xid, e.line_count) for e in xid.read(f"file:{log}", 3600, now=now).events] == [(95, 3), (79, 2), (48, 1)]
+
+
+def test_a_flood_from_kmsg_is_aggregated_record_by_record(monkeypatch):
+    """/dev/kmsg records carry their own sequence number and microseconds: each record is counted
+    as it is read, none is kept."""
+    seen = []
+
+    def records(deadline_s):
+        for i in range(100_000):
+            seen.append(i)
+            yield f"3,{1000 + i},{(900 + i * 0.001) * 1e6:.0f},-;NVRM: Xid (PCI:0000:18:00): 95, pid=1, Uncontained"
+        yield "3,200000,999000000,-;NVRM: Xid (PCI:0000:19:00): 79, GPU has fallen off the bus."
+    monkeypatch.setattr(xid, "_kmsg_lines", records)
+    reading = xid.read("kmsg", 3600, now=NOW, boot_time=NOW - 1000)
+    assert [(e.xid, e.line_count) for e in reading.events] == [(95, 100_000), (79, 1)]
+    assert reading.events[0].time == pytest.approx(NOW - 100) and reading.events[0].last_time == pytest.approx(NOW - 0.001)
+    assert len(seen) == 100_000

@@ -28,7 +28,8 @@ procedure and the versioned migrations that `central init` runs (central/server.
 - Schema v11: each run's SLUID in jobs and job_gpus (Slurm 25.11+; node schema v10).
 - Schema v12: running jobs' GPU samples and the idle policy's actions (docs/efficiency.md; node schema
   v11).  A coarse sample row replaces the fine rows of its 10 minutes, as on the node; apply_batch keeps
-  a node's samples for SAMPLES_KEPT_S.
+  a node's samples for SAMPLES_KEPT_S.  An XID row carries its line count and last line's time: a flood
+  of identical lines is one row, updated as it grows (node schema v11).
 """
 from __future__ import annotations
 
@@ -79,7 +80,9 @@ INVENTORY_COUNTERS = ("ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc
                       "sram_corrected", "sram_uncorrected")
 CENTRAL_INVENTORY_COLUMNS = ("cluster", "node", "gpu_uuid", "time", "gpu_index", "serial", "model", "vbios",
                      "driver_version", "cuda_version", "mig_mode", *INVENTORY_COUNTERS)
-CENTRAL_XID_COLUMNS = ("cluster", "node", "event_key", "time", "gpu_index", "gpu_uuid", "pci_bus_id", "xid", "detail")
+# Schema v12 (issue 39): a flood of identical lines is one row with its line count and last line's time.
+CENTRAL_XID_COLUMNS = ("cluster", "node", "event_key", "time", "gpu_index", "gpu_uuid", "pci_bus_id", "xid", "detail",
+                       "line_count", "last_time")
 # Schema v7 (docs/remediation.md): the nodes' remediation attempts, keyed by the node's own row id and
 # the attempt's time (a reimaged node's new database starts its ids at 1 again; time never changes);
 # row_version is the node's push_version of the row (an attempt's outcome comes after its intent).
@@ -136,7 +139,8 @@ _TYPES = {
     "gpu_util_max_pct": "DOUBLE", "memory_used_bytes": "BIGINT", "stage": "VARCHAR(16) NOT NULL",
     "idle_since": "DOUBLE", "idle_s": "DOUBLE", "gpus": "INT", "idle_gpus": "INT", "evidence": "MEDIUMTEXT",
     "mail_to": _NAME, "mail_state": "VARCHAR(16)", "mail_tries": "INT", "mail_time": "DOUBLE", "mail_error": "TEXT",
-    "cancel_state": "VARCHAR(16)", "cancel_error": "TEXT",
+    "cancel_state": "VARCHAR(16)", "cancel_error": "TEXT", "line_count": "BIGINT NOT NULL DEFAULT 1",
+    "last_time": "DOUBLE",
     **{c: "BIGINT" for c in INVENTORY_COUNTERS},
 }
 # Besides the key columns: a record's times may be unknown only in jobs; in job_gpus they are the record.
@@ -186,9 +190,13 @@ def _table_ddl(table: str) -> str:
     return f"CREATE TABLE IF NOT EXISTS {table} (\n    " + ",\n    ".join(body) + f"\n) {_TAIL}"
 
 
+def _stage_type(col: str) -> str:
+    return _TYPES[col].replace(" NOT NULL", "").replace(" DEFAULT 0", "")
+
+
 def _stage_ddl(table: str) -> str:
     # Same columns, every one nullable but batch and withdrawn: a tombstone carries only the key.
-    cols = [f'"{c}" {_TYPES[c].replace(" NOT NULL", "").replace(" DEFAULT 0", "")}' for c in COLUMNS[table] + ("shipped_at",)]
+    cols = [f'"{c}" {_stage_type(c)}' for c in COLUMNS[table] + ("shipped_at",)]
     body = ["batch CHAR(32) NOT NULL", *cols, "withdrawn TINYINT NOT NULL",
             f"PRIMARY KEY (batch, {_q(COLUMNS[table][:KEYS[table]])})"]
     return f"CREATE TABLE IF NOT EXISTS stage_{table} (\n    " + ",\n    ".join(body) + f"\n) {_TAIL}"
@@ -334,6 +342,10 @@ MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
         # its owner check learn them (the writers' GRANTs that `central init` prints name their staging tables).
         *(_table_ddl(t) for t in ("job_samples", "efficiency_actions")),
         *(_stage_ddl(t) for t in ("job_samples", "efficiency_actions")),
+        # Floods counted, not stored (issue 39; node schema v11): an XID row's line count and last line's time.
+        # A server made at v12 has them from v2's CREATE TABLE already; rows shipped before are one line each.
+        *(f'ALTER TABLE {t} ADD COLUMN IF NOT EXISTS "{c}" {kind}' for c in ("line_count", "last_time")
+          for t, kind in (("xid_events", _TYPES[c]), ("stage_xid_events", _stage_type(c)))),
         W.check_procedure(RECORD_TABLES),
         _procedure(RECORD_TABLES, 12, with_rollups=True),
     ),

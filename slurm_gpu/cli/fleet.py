@@ -259,7 +259,9 @@ def xids_cmd(app: Any, since: Optional[str], by: str, **o: Any) -> None:
 
     Classes: application, hardware, driver/firmware, NVLink, memory; a code slurm-gpu's
     catalog does not know is shown as unknown. For XID 154 the action is the recovery
-    action the driver logged. Needs the central server (inventory files hold no XIDs).
+    action the driver logged. A flood of identical lines (same GPU, code and text) is one event
+    on the node; EVENTS counts its lines, FIRST and LAST are its first and last line. Needs the
+    central server (inventory files hold no XIDs).
     """
     from slurm_gpu.fleet import central as fc
     from slurm_gpu.fleet import xids

@@ -77,10 +77,11 @@ def history(central: Central, cluster: str, since: float, until: float) -> Dict[
 
 
 def xid_events(central: Central, cluster: str, since: Optional[float], until: float) -> List[Dict[str, Any]]:
-    """XID events of the cluster in the window, oldest first."""
-    cols = ("node", "time", "gpu_index", "gpu_uuid", "pci_bus_id", "xid", "detail")
+    """XID events of the cluster in the window, oldest first.  A flood (one row of line_count identical
+    lines, schema v12) is in the window when any of its lines is, and comes whole."""
+    cols = ("node", "time", "gpu_index", "gpu_uuid", "pci_bus_id", "xid", "detail", "line_count", "last_time")
     sql = (f"SELECT {', '.join(cols)} FROM xid_events WHERE cluster = %s AND withdrawn = 0 AND time <= %s"
-           + (" AND time >= %s" if since is not None else "") + " ORDER BY time, node")
+           + (" AND COALESCE(last_time, time) >= %s" if since is not None else "") + " ORDER BY time, node")
     params: Tuple[Any, ...] = (cluster, until) + ((since,) if since is not None else ())
     return [dict(zip(cols, row)) for row in central.execute(sql, params)]
 

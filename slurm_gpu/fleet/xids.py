@@ -1,5 +1,8 @@
 """`fleet xids`: XID events by code, node and GPU, classified with NVIDIA's catalog (gpu/xidcatalog.py).
 
+A flood of identical lines is one row on the server with its line count (gpu/xid.py): `events` counts
+lines, so a GPU with 800,000 lines of XID 95 says 800,000, from the first line's time to the last's.
+
 An XID code the catalog does not know is classed "unknown" and said so, never guessed.  XID 154
 carries the driver's recovery action in its message: the newest one of each group is shown.
 """
@@ -32,10 +35,16 @@ def _key(e: Dict[str, Any], by: str) -> Tuple[Any, ...]:
     return (int(e["xid"]),)
 
 
+def _last(e: Dict[str, Any]) -> float:
+    """A row's last line's time (a flood's row has one of its own; a row of one line, its time)."""
+    return float(e["time"] if e.get("last_time") is None else e["last_time"])
+
+
 def xids_view(events: Sequence[Dict[str, Any]], by: str = "gpu") -> List[Dict[str, Any]]:
-    """One row per group: count, first and last time, NVIDIA's class and action, the newest message."""
+    """One row per group: the XID lines (a flood's row counts its line_count), first and last time,
+    NVIDIA's class and action, the newest message."""
     groups: Dict[Tuple[Any, ...], List[Dict[str, Any]]] = {}
-    for e in sorted(events, key=lambda e: float(e["time"])):
+    for e in sorted(events, key=_last):
         groups.setdefault(_key(e, by), []).append(e)
     rows = [_row(key, evs, by) for key, evs in groups.items()]
     rows.sort(key=lambda r: (r["xid"], hostlist.sort_key(r.get("node") or ""), r.get("gpu_index") or -1))
@@ -45,8 +54,9 @@ def xids_view(events: Sequence[Dict[str, Any]], by: str = "gpu") -> List[Dict[st
 def _row(key: Tuple[Any, ...], evs: List[Dict[str, Any]], by: str) -> Dict[str, Any]:
     info = xidcatalog.describe(key[0])
     newest = evs[-1]
-    row: Dict[str, Any] = {"xid": key[0], "class": info.kind, "name": info.name, "events": len(evs),
-                           "first": _iso(evs[0]["time"]), "last": _iso(newest["time"]),
+    row: Dict[str, Any] = {"xid": key[0], "class": info.kind, "name": info.name,
+                           "events": sum(int(e.get("line_count") or 1) for e in evs),
+                           "first": _iso(min(float(e["time"]) for e in evs)), "last": _iso(_last(newest)),
                            "action": xidcatalog.action_for(key[0], newest.get("detail") or ""),
                            "example": (newest.get("detail") or "")[:200] or None}
     if by == "gpu":

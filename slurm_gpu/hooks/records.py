@@ -170,16 +170,19 @@ def _usage(g: GpuSnapshot, jg: JobGpu, start: Optional[Dict[str, Any]], acct: An
 
 
 def _job_xids(events: Sequence[xid.XidEvent], g: GpuSnapshot, jg: JobGpu, t0: float) -> List[Dict[str, Any]]:
-    """XIDs of the job's GPU since its start; on a MIG slice, those of its instance or of the whole GPU."""
+    """XIDs of the job's GPU since its start; on a MIG slice, those of its instance or of the whole GPU.
+    A flood (one event of many identical lines, gpu/xid.py) is listed once, with its line count and
+    last time; it belongs to the job when its last line came after the start (its first may not)."""
     bus = xid.bus_key(g.pci_bus_id.get(""))
     gi = jg.mig.gpu_instance_id if jg.mig is not None else None
     out = []
     for e in events:
         inst = e.gpu_instance
-        if e.bus != bus or (e.time or 0) < t0 or (gi is not None and inst is not None and inst != gi):
+        if e.bus != bus or (e.last or 0) < t0 or (gi is not None and inst is not None and inst != gi):
             continue
+        flood = {"line_count": e.line_count, "last_time": e.last_time} if e.line_count > 1 else {}
         out.append({"xid": e.xid, "time": e.time, "message": e.message[:200],
-                    **({"gpu_instance": inst} if inst is not None else {})})
+                    **({"gpu_instance": inst} if inst is not None else {}), **flood})
     return out
 
 

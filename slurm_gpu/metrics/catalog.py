@@ -66,10 +66,10 @@ FAMILIES: Tuple[Family, ...] = (
     _gpu("slurm_gpu_row_remap_failure", "gauge", (), "1 when a row remapping failed (no spare row left: the RMA criterion)."),
     _gpu("slurm_gpu_row_remap_pending", "gauge", (), "1 when a row remapping waits for a GPU reset."),
     _gpu("slurm_gpu_xid_errors_total", "counter", ("xid",),
-         "XID events of the GPU seen in the kernel log, by code; each logged event is counted once.",
-         "a series appears with its first event"),
+         "XID lines of the GPU seen in the kernel log, by code; each line is counted once, every line of a "
+         "flood of identical lines included.", "a series appears with its first event"),
     _gpu("slurm_gpu_xid_last_timestamp_seconds", "gauge", (),
-         "Unix time of the newest XID event counted for the GPU (the counter's de-duplication mark)."),
+         "Unix time of the newest XID line counted for the GPU (the counter's de-duplication mark)."),
     _gpu("slurm_gpu_persistence_mode", "gauge", (), "1 when persistence mode is on.",
          "the prolog writes 1 where it turned persistence on"),
     _gpu("slurm_gpu_clock_event_reason", "gauge", ("reason",),

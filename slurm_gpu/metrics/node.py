@@ -10,8 +10,9 @@ keeps what an earlier writer wrote about the rest, under the directory's lock.
   prolog's quick read leaves them as they were.  The driver's versions: whoever read them.
 - Check statuses: per (GPU, check) for the GPUs the writer judged and the checks it ran, so a
   check that ran and found nothing on a GPU (no XID any more) drops its old status there.
-- XID counters only go up: an event is counted when it is newer than the GPU's mark
-  (slurm_gpu_xid_last_timestamp_seconds), which survives in the file between hook runs.
+- XID counters only go up: an XID line is counted when it is newer than the GPU's mark
+  (slurm_gpu_xid_last_timestamp_seconds), which survives in the file between hook runs.  A flood
+  of identical lines is one event (gpu/xid.py) whose lines after the mark are counted, each once.
 - `healthcheck` sees every GPU: series of GPUs no longer on the node go (RMA, swap).
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from slurm_gpu.checkcatalog import metric_label
 from slurm_gpu.gpu.snapshot import cuda_version, was_read
-from slurm_gpu.gpu.xid import bus_key
+from slurm_gpu.gpu.xid import bus_key, lines_after
 from slurm_gpu.metrics.catalog import CLOCK_EVENT_REASONS, GPU_FAMILIES, INVENTORY_FAMILIES, STATUSES
 from slurm_gpu.metrics.textfile import Labels, Samples
 
@@ -218,7 +219,8 @@ def _on_node(up: NodeUpdate, d: Dict[str, str]) -> bool:
 
 
 def _count_xids(out: Samples, up: NodeUpdate) -> None:
-    """Events newer than each GPU's mark are counted once; the mark moves to the newest."""
+    """XID lines newer than each GPU's mark are counted once; the mark moves to the newest.  A flood is
+    one event of many identical lines (gpu/xid.py): its lines after the mark count (lines_after)."""
     counts = out.setdefault(XID, {})
     marks = out.setdefault(XID_MARK, {})
     old_mark = {_identity(k): (k, v) for k, v in marks.items()}
@@ -230,17 +232,24 @@ def _count_xids(out: Samples, up: NodeUpdate) -> None:
         labels = gpu_labels(g)
         ident = _identity(labels)
         prev_labels, mark = old_mark.get(ident, (None, 0.0))
-        fresh = [e for e in up.xid_events if e.bus == bus_key(bus) and e.time is not None and e.time > mark]
+        fresh = [(e, lines_after(e, mark)) for e in up.xid_events
+                 if e.bus == bus_key(bus) and e.time is not None and _last(e) > mark]
         if not fresh:
             continue
-        for e in fresh:
+        for e, n in fresh:
             key = labels + (("xid", str(e.xid)),)
             if key not in counts:
                 counts[key] = old_count.get((ident, str(e.xid)), 0.0)
-            counts[key] += 1
+            counts[key] += n
         if prev_labels is not None and prev_labels != labels:
             marks.pop(prev_labels, None)
-        marks[labels] = max(mark, max(e.time for e in fresh))
+        marks[labels] = max(mark, max(_last(e) for e, _ in fresh))
+
+
+def _last(e: Any) -> float:
+    """An XID event's last line's time (its only one's for one line)."""
+    last = getattr(e, "last_time", None)
+    return float(e.time if last is None else last)
 
 
 def _drained(out: Samples, old: Dict[Labels, float], up: NodeUpdate) -> None:

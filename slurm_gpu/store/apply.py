@@ -6,7 +6,7 @@ drains (docs/hooks.md, "Nothing is lost").  store/node.py's Store decides where 
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from slurm_gpu.store.record import (
     DRAIN_COLUMNS,
@@ -21,7 +21,7 @@ from slurm_gpu.store.record import (
     xid_text,
     xids_after,
 )
-from slurm_gpu.store.schema import INVENTORY_COLUMNS, XID_COLUMNS
+from slurm_gpu.store.schema import INVENTORY_COLUMNS, XID_COLUMNS, XID_SAME_S
 
 START_RECORDS_KEPT_S = 7 * 86400
 # healthcheck's event for nvmlInit's LIB_RM_VERSION_MISMATCH (hooks/healthcheck.record_mismatch)
@@ -114,9 +114,61 @@ def drains_or_none(rec: Dict[str, Any]) -> List[Any]:
 
 # --------------------------------------------------------------------------- the fleet's history
 
-SQL_XID = (f"INSERT INTO xid_events ({', '.join(XID_COLUMNS)}) SELECT {', '.join('?' * len(XID_COLUMNS))} "
-            "WHERE NOT EXISTS (SELECT 1 FROM xid_events WHERE node = ? AND xid = ? AND pci_bus_id IS ? "
-            "AND detail IS ? AND time BETWEEN ? AND ?) ON CONFLICT (event_key) DO NOTHING")
+SQL_XID = (f"INSERT INTO xid_events ({', '.join(XID_COLUMNS)}) VALUES ({', '.join('?' * len(XID_COLUMNS))}) "
+           "ON CONFLICT (event_key) DO NOTHING")
+_SAME_XID = "node = ? AND xid = ? AND pci_bus_id IS ? AND detail IS ?"
+# The row of the same flood (v11): its lines overlap the event's, the one with the same first line first.
+_XID_FLOOD = (f"SELECT id, time, line_count, last_time FROM xid_events WHERE last_time >= ? AND time <= ? AND {_SAME_XID} "
+              "ORDER BY time BETWEEN ? AND ? DESC, time DESC LIMIT 1")
+# Rows written before v11, one per line (last_time NULL): the one of the event's first line, and how many
+# more lie inside the event's lines (already recorded, so not counted again).
+_XID_LINE = (f"SELECT id, time, line_count, time FROM xid_events WHERE time BETWEEN ? AND ? AND +last_time IS NULL "
+             f"AND {_SAME_XID} ORDER BY ABS(time - ?) LIMIT 1")
+_XID_LINES = (f"SELECT COUNT(*) FROM xid_events WHERE time BETWEEN ? AND ? AND +last_time IS NULL AND {_SAME_XID} "
+              "AND id IS NOT ?")
+
+
+def write_xids(conn: sqlite3.Connection, rows: Sequence[Dict[str, Any]]) -> int:
+    """Add the xid_events rows (store/observations.xid_rows), or grow the row of a flood read before;
+    in one transaction.  Returns how many rows were added or grown.
+
+    An event is the row's that has the same node, GPU bus, XID and text and either the same first
+    line (within XID_SAME_S: a kmsg date read again one rounding away): its line count is the larger
+    (the window still holds the flood's start, so the new count is its whole); or a first line inside
+    the row's lines (the window moved on): the lines after the row's last are added (gpu/xid.py
+    runs_after: exact but for one slice of the window).  Rows of single lines written before v11
+    inside the event's lines are its lines already: not counted again."""
+    from slurm_gpu.gpu.xid import runs_after
+    changed = 0
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for r in rows:
+            t, last, count = r["time"], r.get("last_time") or r["time"], int(r.get("line_count") or 1)
+            same = (r["node"], r["xid"], r["pci_bus_id"], r["detail"])
+            hit = conn.execute(_XID_FLOOD, (t - XID_SAME_S, last + XID_SAME_S, *same, t - XID_SAME_S,
+                                            t + XID_SAME_S)).fetchone()
+            if hit is None:
+                hit = conn.execute(_XID_LINE, (t - XID_SAME_S, t + XID_SAME_S, *same, t)).fetchone()
+            if hit is not None and abs(hit[1] - t) > XID_SAME_S:  # the window moved on: the new lines only
+                grown, new_last = hit[2] + runs_after(r.get("runs") or ((t, last, count),), hit[3]), max(hit[3], last)
+            else:
+                legacy = conn.execute(_XID_LINES, (t - XID_SAME_S, last + XID_SAME_S, *same,
+                                                   None if hit is None else hit[0])).fetchone()[0]
+                grown = count - legacy
+                if hit is None:
+                    if grown > 0:
+                        cur = conn.execute(SQL_XID, sql_row(dict(r, line_count=grown, last_time=last), XID_COLUMNS))
+                        changed += cur.rowcount
+                    continue
+                grown, new_last = max(hit[2], grown), max(hit[3], last)
+            if (grown, new_last) != (hit[2], hit[3]):
+                conn.execute("UPDATE xid_events SET line_count = ?, last_time = ? WHERE id = ?", (grown, new_last, hit[0]))
+                changed += 1
+        conn.execute("COMMIT")
+    except BaseException:
+        rollback(conn)
+        raise
+    return changed
 
 
 def latest_inventory(conn: sqlite3.Connection, node: str) -> Dict[Tuple[str, str], Dict[str, Any]]:

@@ -39,7 +39,6 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 from slurm_gpu.config import Config
 from slurm_gpu.errors import StoreError
 from slurm_gpu.store.apply import (
-    SQL_XID,
     START_RECORDS_KEPT_S,
     Incomplete,
     apply_in_transaction,
@@ -54,6 +53,7 @@ from slurm_gpu.store.apply import (
     rollback,
     sql_row,
     write_all,
+    write_xids,
 )
 from slurm_gpu.store.diagnose import check_database_path, describe_error
 from slurm_gpu.store.ingest import IngestReport, SpoolIngest, is_record_problem
@@ -63,7 +63,7 @@ from slurm_gpu.store.record import (
     Record,
     as_dict,
 )
-from slurm_gpu.store.schema import INVENTORY_COLUMNS, MIGRATIONS, REMEDIATION_COLUMNS, SCHEMA_VERSION, XID_COLUMNS, XID_SAME_S
+from slurm_gpu.store.schema import INVENTORY_COLUMNS, MIGRATIONS, REMEDIATION_COLUMNS, SCHEMA_VERSION
 
 # --------------------------------------------------------------------------- results
 
@@ -238,18 +238,15 @@ class Store(SpoolIngest):
         return len(due)
 
     def record_xids(self, rows: Sequence[Dict[str, Any]]) -> int:
-        """Add the xid_events rows (store/observations.xid_rows) not there yet; returns how many.
+        """Add the xid_events rows (store/observations.xid_rows) not there yet, or grow the row of a
+        flood read again (its line count and last time); returns how many rows were added or grown.
 
-        An event is there when its event_key is, or when the node has one with the same GPU bus,
-        XID and text within XID_SAME_S seconds (a kmsg date read again one rounding away)."""
+        An event is there when the node has one with the same GPU bus, XID and text whose first line
+        is the event's (within XID_SAME_S seconds: a kmsg date read again one rounding away) or whose
+        lines the event's first line continues (store/apply.py write_xids)."""
         if not rows:
             return 0
-        conn = self.connect()
-        before = conn.total_changes
-        write_all(conn, SQL_XID, [sql_row(r, XID_COLUMNS) + (r["node"], r["xid"], r["pci_bus_id"], r["detail"],
-                                                             r["time"] - XID_SAME_S, r["time"] + XID_SAME_S)
-                                    for r in rows])
-        return conn.total_changes - before
+        return write_xids(self.connect(), rows)
 
     def latest_inventory_time(self, node: str) -> Optional[float]:
         """When the node's newest gpu_inventory row was read; None when it has none."""

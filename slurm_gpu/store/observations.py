@@ -81,15 +81,29 @@ def xid_key(node: str, time: float, pci_bus_id: str, xid: int, detail: str) -> s
 
 
 def xid_rows(events: Iterable[Any], snap: Optional[NodeSnapshot], node: str) -> List[Dict[str, Any]]:
-    """xid_events rows of the dated XIDs (gpu/xid.XidEvent), with the GPU they name where it is known."""
+    """xid_events rows of the dated XIDs (gpu/xid.XidEvent: a flood is one, with its line count and last
+    time), with the GPU they name where it is known."""
     gpus = {bus_key(g.pci_bus_id.value): g for g in (snap.gpus if snap is not None else ()) if g.pci_bus_id.ok}
-    rows = []
+    rows: Dict[Any, Dict[str, Any]] = {}
     for e in events:
         if e.time is None:
             continue  # undated lines are counted by the check, never recorded: they cannot be placed
         bus = pci_bus_text(e.bus)
+        last = float(e.time if e.last_time is None else e.last_time)
+        runs = tuple(e.runs) or ((float(e.time), last, int(e.line_count)),)
+        same = rows.get((bus, e.xid, e.message))
+        if same is not None:  # another MIG instance's lines of the same text: the table has no instance column
+            same["line_count"] += int(e.line_count)
+            same["last_time"] = max(same["last_time"], last)
+            same["runs"] += runs
+            if e.time < same["time"]:
+                same.update(time=float(e.time), event_key=xid_key(node, e.time, bus, e.xid, e.message))
+            continue
         g = gpus.get(tuple(e.bus))
-        rows.append({"event_key": xid_key(node, e.time, bus, e.xid, e.message), "time": float(e.time), "node": node,
-                     "gpu_index": None if g is None else g.index, "gpu_uuid": None if g is None else _text(g.uuid),
-                     "pci_bus_id": bus, "xid": int(e.xid), "detail": e.message})
-    return rows
+        rows[(bus, e.xid, e.message)] = {
+            "event_key": xid_key(node, e.time, bus, e.xid, e.message), "time": float(e.time), "node": node,
+            "gpu_index": None if g is None else g.index, "gpu_uuid": None if g is None else _text(g.uuid),
+            "pci_bus_id": bus, "xid": int(e.xid), "detail": e.message, "line_count": int(e.line_count), "last_time": last,
+            # not a column: when the flood was read before, how many of its lines are new (record_xids)
+            "runs": runs}
+    return list(rows.values())

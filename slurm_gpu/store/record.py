@@ -92,8 +92,9 @@ def accounting_of(end: Mapping[str, Any]) -> Optional[Busy]:
 
 # --------------------------------------------------------------------------- XID events
 
-# The keys of one of a job's XID events, in the order they are written (job_gpus.xid_events).
-XID_KEYS = ("xid", "time", "message", "gpu_instance")
+# The keys of one of a job's XID events, in the order they are written (job_gpus.xid_events); a flood
+# (gpu/xid.py: identical lines, one event) adds its line count and last time.
+XID_KEYS = ("xid", "time", "message", "gpu_instance", "line_count", "last_time")
 
 
 def xid_text(xids: Any) -> Optional[str]:
@@ -108,8 +109,8 @@ def xid_text(xids: Any) -> Optional[str]:
 
 
 def xids_after(xids: Any, t0: float) -> List[Dict[str, Any]]:
-    """The XID events (dicts) at or after t0."""
-    return [x for x in xids or () if isinstance(x, dict) and (x.get("time") or 0) >= t0]
+    """The XID events (dicts) at or after t0 (a flood's: whose last line is)."""
+    return [x for x in xids or () if isinstance(x, dict) and (x.get("last_time") or x.get("time") or 0) >= t0]
 
 
 # --------------------------------------------------------------------------- rows

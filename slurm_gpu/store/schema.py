@@ -6,7 +6,7 @@ never zero.  job_gpus repeats user/account/partition so reports aggregate one ta
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from slurm_gpu import groupkeys
 from slurm_gpu.store import record
@@ -37,11 +37,15 @@ INVENTORY_STATE = ("mig_mode", "ecc_corrected_volatile", "ecc_uncorrected_volati
                    "remap_hist_max", "remap_hist_high", "remap_hist_partial", "remap_hist_low", "remap_hist_none",
                    "sram_corrected", "sram_uncorrected")
 INVENTORY_COLUMNS = ("time", "node", "gpu_index", "gpu_uuid") + INVENTORY_STATIC + INVENTORY_STATE
-# xid_events: every dated XID a healthcheck read in the kernel log, once (event_key).
-XID_COLUMNS = ("event_key", "time", "node", "gpu_index", "gpu_uuid", "pci_bus_id", "xid", "detail")
+# xid_events: every dated XID a healthcheck read in the kernel log, once (event_key).  v11: a flood of
+# identical lines (gpu/xid.py) is one row with its line_count, first (`time`) and last line's time.
+_V6_XID_COLUMNS = ("event_key", "time", "node", "gpu_index", "gpu_uuid", "pci_bus_id", "xid", "detail")
+XID_COLUMNS = _V6_XID_COLUMNS + ("line_count", "last_time")
 # The XIDs of a kernel log read twice are one event each.  kmsg dates are boot time + uptime, and
 # the boot time is read again each run (/proc/uptime, 10 ms steps): an event the node has with the
-# same GPU bus, XID and text within this many seconds is the same event.
+# same GPU bus, XID and text within this many seconds is the same event; and a flood read again,
+# its first line within this many seconds of the row's or inside the row's lines (the window moved
+# on), is the same flood: its row's line_count and last_time grow (store/node.py record_xids).
 XID_SAME_S = 2.0
 # v7 (`slurm-gpu remediate`, docs/remediation.md): every remediation attempt of a node, its intent
 # written before the act and its outcome after; budgets and lemons are counted from it by GPU serial.
@@ -76,17 +80,23 @@ _PUSHED_COLUMNS = dict(_V5_COLUMNS, gpu_inventory=INVENTORY_COLUMNS, xid_events=
                        remediations=REMEDIATION_COLUMNS, job_samples=SAMPLE_COLUMNS, efficiency_actions=ACTION_COLUMNS)
 
 
-def _changed(table: str) -> str:
-    return " OR ".join(f'NEW."{c}" IS NOT OLD."{c}"' for c in _PUSHED_COLUMNS[table])
+def _changed(table: str, columns: Optional[Tuple[str, ...]] = None) -> str:
+    return " OR ".join(f'NEW."{c}" IS NOT OLD."{c}"' for c in (columns or _PUSHED_COLUMNS[table]))
 
 
-def _outbox(table: str, when: str) -> Tuple[str, ...]:
-    """The outbox of a table that has its push_version/pushed_version columns (v5, docs/central.md)."""
+def _changed_trigger(table: str, columns: Optional[Tuple[str, ...]] = None) -> str:
+    return (f"CREATE TRIGGER IF NOT EXISTS {table}_changed AFTER UPDATE ON {table} "
+            f"WHEN NEW.pushed_version = OLD.pushed_version AND NEW.push_version = OLD.push_version "
+            f"AND ({_changed(table, columns)}) "
+            f"BEGIN UPDATE {table} SET push_version = OLD.push_version + 1 WHERE rowid = NEW.rowid; END")
+
+
+def _outbox(table: str, when: str, columns: Optional[Tuple[str, ...]] = None) -> Tuple[str, ...]:
+    """The outbox of a table that has its push_version/pushed_version columns (v5, docs/central.md);
+    columns: those whose change ships the row again, when the table had fewer then than now."""
     return (
         f"CREATE INDEX IF NOT EXISTS {table}_unpushed ON {table} ({when}) WHERE pushed_version < push_version",
-        f"CREATE TRIGGER IF NOT EXISTS {table}_changed AFTER UPDATE ON {table} "
-        f"WHEN NEW.pushed_version = OLD.pushed_version AND NEW.push_version = OLD.push_version AND ({_changed(table)}) "
-        f"BEGIN UPDATE {table} SET push_version = OLD.push_version + 1 WHERE rowid = NEW.rowid; END",
+        _changed_trigger(table, columns),
     )
 
 
@@ -298,7 +308,7 @@ MIGRATIONS: List[Tuple[str, ...]] = [
         )""",
         "CREATE INDEX IF NOT EXISTS xid_events_time ON xid_events (time)",
         *_outbox("gpu_inventory", "time"),
-        *_outbox("xid_events", "time"),
+        *_outbox("xid_events", "time", _V6_XID_COLUMNS),
     ),
     # v7: remediation attempts (docs/remediation.md).  One row per attempt and GPU (gpu_uuid ''
     # for a node-wide step such as a reboot): outcome 'started' is the intent, written before the
@@ -411,6 +421,15 @@ MIGRATIONS: List[Tuple[str, ...]] = [
         # server drops when their coarse row arrives), the actions again whenever their outcome changes.
         *_outbox("job_samples", "time"),
         *_outbox("efficiency_actions", "time"),
+        # Floods counted, not stored (issue 39, gpu/xid.py): a row is one event of line_count identical
+        # lines, from `time` to last_time (NULL in rows written before: one line).  A flood read again
+        # updates its row (store/node.py record_xids), found through last_time; its change ships the row
+        # again, so the trigger of v6 is made again with the new columns.
+        "ALTER TABLE xid_events ADD COLUMN line_count INTEGER NOT NULL DEFAULT 1",
+        "ALTER TABLE xid_events ADD COLUMN last_time REAL",
+        "CREATE INDEX IF NOT EXISTS xid_events_last ON xid_events (last_time)",
+        "DROP TRIGGER IF EXISTS xid_events_changed",
+        _changed_trigger("xid_events"),
     ),
 ]
 

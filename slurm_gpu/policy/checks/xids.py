@@ -52,7 +52,8 @@ def xid(j: Judge, ctx: Context) -> None:
     judged_idx = {g.index for g in judged}
     seen: Dict[Tuple[Any, ...], XidEvent] = {}
     for e in events:
-        if now is not None and e.time is not None and e.time < now - window:
+        # A flood is one event (gpu/xid.py): it is in the window while its last line is.
+        if now is not None and e.time is not None and e.last is not None and e.last < now - window:
             continue
         if e.xid in ignore:
             continue
