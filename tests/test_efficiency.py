@@ -382,14 +382,20 @@ def test_a_mail_server_that_is_down_loses_no_decision_and_the_mail_goes_out_when
     assert (a["mail_state"], a["mail_tries"]) == ("sent", 4)
 
 
-def test_a_failed_cancel_is_recorded_and_tried_again(sim_node, smtp):
+def _warned_then_idle(sim_node, smtp, **record):
+    """Job 41 idle on 2 GPUs, warned at its start (t0) and idle 6 minutes since: a cancel is due (300 s)."""
     node, cfg, conn = _idle_node(sim_node, smtp)
     t0 = rows(node.db, "SELECT start_time FROM job_starts")[0]["start_time"]
-    slurm = RecordingSlurm({41: _record(41)})
+    slurm = RecordingSlurm({41: _record(41, **record)})
     _minutes(cfg, conn, t0, 3)
     E.enforce(cfg, conn, slurm, now=t0 + 180, booted_at=0.0, node="gpu01")
-    Q.update_action(conn, Q.actions(conn)[0]["id"], mail_time=t0)  # warned at t0: cancel due at t0 + 300
+    Q.update_action(conn, Q.actions(conn)[0]["id"], mail_time=t0)
     _minutes(cfg, conn, t0 + 180, 3)
+    return node, cfg, conn, t0, slurm
+
+
+def test_a_failed_cancel_is_recorded_and_tried_again(sim_node, smtp):
+    node, cfg, conn, t0, slurm = _warned_then_idle(sim_node, smtp)
     slurm.fail_cancel = True
     out = E.enforce(cfg, conn, slurm, now=t0 + 360, booted_at=0.0, node="gpu01")
     assert [(o.stage, o.cancel) for o in out] == [("cancel", "failed")]
@@ -400,13 +406,7 @@ def test_a_failed_cancel_is_recorded_and_tried_again(sim_node, smtp):
 
 
 def test_a_crash_between_the_cancel_decision_and_scancel_is_finished_by_the_next_run_then_mailed(sim_node, smtp):
-    node, cfg, conn = _idle_node(sim_node, smtp)
-    t0 = rows(node.db, "SELECT start_time FROM job_starts")[0]["start_time"]
-    slurm = RecordingSlurm({41: _record(41)})
-    _minutes(cfg, conn, t0, 3)
-    E.enforce(cfg, conn, slurm, now=t0 + 180, booted_at=0.0, node="gpu01")
-    Q.update_action(conn, Q.actions(conn)[0]["id"], mail_time=t0)
-    _minutes(cfg, conn, t0 + 180, 3)
+    node, cfg, conn, t0, slurm = _warned_then_idle(sim_node, smtp)
     # The run that decided the cancel died right after writing it: no scancel, no notice.
     real = slurm.cancel_with_note
     slurm.cancel_with_note = lambda job_id, note: (_ for _ in ()).throw(KeyboardInterrupt())
@@ -422,13 +422,7 @@ def test_a_crash_between_the_cancel_decision_and_scancel_is_finished_by_the_next
 
 
 def test_a_cancel_that_failed_is_dropped_once_the_job_works_again(sim_node, smtp):
-    node, cfg, conn = _idle_node(sim_node, smtp)
-    t0 = rows(node.db, "SELECT start_time FROM job_starts")[0]["start_time"]
-    slurm = RecordingSlurm({41: _record(41)})
-    _minutes(cfg, conn, t0, 3)
-    E.enforce(cfg, conn, slurm, now=t0 + 180, booted_at=0.0, node="gpu01")
-    Q.update_action(conn, Q.actions(conn)[0]["id"], mail_time=t0)
-    _minutes(cfg, conn, t0 + 180, 3)
+    node, cfg, conn, t0, slurm = _warned_then_idle(sim_node, smtp)
     slurm.fail_cancel = True
     assert [o.cancel for o in E.enforce(cfg, conn, slurm, now=t0 + 360, booted_at=0.0, node="gpu01")] == ["failed"]
     slurm.fail_cancel = False
@@ -442,13 +436,7 @@ def test_a_cancel_that_failed_is_dropped_once_the_job_works_again(sim_node, smtp
 
 
 def test_another_tools_admin_comment_is_not_overwritten_by_the_cancel_reason(sim_node, smtp):
-    node, cfg, conn = _idle_node(sim_node, smtp)
-    t0 = rows(node.db, "SELECT start_time FROM job_starts")[0]["start_time"]
-    slurm = RecordingSlurm({41: _record(41, AdminComment="jobstats:abc")})
-    _minutes(cfg, conn, t0, 3)
-    E.enforce(cfg, conn, slurm, now=t0 + 180, booted_at=0.0, node="gpu01")
-    Q.update_action(conn, Q.actions(conn)[0]["id"], mail_time=t0)
-    _minutes(cfg, conn, t0 + 180, 3)
+    node, cfg, conn, t0, slurm = _warned_then_idle(sim_node, smtp, AdminComment="jobstats:abc")
     E.enforce(cfg, conn, slurm, now=t0 + 360, booted_at=0.0, node="gpu01")
     assert slurm.cancelled == [(41, None)]
 
