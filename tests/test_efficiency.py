@@ -643,5 +643,24 @@ def test_a_live_summary_is_due_over_an_earlier_runs_final_summary_never_over_thi
     assert live.due(final, 60, 1000.0, restart=1) and not live.due(final, 60, 1000.0, restart=0)
     running = sg.encode(sg.Summary("c", 41, 1, True, ["gpu01"], [], [], "gpu", {"t": 950.0, "g": []}))
     assert not live.due(running, 60, 1000.0, 1) and live.due(running, 60, 1010.0, 1)
-    assert not live.due("jobstats:x", 60, 1000.0) and not live.due("slurm-gpu cancelled this job: ...", 60, 1000.0)
+    assert not live.due("jobstats:x", 60, 1000.0)
+    assert not live.due(sg.cancel_note("all GPUs (1) idle 9 s (cancel after 8 s)"), 60, 1000.0)
+    # An admin's text that only starts like our note is not ours: neither overwritten here nor by the summary.
+    look_alike = "slurm-gpu cancelled this job: no, I did (admin, ticket 4711)"
+    assert not sg.is_ours(look_alike) and not live.due(look_alike, 60, 1000.0)
+    assert sg.is_ours(sg.cancel_note("all GPUs (1) idle 9 s (cancel after 8 s)"))
     assert live.due("", 60, 1000.0) and live.due("sg1:damaged!", 60, 1000.0)
+
+
+def test_a_clock_that_jumps_never_makes_a_job_idle_sooner():
+    """The node's clock set forward or back between samples: a forward jump is a gap (the stretch starts
+    again after it), a backward one leaves the newest sample in the future (nothing grows until the clock
+    passes it); neither brings a cancel forward."""
+    p, job = _policy(), _job()
+    warned = {"notify": {"mail_state": "sent", "mail_time": 600.0}}
+    forward = _series(1, 15) + [_row(7200.0 + 60 * m, 0.0, gpu="GPU-0") for m in range(1, 10)]
+    j = P.judge(forward, job, p, warned, 7200.0 + 540, 1)
+    assert j.stage == "" and j.idle_s == pytest.approx(540)  # not 15 min + 2 h
+    backward = _series(1, 25) + [_row(60.0 * m, 0.0, gpu="GPU-0") for m in range(1, 5)]  # rows again at 1-4 min
+    j = P.judge(backward, job, p, warned, 300.0, 1)
+    assert j.stage == "" and "not cancelled: warned -300 s ago" in j.why, j.why

@@ -28,7 +28,7 @@ from slurm_gpu.errors import SlurmError
 from slurm_gpu.store import samples as Q
 from slurm_gpu.store import summary as sg
 from slurm_gpu.store.samples import RunningStart
-from slurm_gpu.store.summary import CANCEL_NOTE, is_ours
+from slurm_gpu.store.summary import cancel_note, is_ours
 from slurm_gpu.timefmt import slurm_to_unix
 
 DAY_S = 86400.0
@@ -258,7 +258,7 @@ class Enforcer:
 
     def _cancel(self, job: JobFacts, action: Mapping[str, Any], why: str) -> Outcome:
         # The reason goes where sacct shows it, unless another tool owns the field (never overwritten).
-        note = f"{CANCEL_NOTE}: {why}; see slurm-gpu efficiency actions"
+        note = cancel_note(why)
         try:
             self.backend.cancel_with_note(job.job_id, note if not job.admin_comment or is_ours(job.admin_comment) else None)
         except SlurmError as e:

@@ -68,7 +68,7 @@ def due(admin_comment: str, every_s: float, now: float, restart: int = 0) -> boo
     every_s after the one there; over a finished summary only when it is an earlier run's (a requeued job)."""
     if not admin_comment:
         return True
-    if not sg.is_ours(admin_comment) or admin_comment.strip().lower().startswith(sg.CANCEL_NOTE):
+    if not sg.is_ours(admin_comment) or sg.is_cancel_note(admin_comment):
         return False
     old = sg.decode_safe(admin_comment)
     if old is None:

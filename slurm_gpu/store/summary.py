@@ -206,11 +206,22 @@ def fit(s: Summary, limit: int = MAX_BYTES) -> str:
 # The AdminComment `slurm-gpu efficiency enforce` sets on a job it cancels (efficiency/enforce.py): ours, so
 # that the controller epilog may write the job's summary over it.
 CANCEL_NOTE = "slurm-gpu cancelled this job"
+_CANCEL_TAIL = "; see slurm-gpu efficiency actions"
+
+
+def cancel_note(why: str) -> str:
+    """The AdminComment of a job the idle policy cancels: 'slurm-gpu cancelled this job: WHY; see ...'."""
+    return f"{CANCEL_NOTE}: {why}{_CANCEL_TAIL}"
+
+
+def is_cancel_note(text: Optional[str]) -> bool:
+    """Our cancel note, whole: a text an admin or another tool wrote that merely starts like it is not ours."""
+    t = (text or "").strip()
+    return t.startswith(CANCEL_NOTE + ": ") and t.endswith(_CANCEL_TAIL)
 
 
 def is_ours(text: Optional[str]) -> bool:
-    t = (text or "").strip().lower()
-    return t.startswith(PREFIX) or t.startswith(CANCEL_NOTE)
+    return (text or "").strip().lower().startswith(PREFIX) or is_cancel_note(text)
 
 
 def decode(text: str) -> Summary:
