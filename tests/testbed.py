@@ -971,9 +971,14 @@ class SlurmTestbed:
         # Durability is worthless for a throwaway database; these make startup and slurmdbd's
         # schema creation fast on slow CI disks.  The redo log's size is the template's
         # (tests/mariadb.py LOG_FILE_SIZE): another would be a second template, or a resize.
+        # Slurm's accounting needs innodb_snapshot_isolation off, as its log says ("not supported by
+        # Slurm and will cause slurmdbd to fatal when a write conflicts with a concurrent
+        # transaction"); MariaDB turned it on by default in 11.6.2, so Debian 13's 11.8 has it on, and
+        # slurmdbd 26.05 died on error 1020 when `sacctmgr modify job` raced its own job update.
+        # `loose-`: servers before 10.6.18/10.11.8 do not know the variable (and behave as off).
         return ["--innodb-buffer-pool-size=32M", "--innodb-log-file-size=16M",
                 "--innodb-flush-log-at-trx-commit=0", "--innodb-doublewrite=0", "--sync-binlog=0",
-                "--innodb-flush-method=nosync"]
+                "--innodb-flush-method=nosync", "--loose-innodb-snapshot-isolation=OFF"]
 
     def _start_mariadb(self) -> None:
         data = self._db_dir / "data"

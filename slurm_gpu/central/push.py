@@ -35,8 +35,10 @@ from slurm_gpu.store.schema import (
 )
 
 _ORDER = dict(PUSHED_TABLES)
-# A batch rolled back for another's locks (deadlock victim 1213, lock wait timeout 1205) is sent again.
-LOCK_CONFLICTS = frozenset((1205, 1213))
+# A batch rolled back for another's locks (deadlock victim 1213, lock wait timeout 1205) is sent again;
+# so is one that read a row another transaction changed after this one's snapshot (1020, "Record has
+# changed since last read": innodb_snapshot_isolation, on by default from MariaDB 11.6.2).
+LOCK_CONFLICTS = frozenset((1020, 1205, 1213))
 RETRIES = 8
 # Node columns read per table (store/record.py's; the central key columns of events and drains are
 # derived, a partial row's end counters stay on the node).

@@ -162,7 +162,7 @@ def describe_error(e: BaseException, target: Target, password: str = "") -> Tupl
     refused, why = W.refusal(code, text, target.user)
     if refused:
         return f"central server {where}: {refused}", why
-    if code in (1205, 1213):
+    if code in (1020, 1205, 1213):
         return (f"central server {where}: another transaction held the rows this one needed ({text})",
                 "other pushes, a `central rollup --rebuild` or a long admin transaction; nothing was lost: "
                 "the records stay in the node database for the next push")

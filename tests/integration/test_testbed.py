@@ -39,6 +39,13 @@ def test_gpu_job_runs_as_sgtest_with_two_gpus_and_is_accounted_to_physics(slurm_
     assert "gres/gpu=2" in row["AllocTRES"], row
 
 
+def test_slurmdbds_mariadb_runs_without_snapshot_isolation_as_slurm_requires(slurm_testbed: SlurmTestbed):
+    # on (MariaDB >= 11.6.2's default), slurmdbd dies on the first write that conflicts with a
+    # concurrent one (error 1020): 26.05 did, in CI, when `sacctmgr modify job` met its job update
+    have = slurm_testbed.sql("SHOW GLOBAL VARIABLES LIKE 'innodb_snapshot_isolation'").split()
+    assert have in ([], ["innodb_snapshot_isolation", "OFF"]), have
+
+
 def test_each_node_runs_jobs_and_job_gpus_are_node_local_indices_not_device_minors(slurm_testbed: SlurmTestbed):
     tb = slurm_testbed
     jobs = {node: tb.sbatch(PROBE, args=["--gres=gpu:4", "-w", node]) for node in tb.nodes}
