@@ -291,6 +291,8 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "expected_cuda_version": Key(str, "", "`fleet versions`: CUDA version (as the driver reports it, e.g. '12.4') every node must show; a prefix ending in '.' matches a branch; empty: not pinned. The driver is pinned by health.required_driver_version."),
         "expected_vbios": Key(dict, {}, "`fleet versions`: VBIOS version per GPU model name as NVML reports it, e.g. {\"NVIDIA H100 80GB HBM3\" = \"96.00.74.00.01\"}; a model not listed is not pinned.",
                               lambda v: None if all(isinstance(k, str) and isinstance(x, str) and x for k, x in v.items()) else "must map GPU model names to non-empty VBIOS version strings"),
+        "xid_storm_window_s": Key(float, 600.0, "`fleet xids`: the same XID first seen on xid_storm_min_nodes nodes within this many seconds is one fleet event (a storm: a rollout or one job, not broken GPUs).", _rng(1, 86400)),
+        "xid_storm_min_nodes": Key(int, 3, "`fleet xids`: how many nodes with the same XID within xid_storm_window_s make a storm.", _rng(2, 100000)),
     },
 }
 

@@ -165,6 +165,8 @@ class Fleet:
     reserve_pct: float
     expected_cuda_version: str
     expected_vbios: Dict[str, Any]
+    xid_storm_window_s: float
+    xid_storm_min_nodes: int
 
 
 class Sections:

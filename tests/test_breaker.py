@@ -181,7 +181,7 @@ def test_healthcheck_on_three_of_four_nodes_failing_one_check_drains_only_the_co
     assert [o.action for o in outs] == ["drained", "drained", "breaker-open"], outs
     assert cluster.drained() == ["gpu01", "gpu02"]
     assert reason_check(cluster.node("gpu01").reason) == "xid"
-    assert "not drained: breaker open for xid: 2 of 4 nodes in partition gpu" in outs[2].message
+    assert "not drained: breaker open for xid (XID 119): 2 of 4 nodes in partition gpu" in outs[2].message
     assert outs[2].exit_code != 0 and not cluster.node("gpu03").drained
     assert _breaker_metric(tmp_path) == {"xid": 1.0}
     # Another check is not held by this one's storm.
@@ -438,3 +438,47 @@ def test_breaker_reset_command_records_the_reset_and_clears_the_gauge(tmp_path):
     r = CliRunner().invoke(main, ["--config", cfg.path, "breaker", "reset"])
     assert r.exit_code == 0, r.output
     assert HB.read_resets(cfg).keys() == {P.ANY} and _breaker_metric(tmp_path) == {"xid": 0.0, "temperature": 0.0}
+
+
+# ------------------------------------------------------------------ XID storms: one code on many nodes
+
+def test_an_xid_storm_holds_its_own_code_at_the_share_but_another_codes_broken_gpu_is_still_drained():
+    storm = format_reason("XID 119 in kernel log: NVRM: Xid (PCI:0000:3a:00): 119, GSP RPC timeout", "healthcheck",
+                          check="xid")
+    nodes = [_node("n1", storm, NOW - 60), _node("n2", storm, NOW - 30)] + \
+        [_node(f"n{i}", state="IDLE") for i in range(3, 5)]
+    v = P.decide(B, "xid", "n3", nodes, NOW, fault="XID 119 in kernel log: GSP RPC timeout")
+    assert v.open and v.drained == 2 and "breaker open for xid (XID 119): 2 of 4 nodes" in v.text, v
+    # a GPU off the bus on n4 during the XID 119 storm is its own fault: drained
+    v = P.decide(B, "xid", "n4", nodes, NOW, fault="XID 79 in kernel log: GPU has fallen off the bus")
+    assert not v.open and v.drained == 0, v
+    # a drain whose reason names no code (cut short, an older version's) counts for every code
+    nodes[0] = _node("n1", format_reason("XID storm, no code", "healthcheck", check="xid"), NOW - 60)
+    assert P.decide(B, "xid", "n4", nodes, NOW, fault="XID 79 in kernel log: x").drained == 1
+    # without the fault text (an older caller) every xid drain counts, as before
+    assert P.decide(B, "xid", "n4", nodes, NOW).drained == 2
+
+
+def test_the_second_count_after_an_xid_drain_ranks_only_nodes_drained_for_the_same_code():
+    x79 = format_reason("XID 79 in kernel log: fallen off the bus", "healthcheck", check="xid")
+    x119 = format_reason("XID 119 in kernel log: GSP RPC timeout", "healthcheck", check="xid")
+    nodes = [_node("n1", x119, NOW - 60), _node("n2", x119, NOW - 50), _node("n3", x79, NOW - 10),
+             _node("n4", x119, NOW - 5)]
+    assert not P.confirm(B, "xid", "n3", nodes, NOW).open  # n1, n2 drained earlier, but for XID 119
+    v = P.confirm(B, "xid", "n4", nodes, NOW)
+    assert v.open and v.drained == 2 and "n4's drain withdrawn" in v.text, v
+
+
+def test_the_prolog_gate_asks_the_breaker_with_the_xid_codes_it_fails_for(tmp_path):
+    x119 = format_reason("XID 119 in kernel log: GSP RPC timeout", "healthcheck", check="xid")
+    cfg = _cfg(tmp_path, pct=50.0)
+    listing = [_node("n1", x119, time.time() - 60), _node("n2", x119, time.time() - 50),
+               _node("n3", state="IDLE"), _node("n4", state="IDLE")]
+
+    class Backend:
+        def nodes(self):
+            return listing
+    assert "XID 119" in HB.ask_all(cfg, Backend(), "n3", ["xid"], time.time(),
+                                   faults={"xid": "XID 119 in kernel log: GSP RPC timeout"})
+    assert HB.ask_all(cfg, Backend(), "n3", ["xid"], time.time(),
+                      faults={"xid": "XID 48 in kernel log: DBE"}) == ""

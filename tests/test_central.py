@@ -98,6 +98,16 @@ class Site:
     def account(self, name: str):
         return name, (self.password_dir / f"{name}.password").read_text().strip()
 
+    def node_writer_config(self, node: str, d: Path, extra: str = "") -> Path:
+        """A config in `d` for node `node`: its own node database there, pushing as its own writer."""
+        account, password = self.writer_of(node)
+        cfg = d / "writer.toml"
+        cfg.write_text(f'cluster_name = "c"\nslurm_conf = "{self.tmp}/none.conf"\n'
+                       f'[store]\ndatabase = "{d}/usage.db"\nspool_dir = "{d}/spool"\n'
+                       f'[central]\nurl = "{self.server.url(account, self.db)}"\n'
+                       f'password_file = "{self.password_file(account, password)}"\n{extra}')
+        return cfg
+
     def push(self, *args: str, config: Path = None) -> subprocess.CompletedProcess:
         return cli("--config", str(config or self.writer_config), "db", "push", *args)
 
@@ -1006,13 +1016,7 @@ def test_four_nodes_pushing_the_same_cells_at_once_under_snapshot_isolation_coun
         for j in range(1, 121):
             store.write(job_end(j, node=node, gpus=4))
         store.close()
-        account, password = site.writer_of(node)
-        cfg = d / "writer.toml"
-        cfg.write_text(f'cluster_name = "c"\nslurm_conf = "{tmp_path}/none.conf"\n'
-                       f'[store]\ndatabase = "{d}/usage.db"\nspool_dir = "{d}/spool"\n'
-                       f'[central]\nurl = "{snapshot_server.url(account, site.db)}"\n'
-                       f'password_file = "{site.password_file(account, password)}"\ntimeout_s = 60\n')
-        configs.append(cfg)
+        configs.append(site.node_writer_config(node, d, "timeout_s = 60\n"))
     results = [None] * len(nodes)
 
     def push(i):
@@ -1030,3 +1034,42 @@ def test_four_nodes_pushing_the_same_cells_at_once_under_snapshot_isolation_coun
     assert site.rows("SELECT COUNT(*), SUM(energy_j) FROM job_gpus") == [["1920", str(4 * 120 * 50)]]
     # the same cells, at once: the server rolled some batches back, and they were sent again
     assert sum(int(n) for r in results for n in re.findall(r"(\d+) batch\(es\) sent again", r.stdout + r.stderr)) > 0
+
+
+def test_three_nodes_with_the_same_xid_within_ten_minutes_are_one_storm_in_fleet_xids(site):
+    """Issue 39 item 4: the same XID on three nodes within 10 minutes, each read from its kernel log
+    line, recorded in its node database and pushed by its own writer, is one fleet event; the same
+    code on a fourth node two hours later and another code on one node are not part of it."""
+    import json
+
+    from slurm_gpu.gpu.xid import parse_line
+    from slurm_gpu.store import observations as obs
+    site.init(writers="n[1-4]")
+    now = time.time()
+    lines = {"n1": [(now - 7200, 119)], "n2": [(now - 7100, 119), (now - 7050, 79)], "n3": [(now - 6800, 119)],
+             "n4": [(now - 60, 119)]}
+    for node, events in lines.items():
+        d = site.tmp / node
+        store = Store(str(d / "usage.db"), str(d / "spool"))
+        text = [f"{t:.6f} {node} kernel: NVRM: Xid (PCI:0000:18:00): {code}, pid=1, Timeout waiting for RPC from GSP!"
+                for t, code in events]
+        assert store.record_xids(obs.xid_rows([parse_line(s) for s in text], None, node)) == len(events)
+        store.close()
+        cfg = site.node_writer_config(node, d)
+        r = cli_env({"SLURMD_NODENAME": node}, "--config", str(cfg), "db", "push")
+        assert r.returncode == 0 and f"xid_events {len(events)}" in r.stdout, r.stdout + r.stderr
+    report = [*("--db", site.server.url(site.reporter, site.db)),
+              *("--password-file", str(site.password_file(site.reporter, site.reporter_pw))), "-M", "c"]
+    r = cli("--config", str(site.config), "fleet", "xids", *report, "--by", "storm", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    storms = json.loads(r.stdout)
+    assert [(s["xid"], s["nodes"], s["node_list"], s["events"]) for s in storms] == [(119, 3, "n[1-3]", 3)], storms
+    assert "driver or firmware rollout" in storms[0]["cause"]
+    r = cli("--config", str(site.config), "fleet", "xids", *report, "--format", "json")
+    assert len(json.loads(r.stdout)) == 5  # every GPU's row is still there
+    assert "note: XID 119 on 3 nodes (n[1-3]) within 10 min from" in r.stderr and "one fleet event" in r.stderr
+    r = cli("--config", str(site.config), "fleet", "xids", *report, "--by", "storm", "--storm-nodes", "4",
+            "--storm-window", "7200", "--format", "json")  # two hours hold the fourth node's too
+    assert [(s["xid"], s["node_list"]) for s in json.loads(r.stdout)] == [(119, "n[1-4]")], r.stdout + r.stderr
+    r = cli("--config", str(site.config), "fleet", "xids", *report, "--by", "storm", "--storm-nodes", "5")
+    assert r.returncode == 0 and "no storm in the window: no XID on 5 or more nodes within 600 s" in r.stderr, r.stderr

@@ -732,3 +732,26 @@ def test_nested_json_a_fifo_and_a_symlink_to_dev_zero_are_marks_and_the_other_no
     assert r.returncode == 1, r.stderr  # the other nodes are read: n3's driver is the outlier
     drv = [x for x in json.loads(r.stdout) if x["component"] == "driver"][0]
     assert (drv["majority"], drv["outliers"]) == (DRIVER, "535.104.05: n3")
+
+
+def test_storms_merge_overlapping_windows_and_never_count_one_node_twice():
+    def ev(node, t, code=119, count=1):
+        return {"node": node, "time": t, "xid": code, "gpu_index": 0, "gpu_uuid": f"GPU-{node}", "pci_bus_id": None,
+                "detail": "GSP RPC timeout", "line_count": count, "last_time": None}
+    # one node repeating the code is no storm, however often
+    assert xids.storms([ev("a", t) for t in range(0, 3000, 60)], 600, 3) == []
+    # a rollout reaching a node every 5 minutes: each 10-minute window holds 3 of them: one storm of 6 nodes
+    rolling = [ev(f"n{i}", i * 300.0) for i in range(6)]
+    got = xids.storms(rolling + [ev("x", 100.0, code=79)], 600, 3)
+    assert [(s["xid"], s["nodes"], s["first"], s["last"]) for s in got] == [
+        (119, 6, xids._iso(0.0), xids._iso(1500.0))]
+    assert xids.storms([ev(f"n{i}", i * 301.0) for i in range(6)], 600, 3) == []  # a node every 5 min 1 s: none
+    # two bursts an hour apart are two storms; a flood's lines count in events, its node once
+    bursts = [ev("a", 0.0, count=500), ev("b", 10.0), ev("c", 20.0), ev("a", 3600.0), ev("b", 3601.0), ev("d", 3602.0)]
+    got = xids.storms(bursts, 600, 3)
+    assert [(s["nodes"], s["events"], s["gpus"]) for s in got] == [(3, 502, 3), (3, 3, 3)]
+    assert "XID 119 on 3 nodes (a,b,c) within 10 min" in xids.storm_notes(got, 600)[0]
+    # the cause follows the code's class
+    app = xids.storms([ev(n, 0.0, code=13) for n in "abc"], 600, 3)
+    assert "one job across these nodes" in app[0]["cause"] and "common cause" in \
+        xids.storms([ev(n, 0.0, code=79) for n in "abc"], 600, 3)[0]["cause"]

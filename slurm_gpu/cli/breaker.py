@@ -36,8 +36,12 @@ def status(app, node_name):
     click.echo(f"{name}: max_drained_pct {b.max_drained_pct:g}, window_s {b.window_s:g}"
                + (f", reset {', '.join(sorted(resets))}" if resets else ""))
     for check in checks:
-        v = P.decide(b, check, name, nodes, now, resets)
-        click.echo(f"{check}: {'OPEN' if v.open else 'closed'}: {v.text}")
+        # xid: one line per XID code nodes are drained for (a storm is one code on many nodes)
+        codes = sorted(set().union(*(P.xid_codes(check, n.reason) for n in nodes
+                                     if n.drained and reason_check(n.reason) == check)))
+        for fault in [f"XID {c}" for c in codes] or [""]:
+            v = P.decide(b, check, name, nodes, now, resets, fault)
+            click.echo(f"{check}{f' ({fault})' if fault else ''}: {'OPEN' if v.open else 'closed'}: {v.text}")
     if not checks:
         click.echo("no node is drained by slurm-gpu for a named check")
 

@@ -250,34 +250,51 @@ def capacity_cmd(app: Any, reserve_pct: Optional[float], fmt: str, as_json: bool
 
 @fleet.command("xids")
 @_since_option("now-7days")
-@click.option("--by", type=click.Choice(["gpu", "node", "code"]), default="gpu", show_default=True,
-              help="One row per code and GPU, per code and node, or per code.")
+@click.option("--by", type=click.Choice(["gpu", "node", "code", "storm"]), default="gpu", show_default=True,
+              help="One row per code and GPU, per code and node, per code, or per storm (the same code on many "
+                   "nodes at once: one fleet event).")
+@click.option("--storm-window", "storm_window", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
+              help="A storm: the same XID first seen on --storm-nodes nodes within this many seconds "
+                   "(default: fleet.xid_storm_window_s, 600).")
+@click.option("--storm-nodes", "storm_nodes", type=click.IntRange(min=2), default=None, metavar="N",
+              help="How many nodes make a storm (default: fleet.xid_storm_min_nodes, 3).")
 @_source_options
 @click.pass_obj
-def xids_cmd(app: Any, since: Optional[str], by: str, **o: Any) -> None:
+def xids_cmd(app: Any, since: Optional[str], by: str, storm_window: Optional[float], storm_nodes: Optional[int],
+             **o: Any) -> None:
     """XID events by code, node and GPU, classified with NVIDIA's catalog and its action.
 
     Classes: application, hardware, driver/firmware, NVLink, memory; a code slurm-gpu's
     catalog does not know is shown as unknown. For XID 154 the action is the recovery
     action the driver logged. A flood of identical lines (same GPU, code and text) is one event
-    on the node; EVENTS counts its lines, FIRST and LAST are its first and last line. Needs the
-    central server (inventory files hold no XIDs).
+    on the node; EVENTS counts its lines, FIRST and LAST are its first and last line. The same
+    XID first seen on 3 or more nodes within 10 minutes is one fleet event, a storm (a driver or
+    firmware rollout, one job across its nodes, not that many broken GPUs): --by storm lists
+    them with their likely cause, the other views name them in a note. Needs the central server
+    (inventory files hold no XIDs).
     """
     from slurm_gpu.fleet import central as fc
     from slurm_gpu.fleet import xids
     if o["inventory_dir"]:
         raise InputError("inventory files hold no XID events", "read them from the central server: --db URL")
+    window = float(app.config.fleet.xid_storm_window_s if storm_window is None else storm_window)
+    min_nodes = int(app.config.fleet.xid_storm_min_nodes if storm_nodes is None else storm_nodes)
     now = time.time()
     start = _parse_since(since, now)
     with _server(app, o) as (srv, cluster):
-        rows = xids.xids_view(fc.xid_events(srv, cluster, start, now), by)
+        events = fc.xid_events(srv, cluster, start, now)
         source = srv.target.describe()
+    storms = xids.storms(events, window, min_nodes)
+    rows = storms if by == "storm" else xids.xids_view(events, by)
     notes = [f"source: {source}"]
     unknown = xids.unknown_codes(rows)
     if unknown:
         notes.append(f"XID {', '.join(map(str, unknown))} not in slurm-gpu's catalog: see NVIDIA's XID catalog")
+    if by != "storm":
+        notes += xids.storm_notes(storms, window)
     if not rows:
-        notes.append("no XID events in the window (check --since and --cluster)")
+        notes.append("no XID events in the window (check --since and --cluster)" if by != "storm" else
+                     f"no storm in the window: no XID on {min_nodes} or more nodes within {window:g} s")
     _emit(o, f"XID events since {since}: {source}", rows, xids.COLUMNS[by], notes=notes,
           flag=lambda r: r["class"] not in ("application",))
 

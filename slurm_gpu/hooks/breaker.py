@@ -60,14 +60,16 @@ def write_reset(cfg: Config, check: str, now: float) -> str:
     return path
 
 
-def ask(cfg: Config, backend: Any, node: str, check: str, now: float, log: Any = None, **ids: Any) -> P.Verdict:
-    """May this node be drained (or rebooted) for `check` now?  Never raises."""
+def ask(cfg: Config, backend: Any, node: str, check: str, now: float, log: Any = None, fault: str = "",
+        **ids: Any) -> P.Verdict:
+    """May this node be drained (or rebooted) for `check` now (fault: the reason or FAIL text the drain
+    would carry; for `xid` it names the codes that count, policy/breaker.py)?  Never raises."""
     b = P.Breaker.from_config(cfg)
     if b.max_drained_pct >= 100:
         return P.decide(b, check, node, (), now)
     try:
         nodes = backend.nodes()
-        verdict = P.decide(b, check, node, nodes, now, read_resets(cfg))
+        verdict = P.decide(b, check, node, nodes, now, read_resets(cfg), fault)
     except Exception as e:  # a bug in counting must not keep a broken GPU in service either
         error = e.message if isinstance(e, SlurmGpuError) else f"{type(e).__name__}: {e}"
         _say(log, "warning", "breaker-unknown", node=node, check=check, error=error, **ids)
@@ -108,12 +110,14 @@ def confirm(cfg: Config, backend: Any, node: str, check: str, reason: str, log: 
     return verdict
 
 
-def ask_all(cfg: Config, backend: Any, node: str, checks: Iterable[str], now: float, log: Any = None, **ids: Any) -> str:
+def ask_all(cfg: Config, backend: Any, node: str, checks: Iterable[str], now: float, log: Any = None,
+            faults: Optional[Dict[str, str]] = None, **ids: Any) -> str:
     """The prolog's question for a FAIL of only non-hardware checks: the breaker's text when it is
-    open for every one of them (the gate may then be suspended), else ''."""
+    open for every one of them (the gate may then be suspended), else ''.  faults: check -> its FAIL
+    texts (the XID codes of an `xid` FAIL)."""
     texts = []
     for check in dict.fromkeys(c for c in checks if c):
-        v = ask(cfg, backend, node, check, now, log, **ids)
+        v = ask(cfg, backend, node, check, now, log, fault=(faults or {}).get(check, ""), **ids)
         if not v.open:
             return ""
         texts.append(v.text)

@@ -3,7 +3,7 @@
 wants it, the reason set through Slurm; and a hook's drain with its record (drain_node, drain)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Sequence, Tuple
 
 from slurm_gpu.errors import SlurmGpuError
 from slurm_gpu.hooks.observe import seen_drain
@@ -49,7 +49,7 @@ def apply_drain(backend: Any, info: Any, node: str, reason: str, check: str, *, 
         return Attempt(WOULD_DRAIN, decision.reason, decision.whose)
     if breaker_cfg is not None:
         from slurm_gpu.hooks.breaker import ask
-        verdict = ask(breaker_cfg, backend, node, check, now, log, **ids)
+        verdict = ask(breaker_cfg, backend, node, check, now, log, fault=decision.reason, **ids)
         if verdict.open:
             return Attempt(BREAKER, decision.reason, decision.whose, verdict.text)
     try:
@@ -118,7 +118,8 @@ def gate_suspended(deps: HookDeps, job: JobEnv, results: Sequence[CheckResult]) 
     starts and the node stays in service (logged).  A hardware fault of the job's GPUs (policy/breaker.py
     HARDWARE) always gates: a job never starts on a broken GPU."""
     from slurm_gpu.policy.breaker import gate_suspended as may_suspend
-    checks = [r.check for r in health.failures(results)]
+    fails = health.failures(results)
+    checks = [r.check for r in fails]
     if not deps.cfg.hooks.drain_on_fault or not may_suspend(checks):
         return False
     from slurm_gpu.hooks.breaker import ask_all
@@ -126,7 +127,10 @@ def gate_suspended(deps: HookDeps, job: JobEnv, results: Sequence[CheckResult]) 
         backend = deps.backend()
     except SlurmGpuError:
         return False
-    why = ask_all(deps.cfg, backend, job.node, checks, deps.now(), deps.log, job=job.job_id)
+    faults: Dict[str, str] = {}
+    for r in fails:  # an xid FAIL per code: the breaker counts the nodes drained for the same codes
+        faults[r.check] = f"{faults.get(r.check, '')} {r.message}".strip()
+    why = ask_all(deps.cfg, backend, job.node, checks, deps.now(), deps.log, faults=faults, job=job.job_id)
     if why:
         deps.job_log(job).warning("gate-suspended", fault=health.drain_fault(results), message=why)
     return bool(why)

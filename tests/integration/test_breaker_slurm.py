@@ -95,6 +95,36 @@ def test_three_of_four_nodes_failing_one_check_drain_only_the_configured_share(f
     assert _reason(four, "gpu03").endswith("[healthcheck; check ecc_uncorrectable]")
 
 
+def test_an_xid_storm_on_three_nodes_drains_only_the_share_and_another_xid_on_the_fourth_still_drains(
+        four, tmp_path, sim_lib):
+    """A driver rollout's XID 119 on three of four nodes: two drained (the share), the third held; the
+    fourth node's GPU falls off the bus (XID 79) meanwhile: its own fault, drained although two xid
+    drains are in the window (issue 39 item 4)."""
+    os.chmod(tmp_path, 0o755)
+    cfg = _config(tmp_path, sim_lib)
+    cfg.write_text(cfg.read_text().replace('source = "none"', f'source = "file:{tmp_path}/%n/kern.log"'))
+    now = time.time()
+    states = {}
+    for n in NODES:
+        states[n] = tmp_path / f"{n}.state"
+        simgpu.write_state(states[n], simgpu.h100_sxm(4, seed=n))
+        (tmp_path / n).mkdir(exist_ok=True)
+        os.chmod(tmp_path / n, 0o755)
+        xid = "79, pid=0, GPU has fallen off the bus." if n == "gpu04" else "119, pid=4242, Timeout waiting for RPC from GSP!"
+        (tmp_path / n / "kern.log").write_text(f"{now - 30:.6f} {n} kernel: NVRM: Xid (PCI:0000:28:00): {xid}\n")
+    outs = {n: _cli(four, cfg, states[n], n, "healthcheck", "--node", n) for n in NODES}
+    assert all(o.returncode == 1 for o in outs.values()), {n: o.stdout + o.stderr for n, o in outs.items()}
+    assert "not drained: breaker open for xid (XID 119): 2 of 4 nodes in partition gpu" in outs["gpu03"].stdout, \
+        outs["gpu03"].stdout + outs["gpu03"].stderr
+    for n in ("gpu01", "gpu02", "gpu04"):
+        four.wait_node_state(n, lambda i: "DRAIN" in i.get("State", ""))
+        assert _reason(four, n).endswith("[healthcheck; check xid]"), _reason(four, n)
+    assert "XID 79" in _reason(four, "gpu04") and "XID 119" in _reason(four, "gpu01")
+    assert _reason(four, "gpu03") == "" and "DRAIN" not in four.node_info("gpu03")["State"]
+    st = _cli(four, cfg, states["gpu03"], "gpu03", "breaker", "status", "--node", "gpu03")
+    assert "xid (XID 119): OPEN" in st.stdout and "xid (XID 79): closed" in st.stdout, st.stdout + st.stderr
+
+
 # ------------------------------------------------------------------ slurmd's HealthCheckProgram, Prometheus
 
 RULES = REPO / "monitoring" / "alerts" / "slurm-gpu.rules.yml"
