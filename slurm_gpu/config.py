@@ -264,6 +264,7 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "max_reboots_per_node_per_day": Key(int, 1, "Reboots `remediate` may ask Slurm for per node in 24 hours; past it the node stays drained for a human.", _rng(0, 100)),
         "lemon_window_days": Key(float, 30.0, "A GPU (by serial) that faults again within this many days after lemon_remedies remedies is an RMA case (a lemon).", _rng(0, 3650)),
         "lemon_remedies": Key(int, 3, "Remedies (resets and reboots that were verified) within lemon_window_days after which the next fault of the GPU is an RMA.", _rng(1, 100)),
+        "lemon_xid_bursts": Key(int, 3, "A GPU whose kernel log shows this many separate bursts (more than xid.window_s apart) of hardware XIDs (NVIDIA's hardware, memory and NVLink classes among xid.critical) within lemon_window_days, and faults again, is an RMA case; 0: XIDs are not counted.", _rng(0, 1000)),
         "clock_slack_s": Key(float, 60.0, "How far this node's clock may differ from slurmctld's (sdiag's time), either way, before `remediate` refuses to reset, reboot or resume the node (one log line, the slurm_gpu_clock_skew_seconds gauge): drain ages, budget windows and attempt times are all taken on slurmctld's clock, so moving a node's clock cannot reset a budget.", _rng(1, 86400)),
         "lock_file": Key(str, "/run/slurm-gpu/remediate-%n.lock", "Per-node lock held while `remediate` acts (%n: node name): a second run on the node finds it held and leaves."),
     },

@@ -139,6 +139,7 @@ class Remediation:
     max_reboots_per_node_per_day: int
     lemon_window_days: float
     lemon_remedies: int
+    lemon_xid_bursts: int
     clock_slack_s: float
     lock_file: str
 

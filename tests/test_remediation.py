@@ -22,6 +22,7 @@ from slurm_gpu.gpu.xid import XidEvent
 from slurm_gpu.hooks.healthcheck import node_health_cycle
 from slurm_gpu.policy.judge import CheckResult
 from slurm_gpu.remediation import actions as ACT
+from slurm_gpu.remediation import budget as BUDGET
 from slurm_gpu.remediation import engine as REM
 from slurm_gpu.remediation import remedy as R
 from slurm_gpu.slurm import model as slurm
@@ -324,6 +325,56 @@ def test_a_gpu_that_faults_again_after_its_remedies_is_a_lemon_and_goes_to_rma(s
     backend.drain("gpu01", PROLOG_REASON)
     out = _run(node, backend)
     assert out.outcome == "rma" and "lemon" in backend.reason
+
+
+def _xid_bursts(node, gpu_index, codes_at):
+    """Record XID rows of the node's GPU as the checks would (by its UUID), at these (time, code)s."""
+    from slurm_gpu.store import observations as obs
+    from slurm_gpu.store.node import Store
+    uuid = simgpu.read_state(node.state)[f"gpu.{gpu_index}.uuid"]
+    st = Store(str(node.db), str(node.db.parent / "spool"))
+    rows = []
+    for t, code in codes_at:
+        rows += [dict(r, gpu_uuid=uuid, gpu_index=gpu_index) for r in obs.xid_rows(
+            [XidEvent(t, (0, 0x28, 0), code, f"pid=0, XID {code} at {t}", None, 1, t, ())], None, "gpu01")]
+    assert st.record_xids(rows) == len(codes_at)
+    st.close()
+
+
+def test_a_gpu_with_three_bursts_of_hardware_xids_that_faults_again_is_a_lemon(sim_node, tmp_path):
+    """Issue 39 item 4: bursts of XIDs of one GPU feed the lemon rule (lemon_xid_bursts 3): three bursts of
+    XID 79/48 a day apart, the GPU faults again: RMA, though no remedy of ours was counted."""
+    node = _node(sim_node, tmp_path, "lemon_remedies = 10\n")
+    day = 86400.0
+    now = time.time()
+    # bursts: two lines 10 min apart are one burst (xid.window_s 3600), then two more a day apart
+    _xid_bursts(node, 1, [(now - 3 * day, 79), (now - 3 * day + 600, 48), (now - 2 * day, 79), (now - day, 48)])
+    simgpu.set_gpu(node.state, 1, remapped_pending=1)
+    backend = MemSlurm(reason=PROLOG_REASON)
+    out = _run(node, backend)
+    assert out.outcome == "rma" and "3 bursts of hardware XIDs (48, 79)" in out.message, out
+    assert backend.reason.startswith("slurm-gpu: RMA:") and "lemon" in backend.reason, backend.reason
+
+
+def test_driver_and_application_xid_bursts_never_make_a_lemon(sim_node, tmp_path):
+    """A driver rollout's XID 119 and a job's XID 13 land on every GPU: they never count as the board's."""
+    node = _node(sim_node, tmp_path, "lemon_remedies = 10\n")
+    now, day = time.time(), 86400.0
+    _xid_bursts(node, 1, [(now - k * day, code) for k in (2, 3, 4, 5) for code in (119, 13)])
+    simgpu.set_gpu(node.state, 1, remapped_pending=1)
+    backend = MemSlurm(reason=PROLOG_REASON)
+    assert _run(node, backend).outcome == "resumed"
+    # another GPU's three hardware bursts: a lemon at 3, not at 4; lemon_xid_bursts 0 turns the count off
+    _xid_bursts(node, 0, [(now - 3 * day, 79), (now - day, 79), (now - 2 * day, 95)])
+    b = BUDGET.Budget.from_config(config.load(str(node.config)))
+    assert b.burst_codes and 119 not in b.burst_codes and 13 not in b.burst_codes and 79 in b.burst_codes
+    uuid0 = simgpu.read_state(node.state)["gpu.0.uuid"]
+    from slurm_gpu.store.node import Store
+    rows = Store(str(node.db), str(node.db.parent / "spool")).gpu_xids(uuid0, now - 30 * day)
+    assert BUDGET.xid_bursts(b, rows, now) == (3, (79, 95))
+    assert BUDGET.is_lemon(b._replace(lemon_xid_bursts=4), [], now, rows) == (False, "")
+    assert BUDGET.is_lemon(b._replace(lemon_xid_bursts=0), [], now, rows) == (False, "")
+    assert BUDGET.is_lemon(b, [], now, rows)[0]
 
 
 def test_a_reset_fault_that_names_no_gpu_runs_no_reset_command_and_escalates():

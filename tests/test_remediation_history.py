@@ -8,6 +8,7 @@ import sqlite3
 import simgpu
 from test_remediation import PROLOG_REASON, MemSlurm, _node, _run
 
+from slurm_gpu.gpu.xid import XidEvent
 from slurm_gpu.store import record
 from slurm_gpu.store.node import Store
 
@@ -277,6 +278,35 @@ def test_fleet_remediation_follows_a_gpu_serial_across_two_node_databases(tmp_pa
     assert fault["pending_reset"][1:] == ["4", "2", "1", "0", "0", "2", "90.0", "90.0"]
     r = _fleet(tmp_path, "--node-db", str(tmp_path))
     assert r.stdout.splitlines()[0].split()[:3] == ["serial", "nodes", "gpu"], r.stdout
+
+
+def test_fleet_remediation_counts_the_xid_bursts_of_a_gpus_current_node_as_remediate_does(tmp_path):
+    """Serial 777 (GPU-1 on n2) had three bursts of XID 79 on n2: a lemon, as `remediate` there would
+    judge it; the same bursts recorded on n1 (where it is not now) or of XID 119 (a driver's) are not."""
+    import json
+    import time as _time
+
+    from slurm_gpu.store import observations as obs
+    a, b = (Store(str(tmp_path / f"{n}.db"), str(tmp_path / f"spool-{n}")) for n in ("n1", "n2"))
+    _moved_gpu_history(a, b)
+    now, day = _time.time(), 86400.0
+
+    def bursts(store, node, code):
+        rows = obs.xid_rows([XidEvent(now - k * day, (0, 0x18, 0), code, f"burst {k}", None, 1, now - k * day, ())
+                             for k in (1, 2, 3)], None, node)
+        assert store.record_xids([dict(r, gpu_uuid="GPU-1", gpu_index=1) for r in rows]) == 3
+    bursts(a, "n1", 79)
+    bursts(b, "n2", 119)
+    a.close()
+    b.close()
+    r = _fleet(tmp_path, "--node-db", str(tmp_path), "--json")
+    assert {x["serial"]: x for x in json.loads(r.stdout)}["777"]["lemon"] == "no", r.stdout
+    b = Store(str(tmp_path / "n2.db"), str(tmp_path / "spool-n2"))
+    bursts(b, "n2", 79)
+    b.close()
+    r = _fleet(tmp_path, "--node-db", str(tmp_path), "--json")
+    gpu = {x["serial"]: x for x in json.loads(r.stdout)}["777"]
+    assert gpu["lemon"] == "yes" and "3 bursts of hardware XIDs (79)" in gpu["lemon_why"], gpu
 
 
 def test_fleet_remediation_without_a_source_says_what_to_give(tmp_path):

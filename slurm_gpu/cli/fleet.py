@@ -322,17 +322,19 @@ def remediation_cmd(app: Any, by: str, node_dbs: Sequence[str], **o: Any) -> Non
     A GPU is its serial: one moved to another node keeps its history (nodes is the hostlist
     of every node it was remedied on). state is its latest attempt's: resumed, pending, reboot
     pending, failed or refused (drained), RMA. lemon: the GPU has had remediation.lemon_remedies
-    verified remedies within lemon_window_days, so its next fault goes to RMA (or it went there
-    for it). --by fault: per fault class, the attempts, outcomes and the mean and median time
-    from the node's drain to its verified resume. Reads the central server (`--db`, default
+    verified remedies, or its node's kernel log remediation.lemon_xid_bursts bursts of hardware
+    XIDs, within lemon_window_days, so its next fault goes to RMA (or it went there for it).
+    --by fault: per fault class, the attempts, outcomes and the mean and median time from the
+    node's drain to its verified resume. Reads the central server (`--db`, default
     central.url) or node databases (`--node-db`). Exit 1 when a GPU is a lemon or waits for
     RMA, else 0.
     """
     from slurm_gpu.fleet import remediation as FR
     from slurm_gpu.remediation.budget import Budget
     now = time.time()
-    rows, source = _remediation_rows(app, node_dbs, o)
-    view = FR.by_serial(rows, Budget.from_config(app.config), now)
+    budget = Budget.from_config(app.config)
+    rows, xid_rows, source = _remediation_rows(app, node_dbs, o, now - budget.lemon_window_s)
+    view = FR.by_serial(rows, budget, now, xid_rows)
     notes = [f"source: {source}"]
     if FR.lemons(view):
         notes.append(f"lemons (next fault: RMA): {', '.join(FR.lemons(view))}")
@@ -343,17 +345,21 @@ def remediation_cmd(app: Any, by: str, node_dbs: Sequence[str], **o: Any) -> Non
     _exit(any(r["lemon"] == "yes" or r["state"] == "RMA" for r in view))
 
 
-def _remediation_rows(app: Any, node_dbs: Sequence[str], o: Dict[str, Any]) -> Tuple[List[Dict[str, Any]], str]:
-    """The attempts from the node databases or the server, and where they came from."""
+def _remediation_rows(app: Any, node_dbs: Sequence[str], o: Dict[str, Any], xids_since: float
+                      ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]], str]:
+    """The attempts and the XID rows since xids_since (the lemon rule's bursts) from the node databases
+    or the server, and where they came from."""
     from slurm_gpu.fleet import remediation as FR
     if node_dbs:
         if o["db"]:
             raise InputError("--db and --node-db exclude each other", "read the server or the node databases, not both")
         files = FR.node_files(node_dbs)
-        return [r for f in files for r in FR.node_rows(f)], f"{len(files)} node database(s)"
+        return ([r for f in files for r in FR.node_rows(f)], [x for f in files for x in FR.node_xids(f, xids_since)],
+                f"{len(files)} node database(s)")
     from slurm_gpu.fleet import central as fc
     if o["db"] in (None, "central") and not app.config.central.url:
         raise InputError("no central server and no node database",
                          "give --db mysql://USER@HOST/DB, set central.url, or use --node-db PATH")
     with _server(app, o) as (srv, cluster):
-        return fc.remediations(srv, cluster), srv.target.describe() + (f" (cluster {cluster})" if cluster else "")
+        return (fc.remediations(srv, cluster), fc.xid_events(srv, cluster, xids_since, time.time()) if cluster else [],
+                srv.target.describe() + (f" (cluster {cluster})" if cluster else ""))

@@ -75,15 +75,23 @@ def _counts(rows: Sequence[Dict[str, Any]]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(seen.items()))
 
 
-def by_serial(rows: Iterable[Dict[str, Any]], budget: B.Budget, now: float) -> List[Dict[str, Any]]:
-    """One row per GPU serial: where it was, its faults, remedies, outcomes, current state, lemon."""
+def by_serial(rows: Iterable[Dict[str, Any]], budget: B.Budget, now: float,
+              xids: Iterable[Dict[str, Any]] = ()) -> List[Dict[str, Any]]:
+    """One row per GPU serial: where it was, its faults, remedies, outcomes, current state, lemon.
+    xids: xid_events rows (node, gpu_uuid, xid, time, last_time); a GPU's bursts are those its latest
+    node recorded for its UUID, as `remediate` on that node counts them."""
     groups: Dict[str, List[Dict[str, Any]]] = {}
     for r in attempts(rows):
         groups.setdefault(str(r.get("serial") or NO_SERIAL), []).append(r)
+    bursts: Dict[Tuple[str, str], List[Dict[str, Any]]] = {}
+    for x in xids:
+        if x.get("gpu_uuid"):
+            bursts.setdefault((str(x["node"]), str(x["gpu_uuid"])), []).append(x)
     out = []
     for serial, rs in groups.items():
         last = rs[-1]
-        lemon, why = B.is_lemon(budget, rs, now) if serial != NO_SERIAL else (False, "")
+        mine = bursts.get((str(last["node"]), str(last.get("gpu_uuid") or "")), [])
+        lemon, why = B.is_lemon(budget, rs, now, mine) if serial != NO_SERIAL else (False, "")
         rma_lemon = [r for r in rs if r.get("action") == "rma" and "lemon" in str(r.get("detail") or "")]
         if rma_lemon and not lemon:
             lemon, why = True, str(rma_lemon[-1].get("detail"))
@@ -142,19 +150,31 @@ def node_files(paths: Sequence[str]) -> List[str]:
 
 def node_rows(path: str) -> List[Dict[str, Any]]:
     """The remediations rows of one node database, read-only and consistently; [] before schema v7."""
+    return _node_read(path, "SELECT id, " + ", ".join(REMEDIATION_COLUMNS) + " FROM remediations ORDER BY time, id",
+                      (), "remediations")
+
+
+def node_xids(path: str, since: float) -> List[Dict[str, Any]]:
+    """The xid_events rows (node, gpu_uuid, xid, time, last_time) of one node database whose last line is
+    at or after since: the lemon rule's bursts."""
+    return _node_read(path, "SELECT node, gpu_uuid, xid, time, last_time FROM xid_events "
+                            "WHERE COALESCE(last_time, time) >= ? ORDER BY time", (since,), "XID events")
+
+
+def _node_read(path: str, sql: str, params: Tuple[Any, ...], what: str) -> List[Dict[str, Any]]:
     def once(live: bool) -> List[Dict[str, Any]]:
         reading = FileRead(path, live=live)
         conn = connect(reading.uri, path)
         try:
             try:
-                cur = conn.execute("SELECT id, " + ", ".join(REMEDIATION_COLUMNS) + " FROM remediations ORDER BY time, id")
+                cur = conn.execute(sql, params)
                 rows = [dict(zip([d[0] for d in cur.description], r)) for r in cur.fetchall()]
             except sqlite3.DatabaseError as e:
                 if not reading.unchanged():
                     raise SourceChanged(path) from None
-                if "no such table" in str(e):
+                if "no such table" in str(e) or "no such column" in str(e):
                     return []
-                raise StoreError(f"{path}: cannot read its remediations ({e})", "`slurm-gpu db check --database FILE`") from None
+                raise StoreError(f"{path}: cannot read its {what} ({e})", "`slurm-gpu db check --database FILE`") from None
             if not reading.unchanged():
                 raise SourceChanged(path)
             return rows

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import subprocess
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurm_gpu.policy import breaker as BRK
 from slurm_gpu.policy.judge import drain_fault, failures
@@ -32,6 +32,7 @@ from slurm_gpu.remediation.context import (
     redrain,
     serial_of,
     slurm_busy,
+    uuid_of,
 )
 from slurm_gpu.remediation.verify import resume, verified_how, verify_actively, verify_checks
 from slurm_gpu.slurm import reason as _reason
@@ -50,7 +51,7 @@ def act(env: Env, info: Any, run: Any, found: List[R.Remedy]) -> Outcome:
                                                          f"for a human ({info.reason})")
     gpus = [r for r in found if r.gpu_index is not None]
     for r in gpus:
-        lemon, why = B.is_lemon(env.budget, env.history.rows(serial_of(run, r.gpu_index)), env.now())
+        lemon, why = is_lemon(env, run, r.gpu_index)
         if lemon:
             return rma(env, run, r, why)
     if action == R.RMA:
@@ -58,6 +59,19 @@ def act(env: Env, info: Any, run: Any, found: List[R.Remedy]) -> Outcome:
     if action == R.RESET:
         return try_reset(env, info, run, [r for r in gpus if r.action == R.RESET] or gpus, fault)
     return reboot(env, run, found, fault)
+
+
+def is_lemon(env: Env, run: Any, gpu_index: Optional[int]) -> Tuple[bool, str]:
+    """The lemon rule (budget.py) for one GPU: its attempts by serial (this node's and the server's) and
+    the bursts of hardware XIDs this node's kernel log recorded for it (by UUID)."""
+    now = env.now()
+    xids: List[Dict[str, Any]] = []
+    if env.budget.lemon_xid_bursts > 0:
+        try:
+            xids = env.store.gpu_xids(uuid_of(run, gpu_index), now - env.budget.lemon_window_s)
+        except Exception as e:  # evidence for the rule, never a condition of remediating
+            env.say_warning("remediate-xids-unreadable", gpu=gpu_index, error=f"{type(e).__name__}: {e}")
+    return B.is_lemon(env.budget, env.history.rows(serial_of(run, gpu_index)), now, xids)
 
 
 def try_reset(env: Env, info: Any, run: Any, targets: List[R.Remedy], fault: str) -> Outcome:
@@ -267,7 +281,7 @@ def escalate_after_verify(env: Env, run: Any, action: str, what: str, why: str) 
     info = env.backend.node(env.node)
     gpus = [r for r in found if r.gpu_index is not None]
     for r in gpus:
-        lemon, lemon_why = B.is_lemon(env.budget, env.history.rows(serial_of(run, r.gpu_index)), env.now())
+        lemon, lemon_why = is_lemon(env, run, r.gpu_index)
         if lemon:
             return rma(env, run, r, lemon_why)
     if gpus and R.node_action(gpus) == R.RESET:

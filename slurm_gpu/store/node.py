@@ -307,6 +307,16 @@ class Store(SpoolIngest):
         names = [d[0] for d in cur.description]
         return [dict(zip(names, r)) for r in cur.fetchall()]
 
+    def gpu_xids(self, gpu_uuid: str, since: float) -> List[Dict[str, Any]]:
+        """The GPU's XID rows (xid, time, last_time) whose last line is at or after since, oldest first
+        (the lemon rule's bursts, remediation/budget.py)."""
+        if not gpu_uuid:
+            return []
+        cur = self.connect().execute(
+            "SELECT xid, time, last_time FROM xid_events WHERE gpu_uuid = ? AND COALESCE(last_time, time) >= ? "
+            "ORDER BY time", (gpu_uuid, since))
+        return [{"xid": x, "time": t, "last_time": last} for x, t, last in cur.fetchall()]
+
     # -- reading (for the epilog) --------------------------------------------------------------
     def find_start(self, cluster: str, job_id: int, restart_count: int, node: str,
                    spool_budget_s: float = 2.0) -> StartLookup:
