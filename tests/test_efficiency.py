@@ -435,6 +435,46 @@ def test_a_cancel_that_failed_is_dropped_once_the_job_works_again(sim_node, smtp
     assert len(smtp.wait_for(1)) == 1  # the warning only: no notice of a cancel that never happened
 
 
+def test_a_gpu_that_gets_to_work_after_the_last_sample_stops_the_cancel_at_the_last_look(sim_node, smtp):
+    """The job's first kernel starts between the sample and the scancel: the GPUs are read once more
+    right before it, and the cancel is dropped (no scancel, no notice), never carried out later."""
+    node, cfg, conn, t0, slurm = _warned_then_idle(sim_node, smtp)
+    simgpu.set_gpu(node.state, 1, gpu_util=97)  # after the last sample
+    reader = _reader(cfg)
+    try:
+        out = E.enforce(cfg, conn, slurm, now=t0 + 360, booted_at=0.0, node="gpu01", reader=reader)
+        assert [(o.stage, o.cancel) for o in out] == [("cancel", "dropped")] and slurm.cancelled == []
+        assert "not idle at the last look before the cancel" in out[0].why
+        assert [(a["stage"], a["cancel_state"], a["mail_state"]) for a in Q.actions(conn)] == [
+            ("notify", None, "sent"), ("cancel", "dropped", "none")]
+        simgpu.set_gpu(node.state, 1, gpu_util=0)  # idle again: this start is not cancelled a second time
+        _minutes(cfg, conn, t0 + 360, 6)
+        E.enforce(cfg, conn, slurm, now=t0 + 720, booted_at=0.0, node="gpu01", reader=reader)
+        assert slurm.cancelled == [] and len(smtp.wait_for(1)) == 1
+    finally:
+        reader.close()
+
+
+def test_a_gpu_that_cannot_be_read_at_the_last_look_holds_the_cancel_until_a_later_run_reads_it(sim_node, smtp):
+    node, cfg, conn, t0, slurm = _warned_then_idle(sim_node, smtp)
+    simgpu.inject_error(node.state, 0, "nvmlDeviceGetHandleByIndex", simgpu.GPU_IS_LOST)  # lost after the last sample
+    reader = _reader(cfg)
+    try:
+        out = E.enforce(cfg, conn, slurm, now=t0 + 360, booted_at=0.0, node="gpu01", reader=reader)
+        assert [(o.stage, o.cancel) for o in out] == [("cancel", "failed")] and slurm.cancelled == []
+        assert "could not be read again before the cancel" in out[0].error
+    finally:
+        reader.close()
+    simgpu.clear_error(node.state, 0, "nvmlDeviceGetHandleByIndex")
+    reader = _reader(cfg)
+    try:
+        _minutes(cfg, conn, t0 + 360, 1)
+        out = E.enforce(cfg, conn, slurm, now=t0 + 420, booted_at=0.0, node="gpu01", reader=reader)
+        assert [(o.stage, o.cancel, o.mail) for o in out] == [("cancel", "done", "sent")] and len(slurm.cancelled) == 1
+    finally:
+        reader.close()
+
+
 def test_another_tools_admin_comment_is_not_overwritten_by_the_cancel_reason(sim_node, smtp):
     node, cfg, conn, t0, slurm = _warned_then_idle(sim_node, smtp, AdminComment="jobstats:abc")
     E.enforce(cfg, conn, slurm, now=t0 + 360, booted_at=0.0, node="gpu01")

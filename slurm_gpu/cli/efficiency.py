@@ -80,8 +80,13 @@ def _enforce(cfg: Any, store: Any, name: str, log: Any, dry_run: bool, db: Optio
             outcomes = enforce(cfg, conn, backend, dry_run=dry_run, node=name, log=log.info, source=source,
                                only_multi_node=cfg.efficiency.decide_on == "node")
     else:
-        outcomes = enforce(cfg, conn, backend, booted_at=booted_at(), dry_run=dry_run, node=name, log=log.info,
-                           source=NoJobs() if cfg.efficiency.decide_on == "central" else None)
+        from slurm_gpu.hooks.check import make_reader
+        reader = make_reader(cfg)  # the last look before a cancel (NVML starts only if one is due)
+        try:
+            outcomes = enforce(cfg, conn, backend, booted_at=booted_at(), dry_run=dry_run, node=name, log=log.info,
+                               source=NoJobs() if cfg.efficiency.decide_on == "central" else None, reader=reader)
+        finally:
+            reader.close()
     for o in outcomes:
         if o.stage or o.error or dry_run:
             click.echo(o.line())

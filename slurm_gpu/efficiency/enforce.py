@@ -8,7 +8,10 @@ job on several nodes is idle only when all its nodes say so, which no single nod
 Every decision is written to the node database (efficiency_actions, with its evidence) before it is
 acted on, once per job start and stage (a UNIQUE key: a second run, or a run after a crash, finds the
 row and does not mail or cancel twice).  A cancel is `scancel` through Slurm, after the reason has
-been put into the job's AdminComment where that field is free (sacct shows it).  A mail that failed
+been put into the job's AdminComment where that field is free (sacct shows it).  On the node, the
+job's GPUs are read once more right before the scancel (the last look): a job whose GPU got to work
+since the last sample, or whose GPUs cannot be read, is not cancelled (busy: the decision is
+dropped; unread: it waits for the next run).  A mail that failed
 stays 'failed' and is tried again every efficiency.mail_retry_s by later runs; it never holds up
 sampling (the sample is written first) and never blocks another job's decision.  --dry-run decides
 and prints, and writes, mails and cancels nothing.
@@ -24,7 +27,7 @@ from slurm_gpu.config import Config, node_name
 from slurm_gpu.efficiency import live
 from slurm_gpu.efficiency import mail as M
 from slurm_gpu.efficiency.policy import CANCEL, JobFacts, Judgement, Policy, judge
-from slurm_gpu.errors import SlurmError
+from slurm_gpu.errors import SlurmError, SlurmGpuError
 from slurm_gpu.store import samples as Q
 from slurm_gpu.store import summary as sg
 from slurm_gpu.store.samples import RunningStart
@@ -40,7 +43,7 @@ class Outcome(NamedTuple):
     stage: str  # advice, notify, cancel, or '' (nothing due)
     why: str
     mail: str = ""  # sent, failed, capped, none, dry-run, ''
-    cancel: str = ""  # done, failed, dry-run, ''
+    cancel: str = ""  # done, failed, dropped (busy at the last look), dry-run, ''
     error: str = ""
 
     def line(self) -> str:
@@ -95,8 +98,9 @@ class NodeSource:
 
     multi_node = False  # a job on several nodes is judged where all their samples meet
 
-    def __init__(self, conn: Any, node: str, booted_at: float):
+    def __init__(self, conn: Any, node: str, booted_at: float, reader: Any = None, span_s: float = 60.0):
         self.conn, self.node, self.booted_at = conn, node, booted_at
+        self.reader, self.span_s = reader, span_s  # reader: NVML, for the last look before a cancel
 
     def candidates(self, now: float) -> List[Candidate]:
         out: Dict[Tuple[str, int, int], List[RunningStart]] = {}
@@ -112,6 +116,26 @@ class NodeSource:
 
     def done(self, c: Candidate) -> Dict[str, Dict[str, Any]]:
         return Q.actions_of(self.conn, c.cluster, c.job_id, c.restart_count)
+
+    def look(self, c: Candidate, now: float) -> Optional[List[Dict[str, Any]]]:
+        """The job's GPUs read now, as sample rows (not recorded); None without a reader.  Raises
+        LookFailed when one of them cannot be read."""
+        if self.reader is None:
+            return None
+        from slurm_gpu.efficiency.sample import sample_rows
+        starts = [s for s in Q.running_starts(self.conn, self.node, self.booted_at)
+                  if (s.cluster, s.job_id, s.restart_count) == (c.cluster, c.job_id, c.restart_count)]
+        try:
+            rows, missing = sample_rows(starts, self.reader.usage(), now, self.span_s)
+        except SlurmGpuError as e:
+            raise LookFailed(e.message) from None
+        if missing:
+            raise LookFailed("; ".join(missing))
+        return rows
+
+
+class LookFailed(Exception):
+    """The last look before a cancel could not read a GPU of the job."""
 
 
 class NoJobs:
@@ -130,8 +154,9 @@ def _no_log(event: str, **fields: Any) -> None:
 class Enforcer:
     def __init__(self, cfg: Config, conn: Any, backend: Any, *, node: Optional[str] = None, dry_run: bool = False,
                  send: Callable[[Config, M.Message], str] = M.send, log: Callable[..., None] = _no_log,
-                 source: Any = None, only_multi_node: bool = False):
+                 source: Any = None, only_multi_node: bool = False, reader: Any = None):
         self.cfg, self.conn, self.backend = cfg, conn, backend
+        self.reader = reader  # NVML, for the last look before a cancel on this node
         self.node = node or cfg.node or node_name()
         self.dry_run = dry_run
         self.send = send
@@ -144,7 +169,8 @@ class Enforcer:
     # -- the run -----------------------------------------------------------------------------
     def run(self, now: float, booted_at: float) -> List[Outcome]:
         out = [] if self.dry_run else self.retry_mails(now)
-        source = self.source or NodeSource(self.conn, self.node, booted_at)
+        source = self.source or NodeSource(self.conn, self.node, booted_at, self.reader,
+                                           float(self.cfg.efficiency.sample_every_s))
         candidates = source.candidates(now)
         self._records = None
         if len(candidates) > BATCH_ASK and hasattr(self.backend, "job_records"):
@@ -177,33 +203,51 @@ class Enforcer:
         lookback = max(notify_after, cancel_after, live.POINTS * live.POINT_S) + 2 * self.policy.max_gap_s + Q.COARSE_STEP_S
         rows = source.samples(c, now - lookback)
         done = source.done(c)
-        j = judge(rows, job, self.policy, done, now, max(tres_gpus(rec), c.gpus))
+        gpus = max(tres_gpus(rec), c.gpus)
+        j = judge(rows, job, self.policy, done, now, gpus)
+
+        def last_look() -> Tuple[str, str]:
+            return self._last_look(source, c, job, rows, gpus, cancel_after, now)
         if job.state == "RUNNING" and not self.dry_run:
             self._live_summary(source, c, job, rows, j, now)
-            unfinished = self._unfinished_cancel(done, job, j, cancel_after)
+            unfinished = self._unfinished_cancel(done, job, j, cancel_after, last_look)
             if unfinished is not None:
                 return unfinished
         if not j.stage:
             return Outcome(job.job_id, "", j.why)
-        return self.act(job, j, now)
+        return self.act(job, j, now, last_look)
+
+    def _last_look(self, source: Any, c: Candidate, job: JobFacts, rows: List[Dict[str, Any]], gpus: int,
+                   cancel_after: float, now: float) -> Tuple[str, str]:
+        """Right before a scancel: ('', '') when the job's GPUs, read again now, leave it idle past
+        cancel_after; ('busy', why) when one got to work since the last sample; ('unread', why) when one
+        cannot be read (never cancelled on a reading not taken).  A source without a reader (the
+        central server's: the newest pushed samples are all it has) looks no further."""
+        look = getattr(source, "look", None)
+        try:
+            fresh = look(c, now) if look is not None else None
+        except LookFailed as e:
+            return "unread", f"its GPUs could not be read again before the cancel: {e}"
+        if fresh is None:
+            return "", ""
+        again = {(str(r["node"]), str(r["gpu_uuid"]), float(r["time"])) for r in fresh}
+        merged = [r for r in rows if (str(r["node"]), str(r["gpu_uuid"]), float(r["time"])) not in again] + fresh
+        j = judge(merged, job, self.policy, {}, now, gpus)
+        if j.idle_since is None or j.idle_s < cancel_after:
+            return "busy", f"not idle at the last look before the cancel: {j.why}"
+        return "", ""
 
     def _unfinished_cancel(self, done: Mapping[str, Mapping[str, Any]], job: JobFacts, j: Judgement,
-                           cancel_after: float) -> Optional[Outcome]:
+                           cancel_after: float, last_look: Callable[[], Tuple[str, str]]) -> Optional[Outcome]:
         """A cancel this host decided that is not done: it failed (Slurm refused or was down), or a crash came
         between the decision and the scancel.  It is carried out only while the job is still idle past
         cancel_after (a job its user woke up meanwhile is left alone), then its mail goes."""
         action = done.get(CANCEL)
-        if action is None or action.get("id") is None or action.get("cancel_state") == "done":
-            return None
+        if action is None or action.get("id") is None or action.get("cancel_state") in ("done", "dropped"):
+            return None  # dropped: final, whatever the job does later (no second cancel of this start)
         if j.idle_since is None or j.idle_s < cancel_after or self.policy.exemption(job):
-            why = f"a cancel decided earlier is not carried out: {j.why}"
-            if action.get("cancel_state") != "dropped":
-                # Its notice never goes (mail_state none); the stage stays taken: no second cancel of this start.
-                Q.update_action(self.conn, int(action["id"]), cancel_state="dropped", cancel_error=j.why,
-                                mail_state="none")
-                self.log("efficiency-cancel-dropped", job=job.job_id, why=j.why)
-            return Outcome(job.job_id, "", why)
-        o = self._cancel(job, action, j.why)
+            return self._drop(job, action, j.why, f"a cancel decided earlier is not carried out: {j.why}")
+        o = self._cancel(job, action, j.why, last_look)
         if o.cancel == "done" and action.get("mail_state") in ("pending", "failed"):
             saved = json.loads(action.get("message") or "{}")
             if saved.get("subject"):
@@ -227,7 +271,16 @@ class Enforcer:
             self.log("efficiency-live-summary-failed", job=job.job_id, error=e.message)
 
     # -- acting --------------------------------------------------------------------------------
-    def act(self, job: JobFacts, j: Judgement, now: float) -> Outcome:
+    def _drop(self, job: JobFacts, action: Mapping[str, Any], cause: str, why: str) -> Outcome:
+        """A cancel decided but not to be carried out: dropped, its notice never goes (mail_state none);
+        the stage stays taken, so this start is never cancelled by a second decision."""
+        if action.get("cancel_state") != "dropped":
+            Q.update_action(self.conn, int(action["id"]), cancel_state="dropped", cancel_error=cause, mail_state="none")
+            self.log("efficiency-cancel-dropped", job=job.job_id, why=cause)
+        return Outcome(job.job_id, "", why)
+
+    def act(self, job: JobFacts, j: Judgement, now: float,
+            last_look: Callable[[], Tuple[str, str]] = lambda: ("", "")) -> Outcome:
         notify_after, cancel_after = self.policy.thresholds(job.batch)
         exempt = self.policy.exemption(job)
         row: Dict[str, Any] = {
@@ -250,13 +303,23 @@ class Enforcer:
                  gpus=j.gpus, idle_gpus=j.idle_gpus, why=j.why)
         cancel = ""
         if j.stage == CANCEL:
-            cancel = self._cancel(job, {"id": row_id}, j.why).cancel
-            if cancel != "done":  # the notice says it was cancelled: it waits for the cancel
-                return Outcome(job.job_id, j.stage, j.why, mail="pending", cancel=cancel)
+            o = self._cancel(job, {"id": row_id}, j.why, last_look)
+            if o.cancel != "done":  # the notice says it was cancelled: it waits for the cancel
+                return o if o.cancel == "dropped" else Outcome(job.job_id, j.stage, j.why, mail="pending",
+                                                               cancel=o.cancel, error=o.error)
+            cancel = o.cancel
         mail = self._mail(row_id, msg, now)
         return Outcome(job.job_id, j.stage, j.why, mail=mail, cancel=cancel)
 
-    def _cancel(self, job: JobFacts, action: Mapping[str, Any], why: str) -> Outcome:
+    def _cancel(self, job: JobFacts, action: Mapping[str, Any], why: str,
+                last_look: Callable[[], Tuple[str, str]] = lambda: ("", "")) -> Outcome:
+        seen, because = last_look()
+        if seen == "busy":
+            return self._drop(job, action, because, because)._replace(stage=CANCEL, cancel="dropped")
+        if seen == "unread":  # tried again by the next run, with another look
+            Q.update_action(self.conn, int(action["id"]), cancel_state="failed", cancel_error=because)
+            self.log("efficiency-cancel-failed", job=job.job_id, error=because)
+            return Outcome(job.job_id, CANCEL, why, cancel="failed", error=because)
         # The reason goes where sacct shows it, unless another tool owns the field (never overwritten).
         note = cancel_note(why)
         try:
@@ -301,9 +364,11 @@ class Enforcer:
 
 def enforce(cfg: Config, conn: Any, backend: Any, *, now: Optional[float] = None, booted_at: float = 0.0,
             dry_run: bool = False, node: Optional[str] = None, send: Callable[[Config, M.Message], str] = M.send,
-            log: Callable[..., None] = _no_log, source: Any = None, only_multi_node: bool = False) -> List[Outcome]:
-    """One run: this node's jobs (source None: its database), or those of a source such as the central server's
-    (efficiency/central.py).  Decisions are recorded in `conn` (this host's node database) either way."""
+            log: Callable[..., None] = _no_log, source: Any = None, only_multi_node: bool = False,
+            reader: Any = None) -> List[Outcome]:
+    """One run: this node's jobs (source None: its database; reader: NVML for the last look before a
+    cancel), or those of a source such as the central server's (efficiency/central.py).  Decisions are
+    recorded in `conn` (this host's node database) either way."""
     return Enforcer(cfg, conn, backend, node=node, dry_run=dry_run, send=send, log=log, source=source,
-                    only_multi_node=only_multi_node).run(time.time() if now is None else now, booted_at)
+                    only_multi_node=only_multi_node, reader=reader).run(time.time() if now is None else now, booted_at)
 
