@@ -45,13 +45,7 @@ class Outbox:
 
     def cluster(self, cfg: Config) -> str:
         """The cluster name for health events and drains, which the node database keeps without it."""
-        name = cfg.cluster_name or os.environ.get("SLURM_CLUSTER_NAME", "")
-        if name:
-            return name
-        name = slurm_conf_cluster(os.environ.get("SLURM_CONF") or cfg.slurm_conf)
-        if name:
-            return name
-        name = latest_job_cluster(self._conn)
+        name = configured_cluster(cfg) or latest_job_cluster(self._conn)
         if name:
             return name
         raise InputError("cannot tell this node's cluster name", "set cluster_name in the config")
@@ -59,6 +53,12 @@ class Outbox:
     def push(self, srv: Any, cluster: str, batch_size: int, max_seconds: Optional[float],
              progress: Callable[[int], None]) -> P.PushResult:
         return P.Pusher(self._conn, srv, cluster, batch_size, max_seconds, progress=progress).run()
+
+
+def configured_cluster(cfg: Config) -> str:
+    """cluster_name, else SLURM_CLUSTER_NAME, else slurm.conf's ClusterName; '' when none says."""
+    return cfg.cluster_name or os.environ.get("SLURM_CLUSTER_NAME", "") or slurm_conf_cluster(
+        os.environ.get("SLURM_CONF") or cfg.slurm_conf)
 
 
 def slurm_conf_cluster(path: str) -> str:

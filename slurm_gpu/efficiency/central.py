@@ -10,10 +10,9 @@ with "central" it judges every job and the nodes only sample.
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, List
 
-from slurm_gpu.central.admin import slurm_conf_cluster
+from slurm_gpu.central.admin import configured_cluster
 from slurm_gpu.central.schema import CENTRAL_ACTION_COLUMNS
 from slurm_gpu.config import Config
 from slurm_gpu.efficiency.enforce import Candidate
@@ -66,8 +65,7 @@ class CentralSource:
 
 def cluster_of(cfg: Config) -> str:
     """The cluster whose jobs this host judges: cluster_name, SLURM_CLUSTER_NAME, else slurm.conf's ClusterName."""
-    name = cfg.cluster_name or os.environ.get("SLURM_CLUSTER_NAME", "") or slurm_conf_cluster(
-        os.environ.get("SLURM_CONF") or cfg.slurm_conf)
+    name = configured_cluster(cfg)
     if not name:
         raise InputError("cannot tell which cluster's jobs to judge", "set cluster_name in the config")
     return name
