@@ -704,3 +704,100 @@ def test_a_clock_that_jumps_never_makes_a_job_idle_sooner():
     backward = _series(1, 25) + [_row(60.0 * m, 0.0, gpu="GPU-0") for m in range(1, 5)]  # rows again at 1-4 min
     j = P.judge(backward, job, p, warned, 300.0, 1)
     assert j.stage == "" and "not cancelled: warned -300 s ago" in j.why, j.why
+
+
+# What a run killed at any moment must leave: the script one run of the enforcer is, with Slurm a file.
+_KILLED_RUN = r"""
+import json, os, sys, time
+from slurm_gpu import config
+from slurm_gpu.efficiency import enforce as E
+from slurm_gpu.gpu.nvml import NvmlReader
+from slurm_gpu.store.node import Store
+cfg_path, db, spool, slurm_file, cancels, now = sys.argv[1:7]
+
+class FileSlurm:
+    def job_record(self, job_id):
+        return json.load(open(slurm_file))[str(job_id)]
+    def set_running_summary(self, job_id, text):
+        pass
+    def cancel_with_note(self, job_id, note):
+        with open(cancels, "a") as f:  # what scancel did, before the job's state says so
+            f.write(f"{time.time()} {job_id}\n"); f.flush(); os.fsync(f.fileno())
+        records = json.load(open(slurm_file))
+        records[str(job_id)]["JobState"] = "CANCELLED"
+        json.dump(records, open(slurm_file + ".tmp", "w")); os.replace(slurm_file + ".tmp", slurm_file)
+        return True
+
+cfg = config.load(cfg_path)
+reader = NvmlReader(cfg.nvml_library, cfg.nvml_timeout_s)
+print("ready", flush=True)  # imports done: what follows is the run itself
+for o in E.enforce(cfg, Store(db, spool).connect(), FileSlurm(), now=float(now), booted_at=0.0, node="gpu01",
+                   reader=reader):
+    print(o.line())
+"""
+
+
+def test_enforce_killed_at_any_moment_of_the_run_that_cancels_recovers_with_one_cancel_and_its_notice(
+        sim_node, smtp, tmp_path):
+    """A crash at any line of the run that cancels: from the same state (a cancel due), that run is
+    killed (SIGKILL) at 8 random moments of its length (seeded, printed), each followed by the timer's
+    next two runs.  Each time: one decision per stage, cancel done and its notice sent; scancel at most
+    twice (the killed run's and one more); the notice never delivered before the first scancel."""
+    import random
+    import signal
+    node, cfg, conn, t0, slurm = _warned_then_idle(sim_node, smtp)
+    conn.close()
+    pristine = tmp_path / "pristine.db"
+
+    def copy(src, dst) -> None:  # the WAL's pages included
+        a, b = sqlite3.connect(str(src)), sqlite3.connect(str(dst))
+        a.backup(b)
+        a.close()
+        b.close()
+    copy(node.db, pristine)
+    slurm_file, cancels = tmp_path / "slurm.json", tmp_path / "cancels.log"
+    env = dict(os.environ, SIMNVML_STATE=str(node.state))
+    argv = [sys.executable, "-c", _KILLED_RUN, str(node.config), str(node.db), str(node.spool), str(slurm_file),
+            str(cancels), str(t0 + 360)]
+
+    def fresh() -> None:
+        for suffix in ("", "-wal", "-shm"):
+            (node.db.parent / (node.db.name + suffix)).unlink(missing_ok=True)
+        copy(pristine, node.db)
+        slurm_file.write_text(json.dumps({"41": _record(41)}))
+        cancels.unlink(missing_ok=True)
+    def started() -> "subprocess.Popen[str]":
+        p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready", p.communicate(timeout=30)
+        return p
+    fresh()
+    p = started()
+    began = time.monotonic()
+    out, err = p.communicate(timeout=60)
+    whole = time.monotonic() - began  # from the imports' end to the exit: the run's own moments
+    assert p.returncode == 0 and "cancel" in out, out + err
+    seed = int(os.environ.get("SLURM_GPU_KILL_SEED") or time.time())
+    rng = random.Random(seed)
+    print(f"\nSLURM_GPU_KILL_SEED={seed}; the run itself {whole * 1000:.0f} ms")
+    for n in range(8):
+        fresh()
+        notices_before = sum("cancelled" in m["Subject"] for m in smtp.messages())
+        p = started()
+        at = rng.uniform(0.0, 1.0) * whole
+        time.sleep(at)
+        p.send_signal(signal.SIGKILL)
+        p.communicate(timeout=30)
+        for _ in range(2):  # the timer's next runs
+            r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+        db = sqlite3.connect(str(node.db))
+        acts = db.execute("SELECT stage, cancel_state, mail_state FROM efficiency_actions ORDER BY id").fetchall()
+        db.close()
+        assert acts == [("notify", None, "sent"), ("cancel", "done", "sent")], (n, at, acts)
+        cancelled = [float(line.split()[0]) for line in cancels.read_text().splitlines()]
+        assert 1 <= len(cancelled) <= 2, (n, at, cancelled)
+        notices = [m for m in smtp.wait_for(notices_before + 1) if "cancelled" in m["Subject"]]
+        new = sorted(m.get_date() for m in notices)[notices_before:]  # Maildir: when the server delivered it
+        assert new and new[0] >= min(cancelled) - 1.0, (n, at, new, cancelled)  # (file times: whole seconds)
+        assert len(new) <= 2, (n, at, new)  # sent, then killed before it was marked sent: once more
+        print(f"kill {n} at {at * 1000:.0f} ms (exit {p.returncode}): scancels {len(cancelled)}, notices {len(new)}")
