@@ -18,8 +18,11 @@ SGTEST_UID=2501
 # runs against this machine and is linted (tests/integration/test_ansible_slurm.py); the release
 # wheel installs into fresh virtual environments (tests/test_release.py).
 # rsyslog: a user's `logger` line written by a real syslog daemon is never an XID (tests/test_xid_syslog.py).
+# galera-4, rsync (its state transfer) and iproute2 (`ss`, which the transfer's script asks for its ports): the
+# central server as a three-node Galera cluster (tests/test_central_galera.py).
 APT_PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server build-essential procps make chromium systemd
-              prometheus prometheus-node-exporter ansible-core ansible-lint python3-venv debootstrap faketime rsyslog)
+              prometheus prometheus-node-exporter ansible-core ansible-lint python3-venv debootstrap faketime rsyslog
+              galera-4 rsync iproute2)
 
 cd "$(dirname "$0")/.."
 

@@ -22,6 +22,7 @@ import atexit
 import functools
 import hashlib
 import os
+import pwd
 import re
 import secrets
 import shutil
@@ -313,3 +314,231 @@ class MariaDB:
 
     def url(self, user: str, database: str) -> str:
         return f"mysql://{user}@127.0.0.1:{self.port}/{database}"
+
+
+# ------------------------------------------------------------------ Galera and a replica (issue 40)
+
+GALERA_PROVIDER = Path("/usr/lib/galera/libgalera_smm.so")
+
+
+def _free_ports(n: int) -> List[int]:
+    """n distinct free ports (held open together while chosen, so none is picked twice)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class GaleraNode(MariaDB):
+    """One node of a `GaleraCluster`: its own data directory (the template's copy), port, socket
+    and the group communication (gmcast), IST and SST ports, all on 127.0.0.1."""
+
+    def __init__(self, cluster: "GaleraCluster", index: int, opts: Sequence[str] = ()):
+        super().__init__(cluster.dir / f"node{index}", opts)
+        self.cluster = cluster
+        self.index = index
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.gmcast, self.ist, self.sst = _free_ports(3)
+        self.base_opts = list(self.opts)
+
+    def galera_opts(self, bootstrap: bool) -> List[str]:
+        peers = ",".join(f"127.0.0.1:{n.gmcast}" for n in self.cluster.nodes)
+        provider = (f"gmcast.listen_addr=tcp://127.0.0.1:{self.gmcast};ist.recv_addr=127.0.0.1:{self.ist};"
+                    "gcache.size=64M;gcs.fc_limit=256;evs.suspect_timeout=PT3S;evs.inactive_timeout=PT6S;"
+                    "evs.keepalive_period=PT0.5S;evs.inactive_check_period=PT0.5S;pc.wait_prim_timeout=PT10S")
+        return ["--wsrep-on=ON", f"--wsrep-provider={GALERA_PROVIDER}", f"--wsrep-cluster-name={self.cluster.name}",
+                f"--wsrep-cluster-address=gcomm://{peers}", f"--wsrep-node-name=node{self.index}",
+                f"--wsrep-node-address=127.0.0.1:{self.gmcast}", f"--wsrep-node-incoming-address=127.0.0.1:{self.port}",
+                f"--wsrep-sst-receive-address=127.0.0.1:{self.sst}", f"--wsrep-provider-options={provider}",
+                "--wsrep-sst-method=rsync", "--binlog-format=ROW", "--default-storage-engine=InnoDB",
+                "--innodb-autoinc-lock-mode=2", f"--server-id={self.index}", "--wsrep-slave-threads=2",
+                *(["--wsrep-new-cluster"] if bootstrap else [])]
+
+    def start(self, timeout_s: float = 60.0, bootstrap: bool = False) -> "GaleraNode":  # type: ignore[override]
+        self.opts = [*self.base_opts, *self.galera_opts(bootstrap)]
+        if not (self.data / "mysql").exists():
+            copy_template(self.data, self.opts)
+            for d in (self.cluster.dir, self.dir):
+                os.chmod(d, 0o711)
+        else:  # after a crash: from the position InnoDB has, so that a survivor's gcache fills the gap (IST)
+            self.opts.append(f"--wsrep-start-position={self.recover()}")
+        # A joiner's SST arrives through an rsync daemon, which, started by root, runs as nobody:
+        # the data directory (and the way to it) must be that user's.
+        nobody = pwd.getpwnam("nobody")
+        for d, dirs, files in os.walk(self.data):
+            for name in [d, *(os.path.join(d, f) for f in dirs + files)]:
+                os.lchown(name, nobody.pw_uid, nobody.pw_gid)
+        super().start(timeout_s)
+        self.wait_synced(timeout_s)
+        return self
+
+    def recover(self) -> str:
+        """The cluster position (UUID:seqno) this node's InnoDB holds: `mariadbd --wsrep-recover`,
+        what galera_recovery runs before systemd starts a crashed node."""
+        log = self.dir / "recover.log"
+        r = subprocess.run(["mariadbd", "--no-defaults", "--user=root", f"--datadir={self.data}",
+                            f"--socket={self.dir / 'recover.sock'}", "--skip-networking", f"--log-error={log}",
+                            *self.opts, "--wsrep-recover"], capture_output=True, text=True, timeout=120)
+        found = re.findall(r"WSREP: Recovered position: (\S+)", log.read_text(errors="replace") if log.exists() else "")
+        if r.returncode != 0 or not found:
+            raise RuntimeError(f"mariadbd --wsrep-recover failed ({r.returncode}): {r.stderr[-1000:]}")
+        return found[-1]
+
+    def status(self, name: str) -> str:
+        out = self.sql(f"SHOW GLOBAL STATUS LIKE '{name}'").split("\t")
+        return out[1].strip() if len(out) > 1 else ""
+
+    def wait_synced(self, timeout_s: float = 60.0) -> None:
+        """Until this node is Synced, ready, and sees every running node of the cluster."""
+        want = str(sum(1 for n in self.cluster.nodes if n.running()))
+        deadline = time.monotonic() + timeout_s
+        state = ""
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"Galera node{self.index} exited {self.proc.returncode}: {self._log_tail()}")
+            try:
+                state = (self.status("wsrep_local_state_comment"), self.status("wsrep_ready"),
+                         self.status("wsrep_cluster_size"))
+            except RuntimeError:
+                state = ("(not answering)",)
+            if state == ("Synced", "ON", want):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"Galera node{self.index} not synced within {timeout_s:g}s ({state}): {self._log_tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL the node's process group (mariadbd and an SST's rsync): a crash, not a shutdown."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+        self.proc = None
+        self.paused = False
+
+    def stop(self) -> None:
+        """Stopped by pid: SIGKILL (a throwaway node needs no clean shutdown; a Galera node's
+        clean shutdown waits on the others)."""
+        self.kill()
+
+
+class GaleraCluster:
+    """Three (or `size`) Galera nodes on 127.0.0.1 (Debian's galera-4): the first bootstraps the
+    cluster (--wsrep-new-cluster), the others join it by SST (rsync) and are started one after the
+    other; `kill(i)`/`restart(i)` crash a node and bring it back (IST from a survivor's gcache)."""
+
+    def __init__(self, size: int = 3, opts: Sequence[str] = ()):
+        for tool in ("rsync", "wsrep_sst_rsync"):
+            if shutil.which(tool) is None:
+                raise MariaDBUnavailable(f"{tool} not found (Debian packages galera-4, rsync)")
+        if not GALERA_PROVIDER.exists():
+            raise MariaDBUnavailable(f"{GALERA_PROVIDER} not found (Debian package galera-4)")
+        self.dir = Path(tempfile.mkdtemp(prefix="slurm-gpu-galera-"))
+        self.name = f"sg_{secrets.token_hex(4)}"
+        self.nodes: List[GaleraNode] = []
+        for i in range(1, size + 1):
+            self.nodes.append(GaleraNode(self, i, opts))
+        self.startup_s = 0.0
+
+    def start(self) -> "GaleraCluster":
+        t0 = time.monotonic()
+        self.nodes[0].start(bootstrap=True)
+        for node in self.nodes[1:]:
+            node.start(timeout_s=120)
+        for node in self.nodes:
+            node.wait_synced()
+        self.startup_s = time.monotonic() - t0
+        return self
+
+    def kill(self, i: int) -> None:
+        self.nodes[i].kill()
+
+    def restart(self, i: int, timeout_s: float = 120.0) -> None:
+        """Bring a killed node back: it rejoins (IST, or SST when the gcache lacks what it missed)."""
+        self.nodes[i].start(timeout_s=timeout_s)
+        for node in self.nodes:
+            node.wait_synced(timeout_s)
+
+    def cleanup(self) -> None:
+        for node in reversed(self.nodes):
+            node.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def running_galera(size: int = 3):
+    """A started Galera cluster for a module-scoped fixture (`yield from running_galera()`): skips
+    where galera-4, rsync or mariadb-server is missing, except in CI where it fails."""
+    from testbed import unavailable
+    try:
+        cluster = GaleraCluster(size)
+    except MariaDBUnavailable as e:
+        unavailable(str(e))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.cleanup()
+
+
+class ReplicaPair:
+    """A primary and a replica replicating from it (binary log, GTID: MASTER_USE_GTID=slave_pos),
+    both on 127.0.0.1 from the template; the replica runs read_only.  Its replication account's
+    password goes through the replica's stdin (CHANGE MASTER TO), never a command line."""
+
+    def __init__(self, opts: Sequence[str] = ()):
+        self.dir = Path(tempfile.mkdtemp(prefix="slurm-gpu-replica-"))
+        self.primary = MariaDB(self.dir / "primary", [*opts, f"--log-bin={self.dir / 'primary' / 'binlog'}",
+                                                       "--server-id=1", "--binlog-format=ROW", "--log-basename=primary"])
+        self.replica = MariaDB(self.dir / "replica", [*opts, "--server-id=2", "--read-only=ON",
+                                                       "--log-basename=replica", "--skip-slave-start"])
+        self.primary.dir.mkdir(parents=True, exist_ok=True)
+        self.replica.dir.mkdir(parents=True, exist_ok=True)
+
+    def start(self) -> "ReplicaPair":
+        self.primary.start()
+        self.replica.start()
+        password = secrets.token_urlsafe(18)
+        # Not in the binary log: the replica starts from the template too, it never needs this account.
+        self.primary.sql("SET SESSION sql_log_bin = 0; "
+                         f"CREATE USER 'repl'@'127.0.0.1' IDENTIFIED BY '{password}'; "
+                         "GRANT REPLICATION SLAVE ON *.* TO 'repl'@'127.0.0.1';")
+        self.replica.sql(f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={self.primary.port}, "
+                         f"MASTER_USER='repl', MASTER_PASSWORD='{password}', MASTER_USE_GTID=slave_pos, "
+                         "MASTER_CONNECT_RETRY=1; START SLAVE;")
+        return self
+
+    def gtid(self, server: MariaDB, variable: str) -> str:
+        return server.sql(f"SELECT @@{variable}").strip()
+
+    def caught_up(self, timeout_s: float = 60.0) -> None:
+        """Until the replica has applied everything the primary has written (its GTID position)."""
+        want = self.gtid(self.primary, "gtid_binlog_pos")
+        r = self.replica.sql(f"SELECT MASTER_GTID_WAIT('{want}', {timeout_s:g})").strip()
+        if r != "0":
+            raise RuntimeError(f"the replica did not reach the primary's GTID {want} within {timeout_s:g}s "
+                               f"(it has {self.gtid(self.replica, 'gtid_slave_pos')})")
+
+    def cleanup(self) -> None:
+        self.replica.cleanup()
+        self.primary.cleanup()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def running_replica(opts: Sequence[str] = ()):
+    """A started primary/replica pair for a module-scoped fixture (skips, or fails in CI, as `running`)."""
+    from testbed import unavailable
+    try:
+        pair = ReplicaPair(opts)
+    except MariaDBUnavailable as e:
+        unavailable(str(e))
+    try:
+        pair.start()
+        yield pair
+    finally:
+        pair.cleanup()

@@ -1073,3 +1073,34 @@ def test_three_nodes_with_the_same_xid_within_ten_minutes_are_one_storm_in_fleet
     assert [(s["xid"], s["node_list"]) for s in json.loads(r.stdout)] == [(119, "n[1-4]")], r.stdout + r.stderr
     r = cli("--config", str(site.config), "fleet", "xids", *report, "--by", "storm", "--storm-nodes", "5")
     assert r.returncode == 0 and "no storm in the window: no XID on 5 or more nodes within 600 s" in r.stderr, r.stderr
+
+
+def test_a_v12_server_gains_the_push_clock_and_each_push_sets_its_nodes_row(site):
+    """Schema v13 (docs/central.md, Topologies): `push_clock` holds the server's time of each node's
+    newest applied batch (what a replica's report reads); a v12 server is migrated in place."""
+    site.init(writers="n[1-2]")
+    admin = C.Central(C.parse_url(site.server.url(site.admin, site.db)), site.admin_pw, 10)
+    try:  # back to what v12 made
+        admin.execute("DROP TABLE push_clock")
+        admin.execute(C.MIGRATIONS[11][-1])  # v12's apply_batch
+        admin.execute("UPDATE meta SET value = '12' WHERE name = 'schema_version'")
+        admin.commit()
+    finally:
+        admin.close()
+    site.store.write(job_end(1))
+    assert site.push().returncode == 5  # a v13 node does not push to a v12 server
+    r = site.init(writers="n[1-2]")
+    assert r.returncode == 0 and f"schema migrated from 12 at version {C.SCHEMA_VERSION}" in r.stderr, r.stderr
+    assert site.rows("SELECT COUNT(*) FROM push_clock") == [["0"]]
+    before = time.time()
+    r = site.push()
+    assert r.returncode == 0 and "job_gpus 2" in r.stdout, r.stdout + r.stderr
+    ((cluster, node, pushed_at),) = site.rows("SELECT cluster, node, pushed_at FROM push_clock")
+    assert (cluster, node) == ("c", "n1") and before - 5 < float(pushed_at) < time.time() + 5
+    # Another node's push adds its own row (never the same row: pushes of two nodes do not wait on each other).
+    account, password = site.writer_of("n2")
+    cfg = site.write_config(account, password, name="n2.toml")
+    site.store.write(job_end(2, node="n2"))
+    r = cli_env({"SLURMD_NODENAME": "n2"}, "--config", str(cfg), "db", "push")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert site.rows("SELECT node FROM push_clock ORDER BY node") == [["n1"], ["n2"]]

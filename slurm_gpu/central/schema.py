@@ -30,6 +30,9 @@ procedure and the versioned migrations that `central init` runs (central/server.
   v11).  A coarse sample row replaces the fine rows of its 10 minutes, as on the node; apply_batch keeps
   a node's samples for SAMPLES_KEPT_S.  An XID row carries its line count and last line's time: a flood
   of identical lines is one row, updated as it grows (node schema v11).
+- Schema v13: `push_clock`, the server's time of each node's newest applied batch (apply_batch
+  writes the batch's nodes' rows): a report from a replica says how old its newest push is, and an
+  admin sees which node has not pushed for how long (docs/central.md, "Topologies").
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ from slurm_gpu.central import writers as W
 if TYPE_CHECKING:
     from slurm_gpu.central.server import Central
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 # Samples of running jobs are for the policy's window and `slurm-gpu job` on a running job: a week is kept.
 SAMPLES_KEPT_S = 7 * 86400
 SAMPLE_BUCKET_S = 600  # a coarse sample row's 10 minutes (store/samples.py COARSE_STEP_S)
@@ -250,9 +253,29 @@ REMEDIATION_HISTORY_DDL = (
     "ORDER BY time, node, id;\nEND")
 
 
+# v13: one row per node, the server's time of its newest applied batch.  Per node, not one row for
+# all: every push would wait for every other's commit on a single row (and lose certification to it
+# on Galera); a node's own pushes run one at a time anyway (its push lock).
+PUSH_CLOCK_DDL = f"""CREATE TABLE IF NOT EXISTS push_clock (
+    cluster {_TYPES["cluster"]} NOT NULL,
+    node {_TYPES["node"]} NOT NULL,
+    pushed_at DOUBLE NOT NULL,
+    PRIMARY KEY (cluster, node)
+) {_TAIL}"""
+
+
+def _clock_sql(tables: Sequence[str]) -> str:
+    """The batch's nodes' push_clock rows, set to the server's time (before the staging rows go)."""
+    staged = " UNION ".join(f"SELECT cluster, node FROM stage_{t} WHERE batch = b" for t in tables)
+    return (f"INSERT INTO push_clock (cluster, node, pushed_at) SELECT cluster, node, UNIX_TIMESTAMP(NOW(6)) "
+            f"FROM ({staged}) AS s ON DUPLICATE KEY UPDATE pushed_at = VALUES(pushed_at)")
+
+
 def _procedure(tables: Sequence[str] = RECORD_TABLES, version: int = SCHEMA_VERSION, with_rollups: bool = False) -> str:
     # v5: the owner check comes first and alone, so that what follows it can grow on its own.
     owner = ["CALL check_batch_owner(b)"] if version >= 5 else []
+    if version >= 13:
+        owner.append(_clock_sql(tables))
     stmts = [stmt for t in tables for stmt in _apply_sql(t, version)]
     if with_rollups:
         # The rollups' block (central/rollups.py), in the same transaction: the job_gpus records'
@@ -348,6 +371,11 @@ MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
           for t, kind in (("xid_events", _TYPES[c]), ("stage_xid_events", _stage_type(c)))),
         W.check_procedure(RECORD_TABLES),
         _procedure(RECORD_TABLES, 12, with_rollups=True),
+    ),
+    (   # v13, "push clock" (docs/central.md, Topologies): each node's newest applied batch, in the server's time;
+        # a replica's report says how old it is.  Filled by the next push of each node.
+        PUSH_CLOCK_DDL,
+        _procedure(RECORD_TABLES, 13, with_rollups=True),
     ),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION

@@ -164,8 +164,20 @@ def describe_error(e: BaseException, target: Target, password: str = "") -> Tupl
         return f"central server {where}: {refused}", why
     if code in (1020, 1205, 1213):
         return (f"central server {where}: another transaction held the rows this one needed ({text})",
-                "other pushes, a `central rollup --rebuild` or a long admin transaction; nothing was lost: "
+                "other pushes (on Galera also a commit of the same rows through another node), a `central rollup "
+                "--rebuild` or a long admin transaction; nothing was lost: the records stay in the node database "
+                "for the next push")
+    if code == 1290 and "read-only" in text:
+        return (f"central server {where}: is read-only, a replica or a server set read_only ({text})",
+                "pushes go to the primary (central.url); a replica serves reports only; nothing was lost: "
                 "the records stay in the node database for the next push")
+    if code == 1047 and "WSREP" in text:
+        # A Galera node outside the primary component (joining, donating, cut off) refuses every
+        # statement until it is synced again: another try there fails alike, so the push stops.
+        return (f"central server {where}: this Galera node is not synced with its cluster and takes no queries ({text})",
+                "it is joining, donating a state transfer or cut off from the others (SHOW STATUS LIKE "
+                "'wsrep_local_state_comment' there); point central.url at a synced node or a proxy that picks one; "
+                "nothing was lost: the records stay in the node database for the next push")
     if _tls_failure(e):
         return (f"central server {where}: TLS failed ({text})",
                 "central.url's ssl_ca must name the CA that signed the server's certificate, the certificate must "

@@ -168,6 +168,8 @@ def _produce(ctx: click.Context, o: Dict[str, Any], build: Callable[[Any], Any],
 
     def read(src):
         table = build(src)
+        if src.replica_note:
+            click.echo(f"slurm-gpu: note: {src.replica_note}", err=True)
         if o.get("explain") and src.plan:
             click.echo(f"slurm-gpu: plan: {src.plan}", err=True)
         return table, _render(o, table, src)

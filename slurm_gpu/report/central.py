@@ -114,6 +114,7 @@ class CentralSource(ReportSource):
         if version > SCHEMA_VERSION:
             raise CentralError(f"central server {central.target.describe()}: schema version {version} is newer "
                                f"than this slurm-gpu ({SCHEMA_VERSION})", "upgrade slurm-gpu on this host")
+        self.replica_note = replica_note(central, version)
         # A rollup plan's per-day derived tables (a year of rollup_partition_day: 8,760 rows of four
         # VARCHAR(255) names and thirteen DECIMALs, ~22 MB as MEMORY's fixed-width rows) went to
         # disk past the default 16 MB, which doubled their cost; 64 MB keeps them in memory.
@@ -162,6 +163,33 @@ class CentralSource(ReportSource):
     def close(self) -> None:
         self.central.rollback()
         self.central.close()
+
+
+def replica_note(central: Central, version: int) -> Optional[str]:
+    """One line when the server is a replica (read_only, or running replication threads): how old
+    its newest push is (schema v13's push_clock, in the primary's time, replicated), so a report
+    there says how far behind it may be.  Reads only what any account may: a variable, the global
+    status and a table the reporter SELECTs.  None on a primary, a Galera node or a lone server."""
+    try:
+        read_only = int(central.execute("SELECT @@read_only")[0][0] or 0)
+        status = {str(k).lower(): str(v) for k, v in central.execute("SHOW GLOBAL STATUS LIKE 'Slave%running'")}
+    except CentralError:
+        return None  # a server without these (not MariaDB/MySQL as we know it): no note
+    threads = int(status.get("slaves_running", "0") or 0)
+    if not read_only and not threads:
+        return None
+    where = central.target.describe()
+    applying = "" if threads else " whose replication is not applying changes"
+    if version < 13:
+        return (f"central server {where} is a replica{applying}; its schema (v{version}) records no push times: "
+                "run `slurm-gpu central init` on the primary to see how far behind it is")
+    newest, now = central.execute("SELECT MAX(pushed_at), UNIX_TIMESTAMP(NOW(6)) FROM push_clock")[0]
+    if newest is None:
+        return f"central server {where} is a replica{applying}: no push has reached it yet (pushes reach the primary first)"
+    age = max(0.0, float(now) - float(newest))
+    text = f"{age:.0f} s" if age < 120 else f"{age / 60:.0f} min" if age < 7200 else f"{age / 3600:.1f} h"
+    return (f"central server {where} is a replica{applying}: its newest push is {text} old "
+            "(pushes reach the primary first; a report there has them all)")
 
 
 def is_central(dbs: Sequence[str]) -> bool:

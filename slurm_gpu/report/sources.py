@@ -39,6 +39,7 @@ class ReportSource(abc.ABC):
     PLUS = "+"  # a unary plus that hides a column from SQLite's planner (nothing elsewhere)
     SPAN = "end_time - start_time"  # the record's duration as the source's index knows it
     plan = ""  # which plan the last summary ran (`report --explain`)
+    replica_note: Optional[str] = None  # the central server is a replica: how old its newest push is
 
     @abc.abstractmethod
     def covering_keys(self) -> FrozenSet[str]:
