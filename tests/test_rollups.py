@@ -613,3 +613,36 @@ def test_central_init_on_a_current_server_makes_the_push_procedures_again(server
     s.store.write(_one(9501, "n1", T0 + 10 * D, 3600))
     assert s.push().returncode == 0
     assert s.rows("SELECT SUM(records) FROM rollup_day") == [["1"]]
+
+
+def test_a_multi_node_jobs_second_node_does_not_wait_on_other_groups_cells_of_its_day(server, tmp_path):
+    """A job's second node pushes its rows: its batch rewrites the job's rows of the first node as they
+    were, so no cell's peak can drop and none is taken again.  Taking them again read every
+    rollup_day cell of the day for rollup_partition_day's peaks, with shared locks: under load every
+    push of that day waited on the others' (benchmarks/bench_central_load.py, cron: most deadlocks).
+    Here another transaction holds another group's cell of the day; the push must not wait on it."""
+    import pymysql
+    s = Site(server, tmp_path)
+    _init(s)
+    s.store.write(_one(9601, "n1", T0 + 10 * D + 100, 3600))
+    s.store.write(_one(9602, "n1", T0 + 10 * D + 200, 3600, user="bob"))
+    assert s.push().returncode == 0
+    n2 = Store(str(tmp_path / "n2.db"), str(tmp_path / "spool-n2"))
+    n2.write(_one(9601, "n2", T0 + 10 * D + 100, 3600))
+    n2.close()
+    holder = pymysql.connect(unix_socket=str(server.socket), user="root", database=s.db, autocommit=False)
+    try:
+        with holder.cursor() as cur:
+            cur.execute("SELECT cluster, day, gkey FROM rollup_day WHERE `user` = 'bob'")
+            cell = cur.fetchone()
+            cur.execute("SELECT 1 FROM rollup_day WHERE cluster = %s AND day = %s AND gkey = %s FOR UPDATE", cell)
+        t0 = time.monotonic()
+        r = s.push("--db", str(tmp_path / "n2.db"), "--max-seconds", "3")
+        took = time.monotonic() - t0
+    finally:
+        holder.rollback()
+        holder.close()
+    assert r.returncode == 0 and "job_gpus 1; left 0" in r.stdout and "sent again" not in r.stdout, r.stdout + r.stderr
+    assert took < 2.5, took  # no lock wait (timeout_s / 2 = 2.5 s)
+    r = cli("--config", str(s.config), "central", "rollup", "--rebuild")
+    assert r.returncode == 0 and "rollups exact" in r.stderr, r.stdout + r.stderr

@@ -129,7 +129,8 @@ def _push_jobday() -> List[str]:
 def _jobs_change() -> List[str]:
     """The batch's jobs' rows as the upsert will leave their records (with their kinds), the change
     of their counts (old rows out, new in) and peaks (raised by the new rows; where old rows left
-    a cell, `had_old`) per node cell into rollup_cells, and the rows replaced."""
+    a cell with a peak above the new rows', `peak_may_drop`) per node cell into rollup_cells, and
+    the rows replaced."""
     rows = f"SELECT {_q(_NARROW_JOB)} FROM rollup_jobday WHERE present"
     kinded = _NARROW_JOB + list(KINDS)
     old = (f"SELECT -1 AS sgn, {_cols('o', kinded)} FROM rollup_batch_jobs s STRAIGHT_JOIN rollup_jobs o "
@@ -137,7 +138,13 @@ def _jobs_change() -> List[str]:
     new = f"SELECT 1, {_cols('n', kinded)} FROM rollup_jobs_new n"
     deltas = [f'{e} AS "{c}"' for c, table in (("d", "rollup_day"), ("n", "rollup_day_node"))
               for e, c in zip(_first_later(table, "j.sgn * "), (f"{c}_first", f"{c}_later"))]
-    deltas += ["MAX(CASE WHEN j.sgn > 0 THEN j.peak_bytes END) AS new_peak", "MAX(j.sgn < 0) AS had_old"]
+    # A cell's peak is taken again from its rows only where an old row's peak is above every new row's
+    # in the node cell: a multi-node job's rows that another node's push takes out and puts back as
+    # they were (its batch rewrites all of its job's rows) leave every peak as it was.  Taking the
+    # peaks again read a whole day of rollup_day's cells for rollup_partition_day's, with shared locks
+    # that every push of that day waited on (benchmarks/bench_central_load.py: most of the deadlocks).
+    old_peak, new_peak = ("MAX(CASE WHEN j.sgn < 0 THEN j.peak_bytes END)", "MAX(CASE WHEN j.sgn > 0 THEN j.peak_bytes END)")
+    deltas += [f"{new_peak} AS new_peak", f"COALESCE({old_peak} > {new_peak}, {old_peak} IS NOT NULL) AS peak_may_drop"]
     cells = (f"CREATE TEMPORARY TABLE rollup_cells AS\nSELECT {_cols('j', _NARROW_CELL)}, {', '.join(deltas)}\n"
              f"FROM ({old}\n  UNION ALL\n  {new}) AS j\nGROUP BY 1, 2, 3, 5")
     named = [f'g."{c}"' if c in GROUP_COLUMNS else f'n."{c}"' for c in _KINDED]
@@ -174,7 +181,7 @@ def _peaks_again(table: str) -> str:
     keys = ["cluster", "day", *SUM_TABLES[table], "gkey"]
     on = " AND ".join(f'r."{k}" = c."{k}"' for k in keys)
     same = " AND ".join(f'x."{k}" = r."{k}"' for k in ("day", "gkey", "cluster", *SUM_TABLES[table]))
-    cells = f"SELECT DISTINCT {_cols('o', keys)} FROM rollup_delta o WHERE o.had_old"
+    cells = f"SELECT DISTINCT {_cols('o', keys)} FROM rollup_delta o WHERE o.peak_may_drop"
     return _only_where_rows_left(f"UPDATE ({cells}) AS c STRAIGHT_JOIN {table} r {_BY_KEY} ON {on}\n"
                                  f"SET r.peak_bytes = (SELECT MAX(x.peak_bytes) FROM rollup_jobs x "
                                  f"FORCE INDEX (rollup_jobs_cell) WHERE {same})")
@@ -189,9 +196,10 @@ _BY_KEY = "FORCE INDEX (PRIMARY)"
 
 
 def _only_where_rows_left(update: str) -> str:
-    """A peaks-again UPDATE, run only when a job's rows left a cell (a batch of new jobs: only
-    where a job's GPUs came in the batch before), the cells first, each found by its primary key."""
-    return f"IF EXISTS (SELECT 1 FROM rollup_delta WHERE had_old) THEN\n  {update};\nEND IF"
+    """A peaks-again UPDATE, run only when a job's rows left a cell with a peak above the rows that
+    replace them (a batch of new jobs: only where a job's GPUs came in the batch before with a
+    higher peak), the cells first, each found by its primary key."""
+    return f"IF EXISTS (SELECT 1 FROM rollup_delta WHERE peak_may_drop) THEN\n  {update};\nEND IF"
 
 
 def _delta() -> List[str]:
@@ -200,16 +208,16 @@ def _delta() -> List[str]:
     peaks, with the group's names; then into every table, each in one statement."""
     zeros = ", ".join(["0"] * len(FIGURES))
     sums = (f"SELECT {_q(_NARROW_CELL)}, {_q(FIGURES)}, 0 AS d_first, 0 AS d_later, 0 AS n_first, 0 AS n_later, "
-            "NULL AS new_peak, 0 AS had_old FROM rollup_jobday WHERE changed")
+            "NULL AS new_peak, 0 AS peak_may_drop FROM rollup_jobday WHERE changed")
     cells = (f"SELECT {_cols('c', _NARROW_CELL)}, {zeros}, {', '.join(f'c.{k}' for k in _COUNT_DELTAS)}, c.new_peak, "
-             "c.had_old FROM rollup_cells c")
+             "c.peak_may_drop FROM rollup_cells c")
     agg = [*(f'SUM(u."{c}") AS "{c}"' for c in (*FIGURES, *_COUNT_DELTAS)), 'MAX(u.new_peak) AS new_peak',
-           'MAX(u.had_old) AS had_old']
+           'MAX(u.peak_may_drop) AS peak_may_drop']
     grouped = (f"SELECT {_cols('u', _NARROW_CELL)}, {', '.join(agg)} FROM ({sums}\n  UNION ALL\n  {cells}) AS u "
                "GROUP BY 1, 2, 3, 5")
     named = [f'g."{c}"' if c in GROUP_COLUMNS else f'x."{c}"' for c in _NODE_KEYS]
     make = (f"CREATE TEMPORARY TABLE rollup_delta AS\nSELECT {', '.join(named)}, "
-            f"{_cols('x', (*FIGURES, *_COUNT_DELTAS, 'new_peak', 'had_old'))}\n"
+            f"{_cols('x', (*FIGURES, *_COUNT_DELTAS, 'new_peak', 'peak_may_drop'))}\n"
             f"FROM ({grouped}) AS x STRAIGHT_JOIN rollup_groups g ON g.gkey = x.gkey")
     out = [f"DROP TEMPORARY TABLE IF EXISTS {', '.join(_PUSH_TEMPS)}", *_push_records(), *_push_jobday(),
            *_jobs_change(), make, *_cell_upserts()]
@@ -257,7 +265,7 @@ def _coarse_peaks_again(table: str) -> str:
     picked = [(f"dd.{period}" if period else "o.day") + ' AS "day"'] + [
         (f'{model} AS "nulls"' if k == "nulls" else f'o."{k}"') for k in keys]
     cells = (f"SELECT DISTINCT {', '.join(picked)} FROM rollup_delta o JOIN rollup_days dd ON dd.day = o.day "
-             "WHERE o.had_old")
+             "WHERE o.peak_may_drop")
     on = " AND ".join(f'r."{k}" = c."{k}"' for k in pk)
     if source == "rollup_day" and "gkey" not in own:
         return _only_where_rows_left(_peaks_by_day(table, cells, on))
