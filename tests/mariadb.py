@@ -340,7 +340,8 @@ class GaleraNode(MariaDB):
     and the group communication (gmcast), IST and SST ports, all on 127.0.0.1."""
 
     def __init__(self, cluster: "GaleraCluster", index: int, opts: Sequence[str] = ()):
-        super().__init__(cluster.dir / f"node{index}", opts)
+        super().__init__(cluster.dir / f"node{index}", [*opts, f"--tmpdir={cluster.dir / f'node{index}' / 'tmp'}"])
+        (self.dir / "tmp").mkdir(parents=True)
         self.cluster = cluster
         self.index = index
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -366,7 +367,8 @@ class GaleraNode(MariaDB):
             copy_template(self.data, self.opts)
             for d in (self.cluster.dir, self.dir):
                 os.chmod(d, 0o711)
-        else:  # after a crash: from the position InnoDB has, so that a survivor's gcache fills the gap (IST)
+        elif self.saved_position() is None:
+            # After a crash: from the position InnoDB has, so that a survivor's gcache fills the gap (IST).
             self.opts.append(f"--wsrep-start-position={self.recover()}")
         # A joiner's SST arrives through an rsync daemon, which, started by root, runs as nobody:
         # the data directory (and the way to it) must be that user's.
@@ -377,6 +379,16 @@ class GaleraNode(MariaDB):
         super().start(timeout_s)
         self.wait_synced(timeout_s)
         return self
+
+    def saved_position(self) -> Optional[str]:
+        """The position a clean shutdown wrote to grastate.dat (UUID:seqno); None after a crash."""
+        try:
+            state = dict(line.split(":", 1) for line in (self.data / "grastate.dat").read_text().splitlines()
+                         if ":" in line and not line.startswith("#"))
+        except OSError:
+            return None
+        uuid, seqno = state.get("uuid", "").strip(), state.get("seqno", "-1").strip()
+        return None if seqno == "-1" or not uuid else f"{uuid}:{seqno}"
 
     def recover(self) -> str:
         """The cluster position (UUID:seqno) this node's InnoDB holds: `mariadbd --wsrep-recover`,
@@ -430,8 +442,9 @@ class GaleraNode(MariaDB):
 
 class GaleraCluster:
     """Three (or `size`) Galera nodes on 127.0.0.1 (Debian's galera-4): the first bootstraps the
-    cluster (--wsrep-new-cluster), the others join it by SST (rsync) and are started one after the
-    other; `kill(i)`/`restart(i)` crash a node and bring it back (IST from a survivor's gcache)."""
+    cluster (--wsrep-new-cluster), the others join it by a state transfer (SST, rsync);
+    `kill(i)`/`restart(i)` crash a node and bring it back (IST from a survivor's gcache, from the
+    position `mariadbd --wsrep-recover` finds)."""
 
     def __init__(self, size: int = 3, opts: Sequence[str] = ()):
         for tool in ("rsync", "wsrep_sst_rsync"):
@@ -447,6 +460,8 @@ class GaleraCluster:
         self.startup_s = 0.0
 
     def start(self) -> "GaleraCluster":
+        """Bootstrap the first node; the others join one after the other, each by a state
+        transfer (rsync, ~4 s a node here: two joining at once wait for the one donor anyway)."""
         t0 = time.monotonic()
         self.nodes[0].start(bootstrap=True)
         for node in self.nodes[1:]:
@@ -494,11 +509,13 @@ class ReplicaPair:
     def __init__(self, opts: Sequence[str] = ()):
         self.dir = Path(tempfile.mkdtemp(prefix="slurm-gpu-replica-"))
         self.primary = MariaDB(self.dir / "primary", [*opts, f"--log-bin={self.dir / 'primary' / 'binlog'}",
-                                                       "--server-id=1", "--binlog-format=ROW", "--log-basename=primary"])
+                                                       "--server-id=1", "--binlog-format=ROW", "--log-basename=primary",
+                                                       f"--tmpdir={self.dir / 'primary' / 'tmp'}"])
         self.replica = MariaDB(self.dir / "replica", [*opts, "--server-id=2", "--read-only=ON",
-                                                       "--log-basename=replica", "--skip-slave-start"])
-        self.primary.dir.mkdir(parents=True, exist_ok=True)
-        self.replica.dir.mkdir(parents=True, exist_ok=True)
+                                                       "--log-basename=replica", "--skip-slave-start",
+                                                       f"--tmpdir={self.dir / 'replica' / 'tmp'}"])
+        for server in (self.primary, self.replica):
+            (server.dir / "tmp").mkdir(parents=True)
 
     def start(self) -> "ReplicaPair":
         self.primary.start()

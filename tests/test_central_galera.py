@@ -67,7 +67,7 @@ def _config(path: Path, url: str, password_file: Path, node_db: Path, timeout_s:
 class Node:
     """A compute node's database with `jobs`, pushing through its own writer account to `server`."""
 
-    def __init__(self, site: Site, tmp: Path, name: str, server, jobs):
+    def __init__(self, site: Site, tmp: Path, name: str, server, jobs, timeout_s: float = 8.0):
         self.name = name
         d = tmp / name
         d.mkdir()
@@ -78,7 +78,7 @@ class Node:
         store.close()
         account, password = site.writer_of(name)
         self.config = _config(d / "writer.toml", server.url(account, site.db), site.password_file(account, password),
-                              self.db)
+                              self.db, timeout_s)
         self.result = None
 
     def push(self, batch_size: int = 10):
@@ -109,6 +109,37 @@ def synced(galera, timeout_s: float = 30.0) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"Galera nodes did not converge: {seen}")
+
+
+def wedged(r) -> bool:
+    """The push ended at its deadline on a Galera node that MariaDB wedged (see `unwedge`)."""
+    return r.returncode == 5 and "not answering: no complete answer within" in r.stderr
+
+
+def unwedge(galera) -> list:
+    """Restart the Galera nodes that MariaDB 10.11 wedged (docs/central.md, Topologies): a write set
+    of another node waits there for a gap lock of the staging tables that a local push's COMMIT holds,
+    and that COMMIT waits for certification behind it; neither moves, KILL does not end it, the node
+    stays stuck until it restarts (seen in about 1 of 10 runs of four nodes pushing the same cells
+    through three Galera nodes).  Returns the restarted nodes' indexes."""
+    stuck = []
+    for i, node in enumerate(galera.nodes):
+        rows = [line.split("\t") for line in node.sql("SHOW FULL PROCESSLIST").splitlines()]
+        if any(len(f) > 6 and f[6] == "Waiting for certification" and int(f[5]) >= 2 for f in rows):
+            stuck.append(i)
+    for i in stuck:
+        galera.kill(i)
+        galera.restart(i)
+    return stuck
+
+
+def ship_the_rest(galera, nodes) -> list:
+    """Each push that failed runs again (the timer's next run), after restarting wedged nodes."""
+    restarted = unwedge(galera) if any(wedged(n.result) for n in nodes) else []
+    for n in nodes:
+        if n.result.returncode != 0:
+            assert n.push().returncode == 0, n.result.stdout + n.result.stderr
+    return restarted
 
 
 def reporter_config(site: Site, server, name: str) -> Path:
@@ -147,8 +178,10 @@ def test_pushes_to_three_galera_nodes_at_once_count_every_record_once_and_every_
     for t in push_at_once(nodes):
         t.join()
     results = [n.result for n in nodes]
-    assert all(r.returncode == 0 for r in results), [r.stdout + r.stderr for r in results]
-    print(f"{resent(results)} batch(es) of 4 x 24 sent again after certification failures")
+    assert all(r.returncode == 0 or wedged(r) for r in results), [r.stdout + r.stderr for r in results]
+    restarted = ship_the_rest(galera, nodes)
+    print(f"{resent(results)} batch(es) of 4 x 24 sent again after certification failures; "
+          f"wedged and restarted: {restarted}")
     # the same jobs' cells through three nodes at once: some commits lost certification, and were sent again
     assert resent(results) > 0, [r.stdout for r in results]
     synced(galera)
@@ -169,19 +202,22 @@ def test_pushes_to_three_galera_nodes_at_once_count_every_record_once_and_every_
 def test_a_galera_node_killed_mid_push_loses_and_doubles_nothing_once_the_push_runs_again(galera, tmp_path):
     site = Site(galera.nodes[0], tmp_path)
     site.init(writers="n[1-3]")
-    jobs = range(1, 151)
-    # n1 pushes to Galera node 2, the one that dies; n2 and n3 to the two that live on.
+    jobs = range(1, 101)
+    # n1 pushes to Galera node 2, the one that dies; n2 and n3 to node 1, which lives on (one writer
+    # node besides the victim: fewer chances of the wedge `unwedge` undoes).
     victim = galera.nodes[1]
-    nodes = [Node(site, tmp_path, "n1", victim, jobs), Node(site, tmp_path, "n2", galera.nodes[0], jobs),
-             Node(site, tmp_path, "n3", galera.nodes[2], jobs)]
+    nodes = [Node(site, tmp_path, "n1", victim, jobs), Node(site, tmp_path, "n2", galera.nodes[0], jobs, 30.0),
+             Node(site, tmp_path, "n3", galera.nodes[0], jobs, 30.0)]
     threads = push_at_once(nodes, batch_size=5)
     deadline = time.monotonic() + 60
-    while victim.rows("SELECT COUNT(*) FROM job_gpus WHERE node = 'n1'", site.db) < [["40"]]:
+    # Ten of n1's 80 batches in: kill its Galera node.
+    while int(victim.rows("SELECT COUNT(*) FROM job_gpus WHERE node = 'n1'", site.db)[0][0]) < 40:
+        assert threads[0].is_alive(), f"n1's push ended before its Galera node was killed: {nodes[0].result}"
         assert time.monotonic() < deadline, "n1's push shipped nothing"
-        time.sleep(0.05)
+        time.sleep(0.02)
     galera.kill(1)
     killed = time.monotonic()
-    assert threads[0].is_alive(), "n1's push ended before its Galera node was killed"
+    assert threads[0].is_alive(), f"n1's push ended before its Galera node was killed: {nodes[0].result}"
     for t in threads:
         t.join()
     waited = time.monotonic() - killed
@@ -193,15 +229,14 @@ def test_a_galera_node_killed_mid_push_loses_and_doubles_nothing_once_the_push_r
     t0 = time.monotonic()
     galera.restart(1)
     print(f"Galera node 2 back and synced in {time.monotonic() - t0:.1f} s")
-    for n in nodes:  # whatever did not ship ships now (the timer's next run)
-        if n.result.returncode != 0:
-            assert n.push().returncode == 0, n.result.stdout + n.result.stderr
+    # The survivors pushed through it all (their lost certifications sent again), unless MariaDB wedged node 1.
+    assert all(r.returncode == 0 or wedged(r) for r in first[1:]), "\n".join(r.stdout + r.stderr for r in first[1:])
+    restarted = ship_the_rest(galera, nodes)  # whatever did not ship ships now (the timer's next run)
+    print(f"wedged and restarted: {restarted}")
     assert nodes[0].result.stdout.startswith(f"{nodes[0].db} -> ") and "left 0" in nodes[0].result.stdout
     synced(galera)
     for server in galera.nodes:
         assert totals(server, site.db) == expected(nodes, jobs)
-    # The survivors pushed through it all: their lost certifications were sent again, nothing failed.
-    assert [r.returncode for r in first[1:]] == [0, 0], "\n".join(r.stdout + r.stderr for r in first[1:])
     rebuild_is_exact(site)
 
 
