@@ -270,6 +270,41 @@ def status(server: testdb.MariaDB) -> Dict[str, int]:
     return {n: got.get(n.lower(), 0) for n in STATUS}
 
 
+class LockSampler(threading.Thread):
+    """Every 0.5 s, the lock waits under way (information_schema.INNODB_LOCK_WAITS): per table,
+    index, lock mode and the waiting statement's start, how many times one was seen waiting."""
+
+    SQL = ("SELECT l.lock_table, l.lock_index, l.lock_mode, LEFT(REPLACE(t.trx_query, CHAR(10), ' '), 48) "
+           "FROM information_schema.INNODB_LOCK_WAITS w "
+           "JOIN information_schema.INNODB_LOCKS l ON l.lock_id = w.requested_lock_id "
+           "JOIN information_schema.INNODB_TRX t ON t.trx_id = w.requesting_trx_id")
+
+    def __init__(self, server: testdb.MariaDB):
+        super().__init__(daemon=True)
+        import pymysql
+        self.conn = pymysql.connect(unix_socket=str(server.socket), user="root", autocommit=True)
+        self.seen: Dict[Tuple[str, ...], int] = {}
+        self.samples = 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.5):
+            with self.conn.cursor() as cur:
+                cur.execute(self.SQL)
+                for row in cur.fetchall():
+                    key = tuple(str(c) for c in row)
+                    self.seen[key] = self.seen.get(key, 0) + 1
+            self.samples += 1
+
+    def stop(self) -> List[str]:
+        self.done.set()
+        self.join()
+        self.conn.close()
+        top = sorted(self.seen.items(), key=lambda x: -x[1])[:8]
+        return [f"{n / max(1, self.samples):6.2f} waiting on average ({self.samples} samples): {' '.join(k[:3])} ({k[3]})"
+                for k, n in top]
+
+
 def server_cpu_s(server: testdb.MariaDB) -> float:
     assert server.proc is not None
     fields = Path(f"/proc/{server.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -470,6 +505,8 @@ def bench(server: testdb.MariaDB, args: argparse.Namespace) -> Dict[str, Any]:
               "batch_size": args.batch_size, "span_s": span_s}
     procs, pipes = [], []
     before, cpu0 = status(server), server_cpu_s(server)
+    sampler = LockSampler(server)
+    sampler.start()
     ctx = mp.get_context("fork")
     for w in range(args.workers):
         mine = [(i, dbs[i], url(i), password(i), arriving[i]) for i in range(w, args.nodes, args.workers)]
@@ -485,6 +522,8 @@ def bench(server: testdb.MariaDB, args: argparse.Namespace) -> Dict[str, Any]:
     results = [a.recv() for a in pipes]  # the measured pushes; then the final ones
     wall = time.time() - t0
     after, cpu1 = status(server), server_cpu_s(server)
+    for line in sampler.stop():
+        print(f"# lock waits: {line}")
     for ps, sk, cpu in results:
         pushes += ps
         skipped += sk

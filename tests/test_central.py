@@ -21,7 +21,7 @@ from testbed import unavailable
 
 from slurm_gpu.central import schema as CS
 from slurm_gpu.central import server as C
-from slurm_gpu.errors import ExitCode
+from slurm_gpu.errors import CentralError, ExitCode
 from slurm_gpu.store.node import Store
 
 pytestmark = [pytest.mark.central, pytest.mark.once_on("trixie")]
@@ -168,7 +168,7 @@ def test_push_ships_every_record_once_and_a_second_push_ships_nothing(site):
     assert site.rows("SELECT cluster, outcome FROM drains") == [["c", "drained"]]
     r = site.push()
     assert r.returncode == 0 and "shipped nothing; left 0" in r.stdout
-    assert site.rows("SELECT COUNT(*) FROM stage_job_gpus") == [["0"]]
+    assert site.rows(CS.staged_rows_sql("job_gpus")) == [["0"]]
 
 
 def test_a_row_changed_after_shipping_ships_again_in_its_new_form(site):
@@ -745,7 +745,7 @@ def assert_forgeries_refused(site, table, forged, select):
         assert f"may not write records of node {node} in cluster {cluster}" in e.value.message
         assert e.value.exit_code == ExitCode.REFUSED
     assert site.rows(select) == before
-    assert site.rows(f"SELECT COUNT(*) FROM stage_{table}") == [["0"]]
+    assert site.rows(CS.staged_rows_sql(table)) == [["0"]]
     return n2_user, n2_pw
 
 
@@ -1104,3 +1104,64 @@ def test_a_v12_server_gains_the_push_clock_and_each_push_sets_its_nodes_row(site
     r = cli_env({"SLURMD_NODENAME": "n2"}, "--config", str(cfg), "db", "push")
     assert r.returncode == 0, r.stdout + r.stderr
     assert site.rows("SELECT node FROM push_clock ORDER BY node") == [["n1"], ["n2"]]
+
+
+def _stage_a_jobs_row(central: C.Central, batch: str, job_id: int, node: str) -> None:
+    """What a push sends for one jobs row of an existing job (a newer version of it): its staged row, then apply_batch."""
+    row = dict(zip(CS.COLUMNS["jobs"], ("c", job_id, 0, node, "u", 1, "a", "p", 2, 1.0, 11.0, "7", 0, None)))
+    central.executemany(CS.stage_sql("jobs"), [(batch, *(row.get(c, 99) for c in CS.staged_columns("jobs")),
+                                                time.time(), 0)])
+    central.execute("CALL apply_batch(%s)", (batch,))
+
+
+def test_a_v13_server_gains_staging_fences_and_a_push_no_longer_waits_on_another_in_flight(site):
+    """Schema v14: a batch's statements lock the gaps around its staged rows until the commit, and in
+    staging tables holding only the batches in flight those gaps were the whole table: every other
+    push's staged INSERT waited for that commit (bench_central_load.py, 1,000 nodes at the same
+    second).  Fences keep each batch's gaps to its 1/4,096 of the batch ids; a v13 server gains them."""
+    site.init(writers="n[1-2]")
+    site.store.write(job_end(1))
+    assert site.push().returncode == 0
+    account, password = site.writer_of("n2")
+    n2_cfg = site.write_config(account, password, name="n2.toml")
+    site.store.write(job_end(2, node="n2"))
+    assert cli_env({"SLURMD_NODENAME": "n2"}, "--config", str(n2_cfg), "db", "push").returncode == 0
+
+    def second_push_waits() -> bool:
+        n1_account, n1_password = site.writer_of("n1")
+        first = C.Central(C.parse_url(site.server.url(n1_account, site.db)), n1_password, 10)
+        second = C.Central(C.parse_url(site.server.url(account, site.db)), password, 10)
+        try:
+            _stage_a_jobs_row(first, "a" * 32, 1, "n1")  # in flight: applied, not committed
+            second.execute("SET SESSION innodb_lock_wait_timeout = 1")
+            try:
+                _stage_a_jobs_row(second, "b" * 32, 2, "n2")
+                second.commit()
+            except CentralError as e:
+                assert getattr(e, "driver_code", None) == 1205, e.message
+                return True
+            first.commit()
+            return False
+        finally:
+            first.close()
+            second.close()
+
+    admin = C.Central(C.parse_url(site.server.url(site.admin, site.db)), site.admin_pw, 10)
+    try:  # back to what v13 made
+        for t in CS.RECORD_TABLES:
+            admin.execute(f"TRUNCATE TABLE stage_{t}")  # (deleted fences would bound the gaps until purged)
+        admin.execute("UPDATE meta SET value = '13' WHERE name = 'schema_version'")
+        admin.commit()
+    finally:
+        admin.close()
+    assert second_push_waits()
+    r = site.init(writers="n[1-2]")
+    assert r.returncode == 0 and f"schema migrated from 13 at version {C.SCHEMA_VERSION}" in r.stderr, r.stderr
+    for t in CS.RECORD_TABLES:
+        assert site.rows(f"SELECT COUNT(*) FROM stage_{t}") == [[str(CS.STAGE_FENCES)]], t
+        assert site.rows(CS.staged_rows_sql(t)) == [["0"]], t
+    assert not second_push_waits()
+    assert site.rows("SELECT job_id, exit_code FROM jobs ORDER BY job_id") == [["1", "7"], ["2", "7"]]
+    site.store.write(job_end(3))
+    r = site.push()
+    assert r.returncode == 0 and "job_gpus 2" in r.stdout, r.stdout + r.stderr

@@ -23,6 +23,7 @@ from mariadb import MariaDB
 from testbed import unavailable
 
 from slurm_gpu import config
+from slurm_gpu.central import schema as CS
 from slurm_gpu.central import server as C
 from slurm_gpu.central import writers as W
 from slurm_gpu.fleet import capacity, memory, model, versions, xids
@@ -259,7 +260,7 @@ def test_the_writer_ships_inventories_and_xids_through_apply_batch_and_cannot_re
     got = sim.admin.execute("SELECT remap_hist_max, vbios, driver_version FROM gpu_inventory WHERE cluster = 'pushed'")
     assert got == [(1000, VBIOS, DRIVER)]
     assert sim.admin.execute("SELECT xid, detail FROM xid_events WHERE cluster = 'pushed'") == [(64, xid["detail"])]
-    assert sim.admin.execute("SELECT COUNT(*) FROM stage_gpu_inventory") == [(0,)]
+    assert sim.admin.execute(CS.staged_rows_sql("gpu_inventory")) == [(0,)]
     sim.admin.execute("DELETE FROM gpu_inventory WHERE cluster = 'pushed'")
     sim.admin.execute("DELETE FROM xid_events WHERE cluster = 'pushed'")
     sim.admin.commit()

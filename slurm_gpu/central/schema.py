@@ -33,6 +33,8 @@ procedure and the versioned migrations that `central init` runs (central/server.
 - Schema v13: `push_clock`, the server's time of each node's newest applied batch (apply_batch
   writes the batch's nodes' rows): a report from a replica says how old its newest push is, and an
   admin sees which node has not pushed for how long (docs/central.md, "Topologies").
+- Schema v14: fences in every staging table (stage_fences_step), so that a batch's locks there stay
+  between two fences and concurrent pushes no longer wait on each other's staged rows.
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ from slurm_gpu.central import writers as W
 if TYPE_CHECKING:
     from slurm_gpu.central.server import Central
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 # Samples of running jobs are for the policy's window and `slurm-gpu job` on a running job: a week is kept.
 SAMPLES_KEPT_S = 7 * 86400
 SAMPLE_BUCKET_S = 600  # a coarse sample row's 10 minutes (store/samples.py COARSE_STEP_S)
@@ -301,6 +303,37 @@ def _zone_name(tz: str) -> str:
     return "local:" + (os.environ.get("TZ") or "/".join(time.tzname))
 
 
+# A batch's statements read its staged rows by their key's prefix (batch = b), and InnoDB's
+# repeatable read locks the gaps on either side of them until the commit: in a staging table holding
+# only the batches in flight, those gaps are nearly the whole table, and every other push's INSERT of
+# its staged rows waited for a commit (benchmarks/bench_central_load.py: 1,000 nodes pushing at the
+# same second, ~11 pushes waiting at any time on the staging tables).  Fences, rows that no batch
+# ever owns, one per first three hex digits of a batch id (a uuid4's hex: 4,096 of them), keep each
+# batch's gaps between two fences, where another batch falls with a chance of 1 in 4,096 per batch in
+# flight.  Their batch id is those three digits ('a3f' sorts before every 'a3f...' batch).
+STAGE_FENCES = 4096
+
+
+def _fence_value(col: str) -> Any:
+    return "" if "CHAR" in _TYPES[col] or "TEXT" in _TYPES[col] else 0
+
+
+def stage_fences_step(srv: "Central") -> None:
+    """The schema step "staging fences" (v14): STAGE_FENCES rows in every staging table."""
+    for table in RECORD_TABLES:
+        key = COLUMNS[table][:KEYS[table]]
+        sql = (f"INSERT IGNORE INTO stage_{table} (batch, {_q(key)}, withdrawn) "
+               f"VALUES ({', '.join(['%s'] * (len(key) + 2))})")
+        rows = [(f"{i:03x}", *(_fence_value(c) for c in key), 0) for i in range(STAGE_FENCES)]
+        for i in range(0, len(rows), 1024):
+            srv.executemany(sql, rows[i:i + 1024])
+
+
+def staged_rows_sql(table: str) -> str:
+    """How many rows are staged in a table and not applied (its fences left out)."""
+    return f"SELECT COUNT(*) FROM stage_{table} WHERE LENGTH(batch) > 3"
+
+
 MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
     (
         f"""CREATE TABLE IF NOT EXISTS meta (
@@ -376,6 +409,9 @@ MIGRATIONS: List[Tuple[Union[str, Callable[["Central"], None]], ...]] = [
         # a replica's report says how old it is.  Filled by the next push of each node.
         PUSH_CLOCK_DDL,
         _procedure(RECORD_TABLES, 13, with_rollups=True),
+    ),
+    (   # v14, "staging fences": a batch's gap locks in the staging tables kept between two fences.
+        stage_fences_step,
     ),
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
