@@ -173,6 +173,7 @@ def rebuild_is_exact(site: Site) -> None:
 def test_pushes_to_three_galera_nodes_at_once_count_every_record_once_and_every_node_reports_alike(galera, tmp_path):
     site = Site(galera.nodes[0], tmp_path)
     site.init(writers="n[1-4]")
+    synced(galera)  # the accounts and GRANTs, made on node 1, reach the others a moment later
     jobs = range(1, 61)
     nodes = [Node(site, tmp_path, f"n{i}", galera.nodes[(i - 1) % 3], jobs) for i in range(1, 5)]
     for t in push_at_once(nodes):
@@ -202,6 +203,7 @@ def test_pushes_to_three_galera_nodes_at_once_count_every_record_once_and_every_
 def test_a_galera_node_killed_mid_push_loses_and_doubles_nothing_once_the_push_runs_again(galera, tmp_path):
     site = Site(galera.nodes[0], tmp_path)
     site.init(writers="n[1-3]")
+    synced(galera)  # the accounts and GRANTs, made on node 1, reach the others a moment later
     jobs = range(1, 101)
     # n1 pushes to Galera node 2, the one that dies; n2 and n3 to node 1, which lives on (one writer
     # node besides the victim: fewer chances of the wedge `unwedge` undoes).
@@ -243,6 +245,7 @@ def test_a_galera_node_killed_mid_push_loses_and_doubles_nothing_once_the_push_r
 def test_a_galera_node_cut_off_from_its_cluster_is_one_line_and_the_push_keeps_its_records(galera, tmp_path):
     site = Site(galera.nodes[0], tmp_path)
     site.init(writers="n1")
+    synced(galera)  # the accounts and GRANTs, made on node 1, reach the others a moment later
     node = Node(site, tmp_path, "n1", galera.nodes[2], range(1, 4))
     cut = galera.nodes[2]
     cut.sql("SET GLOBAL wsrep_provider_options = 'gmcast.isolate=1'")
@@ -270,6 +273,7 @@ def test_a_rollup_rebuild_on_one_galera_node_is_exact_on_all(galera, tmp_path):
     what it corrects reaches the other nodes as one write set."""
     site = Site(galera.nodes[0], tmp_path)
     site.init(writers="n1")
+    synced(galera)  # the accounts and GRANTs, made on node 1, reach the others a moment later
     node = Node(site, tmp_path, "n1", galera.nodes[1], range(1, 11))
     assert node.push().returncode == 0
     synced(galera)
