@@ -112,8 +112,10 @@ def synced(galera, timeout_s: float = 30.0) -> None:
 
 
 def wedged(r) -> bool:
-    """The push ended at its deadline on a Galera node that MariaDB wedged (see `unwedge`)."""
-    return r.returncode == 5 and "not answering: no complete answer within" in r.stderr
+    """The push ended on a Galera node that MariaDB wedged (see `unwedge`): at its deadline, or, behind
+    the wedged transaction's locks, after its last lock wait."""
+    return r.returncode == 5 and ("not answering: no complete answer within" in r.stderr
+                                  or "another transaction held the rows this one needed" in r.stderr)
 
 
 def unwedge(galera) -> list:
@@ -121,7 +123,8 @@ def unwedge(galera) -> list:
     of another node waits there for a gap lock of the staging tables that a local push's COMMIT holds,
     and that COMMIT waits for certification behind it; neither moves, KILL does not end it, the node
     stays stuck until it restarts (seen in about 1 of 10 runs of four nodes pushing the same cells
-    through three Galera nodes).  Returns the restarted nodes' indexes."""
+    through three Galera nodes at schema v13, 1 of 21 with v14's staging fences).  Returns the
+    restarted nodes' indexes."""
     stuck = []
     for i, node in enumerate(galera.nodes):
         rows = [line.split("\t") for line in node.sql("SHOW FULL PROCESSLIST").splitlines()]
