@@ -29,6 +29,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -231,9 +232,9 @@ class MariaDB:
         except OSError:
             return False
 
-    def _log_tail(self) -> str:
+    def _log_tail(self, lines: int = 20) -> str:
         try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
 
@@ -376,7 +377,15 @@ class GaleraNode(MariaDB):
         for d, dirs, files in os.walk(self.data):
             for name in [d, *(os.path.join(d, f) for f in dirs + files)]:
                 os.lchown(name, nobody.pw_uid, nobody.pw_gid)
-        super().start(timeout_s)
+        try:
+            super().start(timeout_s)
+        except RuntimeError as e:
+            # galera-4 26.4.23 now and then fails its group connection at start ("Failed to read
+            # thread schedparams: System error: 3 (No such process)"): once more, then it counts.
+            if "Failed to read thread schedparams" not in str(e):
+                raise
+            self.proc = None
+            super().start(timeout_s)
         self.wait_synced(timeout_s)
         return self
 
@@ -392,15 +401,29 @@ class GaleraNode(MariaDB):
 
     def recover(self) -> str:
         """The cluster position (UUID:seqno) this node's InnoDB holds: `mariadbd --wsrep-recover`,
-        what galera_recovery runs before systemd starts a crashed node."""
+        what galera_recovery runs before systemd starts a crashed node.  Read from its log as soon
+        as it is there, and the process then stopped: it sometimes never exits after writing it."""
         log = self.dir / "recover.log"
-        r = subprocess.run(["mariadbd", "--no-defaults", "--user=root", f"--datadir={self.data}",
-                            f"--socket={self.dir / 'recover.sock'}", "--skip-networking", f"--log-error={log}",
-                            *self.opts, "--wsrep-recover"], capture_output=True, text=True, timeout=120)
-        found = re.findall(r"WSREP: Recovered position: (\S+)", log.read_text(errors="replace") if log.exists() else "")
-        if r.returncode != 0 or not found:
-            raise RuntimeError(f"mariadbd --wsrep-recover failed ({r.returncode}): {r.stderr[-1000:]}")
-        return found[-1]
+        log.unlink(missing_ok=True)
+        proc = subprocess.Popen(["mariadbd", "--no-defaults", "--user=root", f"--datadir={self.data}",
+                                 f"--socket={self.dir / 'recover.sock'}", "--skip-networking", f"--log-error={log}",
+                                 *self.opts, "--wsrep-recover"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                found = re.findall(r"WSREP: Recovered position: (\S+)", log.read_text(errors="replace")
+                                   if log.exists() else "")
+                if found:
+                    return found[-1]
+                if proc.poll() is not None:
+                    raise RuntimeError(f"mariadbd --wsrep-recover exited {proc.returncode} without a position")
+                time.sleep(0.1)
+            raise RuntimeError("mariadbd --wsrep-recover found no position within 120 s")
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
 
     def status(self, name: str) -> str:
         out = self.sql(f"SHOW GLOBAL STATUS LIKE '{name}'").split("\t")
@@ -480,7 +503,14 @@ class GaleraCluster:
         for node in self.nodes:
             node.wait_synced(timeout_s)
 
+    def crashed(self) -> List[str]:
+        """The log tails of nodes that died without being killed here (mariadbd's own crash report)."""
+        return [f"node{n.index} exited {n.proc.returncode}:\n{n._log_tail(60)}" for n in self.nodes
+                if n.proc is not None and n.proc.poll() is not None]
+
     def cleanup(self) -> None:
+        for report in self.crashed():
+            print(f"Galera {report}", file=sys.stderr)
         for node in reversed(self.nodes):
             node.stop()
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -39,6 +39,10 @@ _ORDER = dict(PUSHED_TABLES)
 # so is one that read a row another transaction changed after this one's snapshot (1020, "Record has
 # changed since last read": innodb_snapshot_isolation, on by default from MariaDB 11.6.2).
 LOCK_CONFLICTS = frozenset((1020, 1205, 1213))
+# A Galera node that loses its primary component for a moment (another node died, the network split)
+# fails a commit it could not replicate with 1180 ("Error while appending streaming replication
+# fragment (provider status: ...)"), rolled back whole: sent again like a lock conflict.
+RESENT = LOCK_CONFLICTS | {1180}
 RETRIES = 8
 # Node columns read per table (store/record.py's; the central key columns of events and drains are
 # derived, a partial row's end counters stay on the node).
@@ -269,7 +273,7 @@ class Pusher:
                 return
             except CentralError as e:
                 self.central.rollback()
-                if getattr(e, "driver_code", None) not in LOCK_CONFLICTS or attempt == RETRIES or self._out_of_time():
+                if getattr(e, "driver_code", None) not in RESENT or attempt == RETRIES or self._out_of_time():
                     raise
                 self.retried += 1
                 time.sleep(random.uniform(0.5, 1.0) * min(2.0, 0.05 * 2 ** attempt))

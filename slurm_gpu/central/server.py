@@ -171,6 +171,10 @@ def describe_error(e: BaseException, target: Target, password: str = "") -> Tupl
         return (f"central server {where}: is read-only, a replica or a server set read_only ({text})",
                 "pushes go to the primary (central.url); a replica serves reports only; nothing was lost: "
                 "the records stay in the node database for the next push")
+    if code == 1180 and "provider status" in text:
+        return (f"central server {where}: the Galera cluster did not take this commit ({text})",
+                "the node was cut off from its cluster for a moment (another node died, the network split) or the write "
+                "set was refused; nothing was lost: the records stay in the node database for the next push")
     if code == 1047 and "WSREP" in text:
         # A Galera node outside the primary component (joining, donating, cut off) refuses every
         # statement until it is synced again: another try there fails alike, so the push stops.
