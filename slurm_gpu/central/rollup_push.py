@@ -205,7 +205,7 @@ def _only_where_rows_left(update: str) -> str:
 def _delta() -> List[str]:
     """The batch's whole change per node cell, once, into a temporary table: the job rows' signed
     sums (the records' current versions out, the staged ones in) and rollup_cells' counts and
-    peaks, with the group's names; then into every table, each in one statement."""
+    peaks, with the group's names (rollups_after puts it into every table: _cells)."""
     zeros = ", ".join(["0"] * len(FIGURES))
     sums = (f"SELECT {_q(_NARROW_CELL)}, {_q(FIGURES)}, 0 AS d_first, 0 AS d_later, 0 AS n_first, 0 AS n_later, "
             "NULL AS new_peak, 0 AS peak_may_drop FROM rollup_jobday WHERE changed")
@@ -219,8 +219,13 @@ def _delta() -> List[str]:
     make = (f"CREATE TEMPORARY TABLE rollup_delta AS\nSELECT {', '.join(named)}, "
             f"{_cols('x', (*FIGURES, *_COUNT_DELTAS, 'new_peak', 'peak_may_drop'))}\n"
             f"FROM ({grouped}) AS x STRAIGHT_JOIN rollup_groups g ON g.gkey = x.gkey")
-    out = [f"DROP TEMPORARY TABLE IF EXISTS {', '.join(_PUSH_TEMPS)}", *_push_records(), *_push_jobday(),
-           *_jobs_change(), make, *_cell_upserts()]
+    return [f"DROP TEMPORARY TABLE IF EXISTS {', '.join(_PUSH_TEMPS)}", *_push_records(), *_push_jobday(),
+            *_jobs_change(), make]
+
+
+def _cells() -> List[str]:
+    """rollup_delta into every table's cells, each in one statement (peaks again where they may drop)."""
+    out = _cell_upserts()
     for t in COARSE:  # (in order: rollup_node_month's peaks come from rollup_node_day's)
         out += [_coarse_upsert(t), _coarse_peaks_again(t)]
     return out + [f"DROP TEMPORARY TABLE {', '.join(_PUSH_TEMPS)}"]
@@ -228,12 +233,15 @@ def _delta() -> List[str]:
 
 def procedures() -> List[str]:
     """rollups_before(b) / rollups_after(b): what apply_batch calls around its job_gpus upsert,
-    in the same transaction.  Before it, all of the batch's change: its jobs' rows and counts as
-    the upsert will leave their records, and the net change of the sums (its records' current
-    versions out, the staged ones in), into each table once.  After it, nothing any more (schema
-    v7: apply_batch, created by v5, still calls it)."""
+    in the same transaction.  Before it, all of the batch's change, read while the records are as
+    before: its jobs' rows and counts as the upsert will leave their records, and the net change
+    of the sums (its records' current versions out, the staged ones in), into temporary tables.
+    After it, that change into each table's cells once: the cells other pushes write too (a day's
+    partition and model, a day's group) are locked as late as apply_batch allows, and so held for
+    the shortest time (benchmarks/bench_central_load.py: at 4,000 nodes on the timer, pushes
+    waited on rollup_partition_day's cells most)."""
     out = []
-    for name, body in (("rollups_before", _delta()), ("rollups_after", ["DO 0"])):
+    for name, body in (("rollups_before", _delta()), ("rollups_after", _cells())):
         out.append(f"CREATE OR REPLACE PROCEDURE {name}(IN b CHAR(32)) MODIFIES SQL DATA SQL SECURITY DEFINER\n"
                    "BEGIN\n  " + ";\n  ".join(body) + ";\nEND")
     return out
