@@ -26,6 +26,9 @@ PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server mariadb-cl
 # slurm-wlm-contrib): with it, real slurmd AutoDetect=nvml runs against the simulated
 # libnvidia-ml.so.1 (tests/simnvml). prometheus and node_exporter: the metrics testbed test.
 PACKAGES+=(slurm-wlm-nvml-plugin prometheus prometheus-node-exporter)
+# galera-4 and rsync (its state transfer): the central server as a three-node Galera cluster
+# (tests/test_central_galera.py, once_on("sid"): that suite's run has CI's most time to spare).
+PACKAGES+=(galera-4 rsync)
 
 die() { echo "rootfs.sh: $*" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "must run as root (debootstrap, chroot, mounts)"
