@@ -33,8 +33,9 @@ Not run in CI (needs Debian's mariadb-server and root, like tests/test_central.p
 4. prints pushes/s, records/s, push time p50/p99/max (all pushes, and those that shipped records),
    how late pushes started behind their schedule (the client pool's queue), batches sent again
    (Pusher.retried), failures, the server's Innodb_row_lock_waits / _time and Innodb_deadlocks
-   deltas, the server's CPU (mariadbd's utime + stime over the wall time, in cores) and the
-   clients' CPU;
+   deltas and what the waiting pushes waited on (information_schema.INNODB_LOCK_WAITS sampled every
+   0.5 s: table, index, lock mode, statement), the server's CPU (mariadbd's utime + stime over the
+   wall time, in cores) and the clients' CPU; --deadlocks FILE also logs every deadlock;
 5. checks the result: the server's job_gpus and jobs (count, energy, GPU-seconds) equal the node
    databases' (every record once: none lost, none counted twice), every node's backlog is empty,
    and the rollups are exact: `central rollup --rebuild`'s comparison (rollups.rebuild: 0 missing,
