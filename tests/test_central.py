@@ -169,6 +169,15 @@ def test_push_ships_every_record_once_and_a_second_push_ships_nothing(site):
     r = site.push()
     assert r.returncode == 0 and "shipped nothing; left 0" in r.stdout
     assert site.rows(CS.staged_rows_sql("job_gpus")) == [["0"]]
+    # nothing waiting: no server is contacted, not even one that is down
+    cfg = site.writer_config.read_text()
+    down = site.tmp / "down.toml"
+    down.write_text(cfg.replace(site.server.url(site.writer, site.db), f"mysql://{site.writer}@127.0.0.1:1/{site.db}"))
+    r = site.push(config=down)
+    assert r.returncode == 0 and "(no server contacted): shipped nothing; left 0" in r.stdout, r.stdout + r.stderr
+    site.store.write(job_end(99))
+    r = site.push(config=down)
+    assert r.returncode == 5 and "unreachable" in r.stderr, r.stdout + r.stderr
 
 
 def test_a_row_changed_after_shipping_ships_again_in_its_new_form(site):

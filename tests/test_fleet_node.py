@@ -612,11 +612,11 @@ def test_a_v11_server_gains_the_xid_line_count_and_rows_shipped_before_are_one_l
         admin.commit()
     finally:
         admin.close()
+    assert site.store.record_xids(obs.xid_rows([_event(1000.0, 40, 1039.0)], None, "n1")) == 1
     assert site.push().returncode != 0  # a node of v12 does not push to a v11 server
     r = site.init()
     assert r.returncode == 0 and f"schema migrated from 11 at version {C.SCHEMA_VERSION}" in r.stderr, r.stderr
     assert site.rows("SELECT line_count, last_time FROM xid_events") == [["1", "NULL"]]
-    assert site.store.record_xids(obs.xid_rows([_event(1000.0, 40, 1039.0)], None, "n1")) == 1
     r = site.push()
     assert r.returncode == 0 and "xid_events 1" in r.stdout, r.stdout + r.stderr
     assert site.rows("SELECT line_count, last_time FROM xid_events") == [["40", "1039"]]

@@ -216,7 +216,8 @@ def push(app, database, url, password_file, max_seconds, batch_size, status_only
     the server is down or refuses the login, push exits 5 with one line and keeps every
     record for the next run.  Prints what was shipped, what is left and the age of the
     oldest record left.  Exit 0 when everything was shipped (or only --max-seconds
-    stopped it), 5 when the server failed, 1 when it refused some records, 6 when
+    stopped it, or nothing waited: then no server is contacted), 5 when the server failed, 1 when
+    it refused some records, 6 when
     it refused a batch of another node's or cluster's records (this account may not write them).  A batch
     the server rolled back for another transaction's locks (nodes pushing the same jobs at once) is sent
     again, up to 8 times within --max-seconds.  One push per
@@ -236,6 +237,12 @@ def push(app, database, url, password_file, max_seconds, batch_size, status_only
             show = sys.stderr.isatty() if progress is None else progress
             with outbox.lock():
                 before = outbox.backlog()
+                if not before.total:
+                    # The timer's usual case between job ends: 4,000 nodes every 30 s would be 130 logins a
+                    # second for nothing (docs/benchmarks.md, the load of many nodes).
+                    from slurm_gpu.central.push import PushResult
+                    _print_result(PushResult({}, [], before, False, 0), f"{outbox.path} (no server contacted)", quiet)
+                    return
                 with Central.from_config(cfg, url, password_file) as srv, \
                         click.progressbar(length=before.total, label="pushing", file=sys.stderr) if show and before.total \
                         else _NoBar() as bar:
