@@ -60,16 +60,22 @@ def running(opts: Sequence[str] = ()):
     module-scoped fixture (`yield from running()`); where Debian's mariadb-server is missing the
     test skips, except in CI where it fails.  Tests that need no options of their own use the
     session's server instead (fixture `mariadb_server`)."""
+    yield from _started(lambda: MariaDB(opts=opts))
+
+
+def _started(make):
+    """make()'s server(s), started, for a module fixture's `yield from`; cleaned up after.  Where a tool
+    is missing (MariaDBUnavailable) the test skips, except in CI where it fails (testbed.unavailable)."""
     from testbed import unavailable
     try:
-        m = MariaDB(opts=opts)
+        thing = make()
     except MariaDBUnavailable as e:
         unavailable(str(e))
     try:
-        m.start()
-        yield m
+        thing.start()
+        yield thing
     finally:
-        m.cleanup()
+        thing.cleanup()
 
 
 def _free_port() -> int:
@@ -519,16 +525,7 @@ class GaleraCluster:
 def running_galera(size: int = 3):
     """A started Galera cluster for a module-scoped fixture (`yield from running_galera()`): skips
     where galera-4, rsync or mariadb-server is missing, except in CI where it fails."""
-    from testbed import unavailable
-    try:
-        cluster = GaleraCluster(size)
-    except MariaDBUnavailable as e:
-        unavailable(str(e))
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.cleanup()
+    yield from _started(lambda: GaleraCluster(size))
 
 
 class ReplicaPair:
@@ -579,13 +576,4 @@ class ReplicaPair:
 
 def running_replica(opts: Sequence[str] = ()):
     """A started primary/replica pair for a module-scoped fixture (skips, or fails in CI, as `running`)."""
-    from testbed import unavailable
-    try:
-        pair = ReplicaPair(opts)
-    except MariaDBUnavailable as e:
-        unavailable(str(e))
-    try:
-        pair.start()
-        yield pair
-    finally:
-        pair.cleanup()
+    yield from _started(lambda: ReplicaPair(opts))
